@@ -1,0 +1,14 @@
+module github.com/shardfs/shardfs
+
+go 1.26.0
+
+require (
+	9fans.net/go v0.0.8-0.20250307142834-96bdba94b63f // indirect
+	github.com/gorilla/websocket v1.5.3 // indirect
+	github.com/hugelgupf/p9 v0.4.1 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	pgregory.net/rapid v1.3.0 // indirect
+)
