@@ -8,6 +8,7 @@ require (
 	github.com/hugelgupf/p9 v0.4.1 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/u-root/uio v0.0.0-20240224005618-d2acac8f3701 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	pgregory.net/rapid v1.3.0 // indirect

@@ -1,0 +1,143 @@
+package core
+
+import (
+	"strconv"
+	"time"
+)
+
+// Diag is a snapshot of one shard's diagnostics. Taking it locks that shard
+// for a copy and allocates nothing.
+type Diag struct {
+	Shard      int
+	State      State
+	StopReason StopReason
+	Sequence   int64
+	// SequenceValid is false when the sequence is none.
+	SequenceValid bool
+	// Session is "resumable", "invalid" or "none"; never the session ID.
+	Session    string
+	Epoch      uint64
+	Reconnects uint64
+	// Attempt counts connection attempts (1-based) of the current startup
+	// or recovery; Recovery tells which of the two it is.
+	Attempt  int
+	Recovery bool
+	// RetryIn is the time left until the reconnect deadline; Waiting is
+	// false when the shard is not waiting for one.
+	RetryIn time.Duration
+	Waiting bool
+	Phase   Phase
+	Conn    ConnState
+	Latency time.Duration
+	// LastError and LastCode describe the failure that the next reset will
+	// wipe.
+	LastError    error
+	LastCode     int
+	Lease        LeaseGrant
+	LeaseExpired bool
+	Identifies   uint64
+	Resumes      uint64
+	Dispatches   uint64
+	ReadySince   time.Time
+	SendQueued   int
+}
+
+func (s *shard) diag(now time.Time) Diag {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := Diag{
+		Shard: s.id, State: s.state, StopReason: s.stopReason,
+		Sequence: s.seq, SequenceValid: s.seqValid,
+		Session: "none", Epoch: s.epoch, Reconnects: s.reconnects,
+		Attempt: s.attempt, Recovery: s.recovery,
+		Phase: s.phase, Conn: s.connState, Latency: s.latency,
+		LastError: s.lastErr, LastCode: s.lastCode,
+		Lease: s.lease, LeaseExpired: s.leaseExpire,
+		Identifies: s.identifies, Resumes: s.resumes, Dispatches: s.dispatches,
+		SendQueued: len(s.sendQ),
+	}
+	if s.session.exists() {
+		d.Session = "invalid"
+		if s.sessionValid {
+			d.Session = "resumable"
+		}
+	}
+	if s.state == Backoff {
+		d.RetryIn, d.Waiting = max(s.deadline.Sub(now), 0), true
+	}
+	if s.state == Ready {
+		d.ReadySince = s.readySince
+	}
+	return d
+}
+
+// AppendText appends the diagnostics as "key value" lines, the format of a
+// shard's diag file.
+func (d *Diag) AppendText(b []byte, now time.Time) []byte {
+	kv := func(k, v string) {
+		b = append(b, k...)
+		b = append(b, ' ')
+		b = append(b, v...)
+		b = append(b, '\n')
+	}
+	num := func(k string, v int64) {
+		b = append(b, k...)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, v, 10)
+		b = append(b, '\n')
+	}
+	num("shard", int64(d.Shard))
+	kv("state", d.State.String())
+	if d.State == Stopped {
+		kv("stop_reason", d.StopReason.String())
+	}
+	if d.SequenceValid {
+		num("sequence", d.Sequence)
+	} else {
+		kv("sequence", "none")
+	}
+	kv("session", d.Session)
+	num("epoch", int64(d.Epoch))
+	num("reconnects", int64(d.Reconnects))
+	num("attempt", int64(d.Attempt))
+	if d.Recovery {
+		kv("recovery_phase", "recovery")
+	} else {
+		kv("recovery_phase", "startup")
+	}
+	if d.Waiting {
+		num("retry_delay_ms", d.RetryIn.Milliseconds())
+	} else {
+		kv("retry_delay_ms", "none")
+	}
+	kv("phase", d.Phase.String())
+	kv("tcp", d.Conn.TCP.String())
+	kv("tls", d.Conn.TLS.String())
+	kv("ws", d.Conn.WS.String())
+	num("latency_ms", d.Latency.Milliseconds())
+	if d.LastError != nil {
+		b = append(b, "last_error "...)
+		b = strconv.AppendQuote(b, d.LastError.Error())
+		b = append(b, '\n')
+	} else {
+		kv("last_error", "none")
+	}
+	num("last_close_code", int64(d.LastCode))
+	if d.Lease.Deadline.IsZero() {
+		kv("lease", "off")
+	} else {
+		kv("lease", "armed")
+		kv("lease_deadline", d.Lease.Deadline.UTC().Format(time.RFC3339Nano))
+		num("lease_remaining_ms", max(d.Lease.Deadline.Sub(now), 0).Milliseconds())
+	}
+	kv("lease_expired", strconv.FormatBool(d.LeaseExpired))
+	num("lease_generation", int64(d.Lease.Generation))
+	num("identifies", int64(d.Identifies))
+	num("resumes", int64(d.Resumes))
+	num("dispatches", int64(d.Dispatches))
+	if !d.ReadySince.IsZero() {
+		kv("ready_since", d.ReadySince.UTC().Format(time.RFC3339Nano))
+	}
+	num("send_queued", int64(d.SendQueued))
+	return b
+}

@@ -1,0 +1,337 @@
+package core_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/core/coretest"
+	"github.com/shardfs/shardfs/lease/local"
+)
+
+// model is what the test knows about a shard from the events it fed the
+// core: enough to predict the resume rule independently of the core.
+type model struct {
+	sessExists, sessValid bool
+	seq                   int64
+	seqValid              bool
+	resuming              bool // the live connection was opened to resume
+}
+
+func (m *model) resumable() bool { return m.sessExists && m.sessValid && m.seqValid }
+
+// grant is one identify slot the pacer handed out.
+type grant struct {
+	shard int
+	at    time.Time
+}
+
+// checkedPacer wraps the real pacer, checks that no resumable shard ever
+// asks for a slot, and records every grant.
+type checkedPacer struct {
+	inner  *core.Pacer
+	clk    *clock.Fake
+	models map[int]*model
+	grants []grant
+	fail   func(string, ...any)
+}
+
+func (p *checkedPacer) Request(shard int, g func()) (bool, func()) {
+	if p.models[shard].resumable() {
+		p.fail("shard %d asked for an identify slot while resumable", shard)
+	}
+	now, cancel := p.inner.Request(shard, func() {
+		p.grants = append(p.grants, grant{shard, p.clk.Now()})
+		g()
+	})
+	if now {
+		p.grants = append(p.grants, grant{shard, p.clk.Now()})
+	}
+	return now, cancel
+}
+
+const (
+	propShards = 9
+	propTotal  = 12
+	propMC     = 3
+)
+
+// TestPropertyLifecycle feeds random interleavings of transport events,
+// operator commands and clock advances to a node of 9 shards and checks the
+// lifecycle invariants after every step.
+func TestPropertyLifecycle(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		clk := clock.NewFake()
+		models := map[int]*model{}
+		local := []int{0, 1, 2, 4, 5, 7, 8, 10, 11}
+		for _, id := range local {
+			models[id] = &model{}
+		}
+		pacer := &checkedPacer{inner: core.NewDiscordPacer(clk, propMC), clk: clk, models: models, fail: rt.Fatalf}
+		tr := &coretest.Transport{}
+		tr.Probe = func(a core.Attempt) {
+			m := models[a.Shard]
+			m.resuming = a.Resume
+			switch {
+			case a.Resume && !m.resumable():
+				rt.Fatalf("shard %d resumed but its session or sequence is not valid (%+v)", a.Shard, *m)
+			case a.Resume && a.Sequence != m.seq:
+				rt.Fatalf("shard %d resumed at %d; its sequence was %d", a.Shard, a.Sequence, m.seq)
+			case !a.Resume && m.resumable():
+				rt.Fatalf("shard %d identified though resumable (%+v)", a.Shard, *m)
+			case !a.Resume:
+				m.seqValid = false
+			}
+		}
+		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(rt, "seed"), 1))
+		node, err := core.New(core.Config{
+			Plan: core.Plan{Total: propTotal, Local: local}, Transport: tr, Clock: clk,
+			Pacer: pacer, Lease: local2(clk), Backoff: core.DefaultBackoff, Rand: rng.Float64,
+			EventRetention: 1 << 22, NodeEventRetention: 1 << 22,
+		})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer node.Close()
+		node.Start()
+
+		current := func(id int) *coretest.Conn {
+			c := tr.Last(id)
+			if c == nil || len(c.Closed()) > 0 {
+				return nil
+			}
+			return c
+		}
+		prev := node.Snapshot(nil)
+		retried := map[int]bool{}
+		newSession := map[int]bool{}
+
+		// shardEvent runs f against one shard's connection (current or
+		// stale) and checks that no other shard changed.
+		shardEvent := func(t *rapid.T, name string, f func(id int, c *coretest.Conn, live bool)) {
+			id := rapid.SampledFrom(local).Draw(t, "shard")
+			conns := tr.Conns()
+			var c *coretest.Conn
+			if cur := current(id); cur != nil && rapid.IntRange(0, 9).Draw(t, "stale") > 0 {
+				c = cur
+			} else {
+				for _, old := range conns {
+					if old.Attempt.Shard == id && rapid.Bool().Draw(t, "pick") {
+						c = old
+					}
+				}
+			}
+			if c == nil {
+				return
+			}
+			before := node.Snapshot(nil)
+			f(id, c, c == current(id))
+			after := node.Snapshot(nil)
+			for i := range after {
+				if after[i].Shard != id && !reflect.DeepEqual(before[i], after[i]) {
+					t.Fatalf("%s on shard %d changed shard %d:\nbefore %+v\nafter  %+v", name, id, after[i].Shard, before[i], after[i])
+				}
+			}
+		}
+
+		rt.Repeat(map[string]func(*rapid.T){
+			"ready": func(t *rapid.T) {
+				shardEvent(t, "ready", func(id int, c *coretest.Conn, live bool) {
+					seq := rapid.Int64Range(1, 5).Draw(t, "seq")
+					if live {
+						*models[id] = model{sessExists: true, sessValid: true, seq: seq, seqValid: true, resuming: models[id].resuming}
+						newSession[id] = true
+					}
+					c.Link.Ready(core.Session{ID: secretSession}, seq)
+				})
+			},
+			"resumed": func(t *rapid.T) {
+				shardEvent(t, "resumed", func(id int, c *coretest.Conn, live bool) {
+					seq := models[id].seq + 1
+					if d, _ := node.Diag(id); live && models[id].resuming && (d.State == core.Ready || d.State == core.Starting && d.Phase != core.PhaseWaitSlot && d.Phase != core.PhaseIdentify) {
+						models[id].seq, models[id].seqValid = seq, true
+					}
+					c.Link.Resumed(seq)
+				})
+			},
+			"dispatch": func(t *rapid.T) {
+				shardEvent(t, "dispatch", func(id int, c *coretest.Conn, live bool) {
+					seq := models[id].seq + rapid.Int64Range(1, 3).Draw(t, "step")
+					if d, _ := node.Diag(id); live && (d.State == core.Ready || d.State == core.Starting && models[id].resuming && d.Phase != core.PhaseWaitSlot && d.Phase != core.PhaseIdentify) {
+						models[id].seq, models[id].seqValid = seq, true
+					}
+					c.Link.Dispatch(seq)
+				})
+			},
+			"heartbeat": func(t *rapid.T) {
+				shardEvent(t, "heartbeat", func(_ int, c *coretest.Conn, _ bool) {
+					c.Link.Heartbeat(time.Duration(rapid.IntRange(1, 500).Draw(t, "ms")) * time.Millisecond)
+					c.Link.Phase(core.PhaseHello)
+					c.Link.Transport(core.ConnState{TCP: core.LayerOK, WS: core.LayerOK})
+				})
+			},
+			"fail": func(t *rapid.T) {
+				shardEvent(t, "fail", func(id int, c *coretest.Conn, live bool) {
+					class := rapid.SampledFrom([]core.FailureClass{core.Transient, core.NewSession, core.FatalFailure}).Draw(t, "class")
+					var deadline time.Time
+					if rapid.IntRange(0, 3).Draw(t, "op7") == 0 {
+						deadline = clk.Now()
+					}
+					if live && class == core.NewSession {
+						models[id].sessValid = false
+					}
+					c.Link.Fail(core.Failure{Class: class, Err: errDrop, Code: 4000, Deadline: deadline})
+				})
+			},
+			"invalidated": func(t *rapid.T) {
+				shardEvent(t, "invalidated", func(id int, c *coretest.Conn, live bool) {
+					if live {
+						models[id].sessValid, models[id].seqValid, models[id].resuming = false, false, false
+					}
+					c.Link.Invalidated()
+				})
+			},
+			"panic": func(t *rapid.T) {
+				shardEvent(t, "panic", func(_ int, c *coretest.Conn, _ bool) {
+					func() {
+						defer c.Link.Recover()
+						panic("injected")
+					}()
+				})
+			},
+			"command": func(t *rapid.T) {
+				verb := rapid.SampledFrom([]string{"reset", "stop", "start", "identify", "retry", "lease", "lease off", "frob"}).Draw(t, "verb")
+				if verb == "lease" {
+					verb = fmt.Sprintf("lease %ds", rapid.IntRange(1, 90).Draw(t, "lease"))
+				}
+				var targets []int
+				var err error
+				if rapid.Bool().Draw(t, "node") {
+					line := verb
+					if !strings.HasPrefix(verb, "lease") {
+						if rapid.Bool().Draw(t, "all") {
+							line += " all"
+							targets = local
+						} else {
+							id := rapid.SampledFrom(local).Draw(t, "id")
+							line += fmt.Sprint(" ", id)
+							targets = []int{id}
+						}
+					}
+					if verb == "identify" {
+						for _, id := range targets {
+							if s := prev[indexOf(local, id)].State; s == core.Starting || s == core.Ready || s == core.Backoff {
+								models[id].sessValid = false
+							}
+						}
+					}
+					err = node.ExecNode(line)
+				} else {
+					id := rapid.SampledFrom(local).Draw(t, "id")
+					targets = []int{id}
+					if verb == "identify" {
+						if s := prev[indexOf(local, id)].State; s == core.Starting || s == core.Ready || s == core.Backoff {
+							models[id].sessValid = false
+						}
+					}
+					err = node.ExecShard(id, verb)
+				}
+				if verb == "frob" && !errors.Is(err, core.ErrUsage) {
+					t.Fatalf("frob accepted: %v", err)
+				}
+				if verb == "retry" && err == nil {
+					for _, id := range targets {
+						retried[id] = true
+					}
+				}
+			},
+			"send": func(t *rapid.T) {
+				node.Send(rapid.SampledFrom(local).Draw(t, "id"), []byte(`{"op":3,"d":{}}`))
+			},
+			"advance": func(t *rapid.T) {
+				clk.Advance(time.Duration(rapid.IntRange(0, 120_000).Draw(t, "ms")) * time.Millisecond)
+			},
+			"": func(t *rapid.T) {
+				now := clk.Now()
+				cur := node.Snapshot(nil)
+				for i, d := range cur {
+					p, m := prev[i], models[d.Shard]
+					if p.State == core.Fatal && d.State != core.Fatal && !retried[d.Shard] {
+						t.Fatalf("shard %d left FATAL for %v without retry", d.Shard, d.State)
+					}
+					if d.SequenceValid && (!m.seqValid || d.Sequence != m.seq) {
+						t.Fatalf("shard %d sequence %d; the events gave %d (valid=%v)", d.Shard, d.Sequence, m.seq, m.seqValid)
+					}
+					if d.Phase == core.PhaseWaitSlot {
+						if d.SequenceValid {
+							t.Fatalf("shard %d waits to identify with sequence %d", d.Shard, d.Sequence)
+						}
+						m.seqValid = false
+					}
+					backoffs := uint64(strings.Count(shardEvents(node, d.Shard), "event=backoff "))
+					if d.Reconnects != backoffs {
+						t.Fatalf("shard %d reconnects %d after %d entries into BACKOFF", d.Shard, d.Reconnects, backoffs)
+					}
+					if (d.State == core.Starting || d.State == core.Ready) && !d.Lease.Deadline.IsZero() && !now.Before(d.Lease.Deadline) {
+						t.Fatalf("shard %d is %v with its lease expired at %v (now %v)", d.Shard, d.State, d.Lease.Deadline, now)
+					}
+					switch {
+					case d.Epoch < p.Epoch:
+						t.Fatalf("shard %d epoch went back from %d to %d", d.Shard, p.Epoch, d.Epoch)
+					case d.Epoch != p.Epoch && !newSession[d.Shard]:
+						t.Fatalf("shard %d epoch changed without a new session", d.Shard)
+					case d.Epoch == p.Epoch && newSession[d.Shard]:
+						t.Fatalf("shard %d epoch unchanged by a new session", d.Shard)
+					}
+				}
+				last := map[int]time.Time{}
+				for _, g := range pacer.grants {
+					b := g.shard % propMC
+					if at, ok := last[b]; ok && g.at.Sub(at) < core.DiscordWindow {
+						t.Fatalf("bucket %d identified at %v and again %v later", b, at, g.at.Sub(at))
+					}
+					last[b] = g.at
+				}
+				identifies := 0
+				for _, c := range tr.Conns() {
+					if !c.Attempt.Resume {
+						identifies++
+					}
+					identifies += c.Identifies()
+				}
+				if identifies > len(pacer.grants) {
+					t.Fatalf("%d identifies with %d slots granted", identifies, len(pacer.grants))
+				}
+				prev = cur
+				clear(retried)
+				clear(newSession)
+			},
+		})
+	})
+}
+
+func local2(c *clock.Fake) *local.Lease { return local.New(c) }
+
+func indexOf(ids []int, id int) int {
+	for i, v := range ids {
+		if v == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func shardEvents(n *core.Node, id int) string {
+	l, _ := n.ShardEvents(id)
+	buf := make([]byte, l.Size())
+	k, _ := l.ReadAt(buf, 0)
+	return string(buf[:k])
+}

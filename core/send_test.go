@@ -1,0 +1,120 @@
+package core_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardfs/shardfs/core"
+)
+
+// Commands share a rolling budget per connection: the part of the limit not
+// reserved for heartbeats, identify and resume. A resume keeps the send
+// history; a new session clears it.
+func TestSendBudget(t *testing.T) {
+	pol := core.SendPolicy{Limit: 5, Reserve: 2, Window: time.Minute, Queue: 2}
+	e := newEnv(t, core.Config{Send: pol})
+	e.startAll()
+	cmd := []byte(`{"op":3,"d":{"status":"idle"}}`)
+	for i := range 5 {
+		if err := e.node.Send(0, cmd); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	if n := len(e.conn(0).Sent()); n != 3 {
+		t.Fatalf("sent %d at once; want the budget of 3", n)
+	}
+	if err := e.node.Send(0, cmd); !errors.Is(err, core.ErrBusy) {
+		t.Fatalf("send with a full queue = %v; want ErrBusy", err)
+	}
+	e.clk.Advance(time.Minute)
+	if n := len(e.conn(0).Sent()); n != 5 {
+		t.Fatalf("after a window %d sent; want 5", n)
+	}
+	// Resume: the history of the last window survives, so the budget is
+	// still used up.
+	e.clk.Advance(30 * time.Second)
+	e.exec(0, "reset")
+	e.conn(0).Link.Resumed(1)
+	e.node.Send(0, cmd)
+	e.node.Send(0, cmd)
+	if n := len(e.conn(0).Sent()); n != 1 {
+		t.Fatalf("after resume %d sent at once; want 1 (two of three still in the window)", n)
+	}
+	// New session: history cleared.
+	e.exec(0, "identify")
+	e.ready(0, 1)
+	for range 3 {
+		e.node.Send(0, cmd)
+	}
+	if n := len(e.conn(0).Sent()); n != 3 {
+		t.Fatalf("after a new session %d sent at once; want 3", n)
+	}
+}
+
+func TestSendRefusals(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	e.node.Start()
+	for _, tc := range []struct {
+		payload string
+		is      error
+		word    string
+	}{
+		{`{"op":3,"d":{}}`, core.ErrBusy, "STARTING"},
+		{`{"op":3,"d":"` + strings.Repeat("x", 4100) + `"}`, core.ErrTooLarge, "4096"},
+		{`not json`, core.ErrUsage, "JSON"},
+		{`{"d":{}}`, core.ErrUsage, "no op"},
+		{`{"op":2,"d":{}}`, core.ErrUsage, "op 2"},
+		{`{"op":6}`, core.ErrUsage, "op 6"},
+		{`{"op":1,"d":null}`, core.ErrUsage, "op 1"},
+	} {
+		err := e.node.Send(0, []byte(tc.payload))
+		if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.word) {
+			t.Errorf("Send(%.30q) = %v; want %v mentioning %q", tc.payload, err, tc.is, tc.word)
+		}
+	}
+	if err := e.node.Send(99, []byte(`{"op":3}`)); !errors.Is(err, core.ErrUnknownShard) {
+		t.Errorf("Send to shard 99 = %v; want ErrUnknownShard", err)
+	}
+}
+
+// Fluxer's op 9 keeps the socket open: the shard identifies on it once the
+// pacer grants a slot, without a new connection or a reconnect.
+func TestInvalidatedIdentifiesOnSocket(t *testing.T) {
+	e := newEnv(t, core.Config{Flavor: core.Fluxer})
+	e.startAll()
+	c := e.conn(0)
+	conns := len(e.tr.Conns())
+	c.Link.Invalidated()
+	e.clk.Advance(10 * time.Second)
+	d := e.diag(0)
+	if c.Identifies() != 1 || len(e.tr.Conns()) != conns || d.Reconnects != 0 || d.SequenceValid || d.Phase != core.PhaseIdentify {
+		t.Fatalf("after op 9: socket identifies %d, conns %d->%d, %+v", c.Identifies(), conns, len(e.tr.Conns()), d)
+	}
+	c.Link.Ready(core.Session{ID: secretSession}, 1)
+	e.wantState(0, core.Ready)
+}
+
+// Secrets never appear in the tree or the logs.
+func TestSessionIDNeverShown(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	e.startAll()
+	e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+	e.clk.Advance(5 * time.Second)
+	e.conn(0).Link.Resumed(1)
+	if e.conn(0).Attempt.Session.ID != secretSession {
+		t.Fatal("the transport did not get the session to resume")
+	}
+	d := e.diag(0)
+	shown := []string{e.events(0), string(d.AppendText(nil, e.clk.Now()))}
+	s := core.Session{ID: secretSession, ResumeURL: "wss://x"}
+	for _, f := range []string{"%v", "%+v", "%#v", "%s", "%q"} {
+		shown = append(shown, fmtSprintf(f, s), fmtSprintf(f, e.conn(0).Attempt))
+	}
+	for _, text := range shown {
+		if strings.Contains(text, secretSession) {
+			t.Fatalf("the session ID leaked into %q", text)
+		}
+	}
+}

@@ -1,0 +1,660 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/journal"
+)
+
+var errOperatorReset = errors.New("operator reset")
+
+// shard is one shard's context. Every input locks mu, so inputs for one
+// shard never touch another's.
+type shard struct {
+	node   *Node
+	id     int
+	events *journal.Log
+
+	mu         sync.Mutex
+	state      State
+	stopReason StopReason
+
+	// Transport state: what a reset wipes.
+	conn      Conn
+	link      *Link // events from any other link are stale
+	connState ConnState
+	phase     Phase
+	lastErr   error
+	lastCode  int
+	deadline  time.Time // reconnect deadline in BACKOFF
+	latency   time.Duration
+	sendQ     [][]byte
+	socketID  bool // the next identify slot is used on the open socket
+	resuming  bool // the current connection was opened to resume
+
+	// Session state: what a reset keeps.
+	session      Session
+	sessionValid bool
+	seq          int64
+	seqValid     bool
+	epoch        uint64
+	sends        sendHistory
+
+	reconnects  uint64
+	failures    int // consecutive, for the backoff policy
+	readySince  time.Time
+	attempt     int  // connection attempts in this startup or recovery
+	recovery    bool // the current episode follows a READY session
+	identifies  uint64
+	resumes     uint64
+	dispatches  uint64
+	lease       LeaseGrant
+	leaseExpire bool
+
+	timer      clock.Timer // reconnect deadline
+	sendTimer  clock.Timer
+	leaseTimer clock.Timer
+	slotCancel func() // pending identify slot request
+	slotSeq    uint64
+}
+
+// Link carries one connection attempt's events to its shard. Events from a
+// link that is no longer the shard's current one are dropped, so a late
+// event from an old connection cannot disturb the new one.
+type Link struct {
+	s *shard
+}
+
+// Shard returns the shard ID the link belongs to.
+func (l *Link) Shard() int { return l.s.id }
+
+// lockCurrent locks the shard and reports whether l is still its link; it
+// unlocks and returns false otherwise.
+func (l *Link) lockCurrent() bool {
+	l.s.mu.Lock()
+	if l.s.link != l {
+		l.s.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// Phase records the connection phase the transport reached.
+func (l *Link) Phase(p Phase) {
+	if l.lockCurrent() {
+		l.s.phase = p
+		l.s.mu.Unlock()
+	}
+}
+
+// Transport records the state of the connection's layers.
+func (l *Link) Transport(cs ConnState) {
+	if l.lockCurrent() {
+		l.s.connState = cs
+		l.s.mu.Unlock()
+	}
+}
+
+// Heartbeat records a heartbeat round trip.
+func (l *Link) Heartbeat(latency time.Duration) {
+	if l.lockCurrent() {
+		l.s.latency = latency
+		l.s.mu.Unlock()
+	}
+}
+
+// Dispatch records the sequence of a dispatch the shard received. Only a
+// live session or the replay of a resume has a sequence: a dispatch on a
+// connection that is identifying belongs to no session and is not counted.
+func (l *Link) Dispatch(seq int64) {
+	if l.lockCurrent() {
+		if s := l.s; s.state == Ready || s.state == Starting && s.resuming {
+			s.seq, s.seqValid = seq, true
+			s.dispatches++
+		}
+		l.s.mu.Unlock()
+	}
+}
+
+// Ready records a new session (READY at sequence seq).
+func (l *Link) Ready(sess Session, seq int64) {
+	if !l.lockCurrent() {
+		return
+	}
+	s := l.s
+	defer s.mu.Unlock()
+	now := s.node.clock.Now()
+	s.state, s.phase, s.readySince = Ready, PhaseReady, now
+	s.session, s.sessionValid = sess, true
+	s.seq, s.seqValid = seq, true
+	s.dispatches++
+	s.epoch = max(s.epoch+1, uint64(now.UnixMilli()))
+	s.sends.clear()
+	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))
+}
+
+// Resumed records a successful resume (RESUMED at sequence seq). On a
+// connection that did not resume it means nothing and is dropped.
+func (l *Link) Resumed(seq int64) {
+	if !l.lockCurrent() {
+		return
+	}
+	s := l.s
+	defer s.mu.Unlock()
+	if !s.resuming {
+		return
+	}
+	now := s.node.clock.Now()
+	s.state, s.phase, s.readySince = Ready, PhaseReady, now
+	if seq > 0 {
+		s.seq, s.seqValid = seq, true
+	}
+	s.emit(s.line(now, "resumed", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", s.seq).int("attempt", int64(s.attempt)))
+}
+
+// Fail reports a classified failure of the connection.
+func (l *Link) Fail(f Failure) {
+	if !l.lockCurrent() {
+		return
+	}
+	defer l.s.mu.Unlock()
+	l.s.failLocked(f)
+}
+
+// Invalidated reports that the gateway invalidated the session but kept
+// the socket open (Fluxer's op 9): the shard identifies on the same socket
+// once the pacer grants a slot.
+func (l *Link) Invalidated() {
+	if !l.lockCurrent() {
+		return
+	}
+	s := l.s
+	defer s.mu.Unlock()
+	now := s.node.clock.Now()
+	s.sessionValid, s.seqValid, s.seq = false, false, 0
+	s.state, s.resuming = Starting, false
+	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
+	s.socketID = true
+	s.requestSlotLocked()
+}
+
+// Recover, deferred at the top of a transport goroutine, turns a panic into
+// a transient failure of that shard alone, with the stack in its events.
+func (l *Link) Recover() {
+	if r := recover(); r != nil {
+		l.s.panicked(l, r)
+	}
+}
+
+func (s *shard) panicked(l *Link, r any) {
+	now := s.node.clock.Now()
+	e := s.line(now, "panic", slog.LevelError).str("panic", fmt.Sprint(r)).str("stack", string(debug.Stack()))
+	s.emit(e)
+	if l != nil {
+		l.Fail(Failure{Class: Transient, Err: fmt.Errorf("panic: %v", r)})
+	}
+}
+
+// guard runs a core callback of this shard, turning a panic into a
+// transient failure of its current connection.
+func (s *shard) guard(f func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.mu.Lock()
+			l := s.link
+			s.mu.Unlock()
+			s.panicked(l, r)
+		}
+	}()
+	f()
+}
+
+func (s *shard) line(now time.Time, event string, level slog.Level) *eventLine {
+	return newEventLine(now, s.id, event, level, s.node.log)
+}
+
+// emit appends an event line to the shard's log and the node's.
+func (s *shard) emit(e *eventLine) {
+	b := e.finish(s.node.log)
+	now := s.node.clock.Now()
+	s.events.Append(b, now)
+	s.node.events.Append(b, now)
+	e.release()
+}
+
+func (s *shard) resumable() bool { return s.session.exists() && s.sessionValid && s.seqValid }
+
+// leaseBlocks reports whether the lease forbids traffic now.
+func (s *shard) leaseBlocks(now time.Time) bool {
+	return !s.lease.Deadline.IsZero() && (s.leaseExpire || !now.Before(s.lease.Deadline))
+}
+
+// startLocked moves the shard to STARTING: it resumes at once when it can,
+// and otherwise asks the pacer for an identify slot. An invalid lease stops
+// it instead.
+func (s *shard) startLocked(now time.Time) {
+	if s.leaseBlocks(now) {
+		s.stopLocked(now, StoppedByLease, 4000)
+		return
+	}
+	s.state, s.stopReason = Starting, NotStopped
+	if s.resumable() {
+		s.connectLocked(true)
+		return
+	}
+	s.requestSlotLocked()
+}
+
+func (s *shard) requestSlotLocked() {
+	if s.slotCancel != nil {
+		s.slotCancel()
+		s.slotCancel = nil
+	}
+	s.phase = PhaseWaitSlot
+	s.slotSeq++
+	seq := s.slotSeq
+	granted, cancel := s.node.pacer.Request(s.id, func() { s.guard(func() { s.slotGranted(seq) }) })
+	if granted {
+		s.identifyNowLocked()
+		return
+	}
+	s.slotCancel = cancel
+}
+
+func (s *shard) slotGranted(seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq != s.slotSeq || s.slotCancel == nil || s.state != Starting {
+		return
+	}
+	s.slotCancel = nil
+	s.identifyNowLocked()
+}
+
+func (s *shard) identifyNowLocked() {
+	if s.socketID && s.conn != nil {
+		s.socketID = false
+		s.phase = PhaseIdentify
+		s.attempt++
+		s.identifies++
+		s.conn.Identify()
+		return
+	}
+	s.socketID = false
+	s.connectLocked(false)
+}
+
+// connectLocked binds a new connection to the shard.
+func (s *shard) connectLocked(resume bool) {
+	l := &Link{s: s}
+	s.link, s.resuming = l, resume
+	s.attempt++
+	s.phase = PhaseDial
+	s.connState = ConnState{}
+	if resume {
+		s.resumes++
+	} else {
+		s.identifies++
+	}
+	s.conn = s.node.transport.Connect(l, Attempt{
+		Shard: s.id, Total: s.node.plan.Total,
+		Resume: resume, Session: s.session, Sequence: s.seq,
+		LeaseGeneration: s.lease.Generation,
+	})
+}
+
+// closeConnLocked closes the current connection, if any, and makes its
+// link stale.
+func (s *shard) closeConnLocked(code int) {
+	s.link = nil
+	if c := s.conn; c != nil {
+		s.conn = nil
+		c.Close(code)
+	}
+}
+
+// cancelPendingLocked drops what the shard waits for: the reconnect
+// deadline, an identify slot, queued commands.
+func (s *shard) cancelPendingLocked() {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if s.slotCancel != nil {
+		s.slotCancel()
+		s.slotCancel = nil
+	}
+	s.slotSeq++
+	if s.sendTimer != nil {
+		s.sendTimer.Stop()
+	}
+	s.sendQ = nil
+	s.socketID = false
+}
+
+func (s *shard) failLocked(f Failure) {
+	now := s.node.clock.Now()
+	s.lastErr, s.lastCode = f.Err, f.Code
+	switch f.Class {
+	case FatalFailure:
+		s.closeConnLocked(4000)
+		s.cancelPendingLocked()
+		s.state, s.phase = Fatal, PhaseStopped
+		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.connState))
+	case NewSession:
+		s.sessionValid = false
+		s.enterBackoffLocked(now, f.Deadline, 1000)
+	default:
+		s.enterBackoffLocked(now, f.Deadline, 4000)
+	}
+}
+
+// enterBackoffLocked follows the order of DESIGN.md: state, reconnects,
+// deadline, then the log of the error and transport states, before any
+// reset can wipe them.
+func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int) {
+	wasReady := s.state == Ready
+	s.state = Backoff
+	s.reconnects++
+	if deadline.IsZero() {
+		if wasReady && now.Sub(s.readySince) >= ReadyReset {
+			s.failures = 0
+		}
+		s.failures++
+		deadline = now.Add(s.node.backoff.Delay(s.failures, s.node.rand()))
+	}
+	s.deadline = deadline
+	s.emit(s.line(now, "backoff", slog.LevelWarn).str("state", s.state.String()).int("reconnects", int64(s.reconnects)).
+		err(s.lastErr).int("code", int64(s.lastCode)).conn(s.connState).int("retry_ms", deadline.Sub(now).Milliseconds()))
+	s.closeConnLocked(closeCode)
+	s.cancelPendingLocked()
+	s.phase = PhaseBackoff
+	if wasReady {
+		s.recovery, s.attempt = true, 0
+	}
+	if !deadline.After(now) {
+		s.resetAndStartLocked(now)
+		return
+	}
+	if s.timer == nil {
+		s.timer = s.node.clock.AfterFunc(deadline.Sub(now), func() { s.guard(s.backoffDue) })
+	} else {
+		s.timer.Reset(deadline.Sub(now))
+	}
+}
+
+func (s *shard) backoffDue() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.node.clock.Now()
+	if s.state != Backoff || now.Before(s.deadline) {
+		return // stale: the shard moved on or the deadline moved
+	}
+	s.resetAndStartLocked(now)
+}
+
+// resetAndStartLocked resets the shard's transport state, applies the
+// resume rule, binds a new connection and then logs the retry.
+func (s *shard) resetAndStartLocked(now time.Time) {
+	savedSeq, savedValid := s.seq, s.seqValid
+
+	s.closeConnLocked(4000)
+	s.cancelPendingLocked()
+	s.connState, s.phase = ConnState{}, PhaseNone
+	s.lastErr, s.lastCode = nil, 0
+	s.deadline = time.Time{}
+	s.latency = 0
+	s.seq, s.seqValid = 0, false
+
+	if s.session.exists() && s.sessionValid && savedValid {
+		s.seq, s.seqValid = savedSeq, true
+	}
+
+	s.startLocked(now)
+	if s.state != Starting {
+		return
+	}
+	mode := "identify"
+	if s.resumable() {
+		mode = "resume"
+	}
+	e := s.line(now, "retry", slog.LevelInfo).str("state", s.state.String()).str("mode", mode).int("attempt", int64(s.attempt))
+	if s.seqValid {
+		e.int("sequence", s.seq)
+	} else {
+		e.str("sequence", "none")
+	}
+	s.emit(e)
+}
+
+func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
+	s.closeConnLocked(code)
+	s.cancelPendingLocked()
+	s.state, s.stopReason, s.phase = Stopped, why, PhaseStopped
+	s.emit(s.line(now, "stopped", slog.LevelInfo).str("state", s.state.String()).str("reason", why.String()))
+}
+
+func (s *shard) startAssigned() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != Assigned {
+		return
+	}
+	now := s.node.clock.Now()
+	s.emit(s.line(now, "start", slog.LevelInfo))
+	s.startLocked(now)
+}
+
+func (s *shard) shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leaseTimer != nil {
+		s.leaseTimer.Stop()
+	}
+	if s.state == Fatal || s.state == Stopped {
+		s.cancelPendingLocked()
+		return
+	}
+	s.stopLocked(s.node.clock.Now(), StoppedByShutdown, 4000)
+}
+
+// errNoop marks a command that is already satisfied.
+var errNoop = errors.New("nothing to do")
+
+// check says whether verb applies to the shard now: nil, errNoop, or an
+// ErrBusy error naming the shard and its state.
+func (s *shard) check(v Verb) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checkLocked(v, s.node.clock.Now())
+}
+
+func (s *shard) checkLocked(v Verb, now time.Time) error {
+	busy := func(hint string) error {
+		return fmt.Errorf("%w: shard %d is %s; %s", ErrBusy, s.id, s.state, hint)
+	}
+	switch v {
+	case VerbReset, VerbIdentify:
+		if s.state == Starting || s.state == Ready || s.state == Backoff {
+			return nil
+		}
+		if s.state == Fatal {
+			return busy("write retry to start it")
+		}
+		return busy("write start to start it")
+	case VerbStop:
+		if s.state == Fatal {
+			return busy("write retry to start it")
+		}
+		if s.state == Stopped && s.stopReason != StoppedByLease {
+			return errNoop
+		}
+		return nil
+	case VerbStart:
+		switch s.state {
+		case Fatal:
+			return busy("write retry to start it")
+		case Assigned, Stopped:
+			if s.leaseBlocks(now) {
+				return busy("its lease has expired; arm it first")
+			}
+			return nil
+		}
+		return errNoop
+	case VerbRetry:
+		if s.state == Fatal {
+			return nil
+		}
+		return busy("retry applies to FATAL shards")
+	}
+	return fmt.Errorf("%w: %s is not a shard command", ErrUsage, v)
+}
+
+// apply carries out verb if it applies to the shard's state now.
+func (s *shard) apply(v Verb) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.node.clock.Now()
+	if s.checkLocked(v, now) != nil {
+		return
+	}
+	switch v {
+	case VerbReset:
+		if s.state == Backoff {
+			s.emit(s.line(now, "reset", slog.LevelInfo).str("state", s.state.String()))
+			s.resetAndStartLocked(now)
+			return
+		}
+		s.lastErr, s.lastCode = errOperatorReset, 4000
+		s.enterBackoffLocked(now, now, 4000)
+	case VerbStop:
+		if s.state == Stopped { // stopped by lease: the operator takes over
+			s.stopReason = StoppedByOperator
+			s.emit(s.line(now, "stopped", slog.LevelInfo).str("state", s.state.String()).str("reason", s.stopReason.String()))
+			return
+		}
+		s.stopLocked(now, StoppedByOperator, 4000)
+	case VerbStart, VerbRetry:
+		s.emit(s.line(now, v.String(), slog.LevelInfo).str("state", s.state.String()))
+		s.recovery, s.attempt = false, 0
+		s.resetAndStartLocked(now)
+	case VerbIdentify:
+		s.emit(s.line(now, "identify", slog.LevelInfo).str("state", s.state.String()))
+		s.closeConnLocked(1000)
+		s.sessionValid = false
+		s.recovery, s.attempt = false, 0
+		s.resetAndStartLocked(now)
+	}
+}
+
+func (s *shard) setLease(g LeaseGrant) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.node.clock.Now()
+	renewal := g.Generation == s.lease.Generation && !g.Deadline.IsZero() && !s.lease.Deadline.IsZero()
+	s.lease = g
+	if !g.Deadline.IsZero() && !now.Before(g.Deadline) {
+		s.leaseDueLocked(now)
+		return
+	}
+	s.leaseExpire = false
+	if g.Deadline.IsZero() {
+		if s.leaseTimer != nil {
+			s.leaseTimer.Stop()
+		}
+	} else if s.leaseTimer == nil {
+		s.leaseTimer = s.node.clock.AfterFunc(g.Deadline.Sub(now), func() { s.guard(s.leaseDue) })
+	} else {
+		s.leaseTimer.Reset(g.Deadline.Sub(now))
+	}
+	if !renewal {
+		e := s.line(now, "lease", slog.LevelInfo).int("generation", int64(g.Generation))
+		if g.Deadline.IsZero() {
+			e.str("deadline", "off")
+		} else {
+			e.str("deadline", g.Deadline.UTC().Format(time.RFC3339Nano))
+		}
+		s.emit(e)
+	}
+	if s.state == Stopped && s.stopReason == StoppedByLease {
+		s.resetAndStartLocked(now)
+	}
+}
+
+func (s *shard) leaseDue() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaseDueLocked(s.node.clock.Now())
+}
+
+// leaseDueLocked is the lease tick: already expired, nothing; deadline
+// zero, enforcement is off; now at or past the deadline, expire and stop
+// the shard's traffic.
+func (s *shard) leaseDueLocked(now time.Time) {
+	switch {
+	case s.leaseExpire, s.lease.Deadline.IsZero(), now.Before(s.lease.Deadline):
+		return
+	}
+	s.leaseExpire = true
+	s.emit(s.line(now, "lease-expired", slog.LevelWarn).int("generation", int64(s.lease.Generation)))
+	switch s.state {
+	case Starting, Ready, Backoff:
+		s.stopLocked(now, StoppedByLease, 4000)
+	}
+}
+
+func (s *shard) sendCommand(p []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != Ready || s.conn == nil {
+		return fmt.Errorf("%w: shard %d is %s; commands go only to READY shards", ErrBusy, s.id, s.state)
+	}
+	now := s.node.clock.Now()
+	pol := s.node.send
+	if len(s.sendQ) == 0 && !s.sends.allowAt(now, pol).After(now) {
+		s.sends.record(now, pol)
+		return s.conn.Send(p)
+	}
+	if len(s.sendQ) >= pol.Queue {
+		return fmt.Errorf("%w: shard %d has %d commands waiting for the send budget", ErrBusy, s.id, len(s.sendQ))
+	}
+	s.sendQ = append(s.sendQ, append([]byte(nil), p...))
+	s.armSendLocked(now)
+	return nil
+}
+
+func (s *shard) armSendLocked(now time.Time) {
+	d := s.sends.allowAt(now, s.node.send).Sub(now)
+	if s.sendTimer == nil {
+		s.sendTimer = s.node.clock.AfterFunc(d, func() { s.guard(s.sendDue) })
+	} else {
+		s.sendTimer.Reset(d)
+	}
+}
+
+func (s *shard) sendDue() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != Ready || s.conn == nil {
+		return
+	}
+	now := s.node.clock.Now()
+	pol := s.node.send
+	for len(s.sendQ) > 0 && !s.sends.allowAt(now, pol).After(now) {
+		p := s.sendQ[0]
+		s.sendQ[0] = nil
+		s.sendQ = s.sendQ[1:]
+		s.sends.record(now, pol)
+		if err := s.conn.Send(p); err != nil {
+			s.emit(s.line(now, "send-failed", slog.LevelWarn).err(err))
+		}
+	}
+	if len(s.sendQ) > 0 {
+		s.armSendLocked(now)
+	}
+}

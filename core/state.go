@@ -1,0 +1,42 @@
+package core
+
+// State is a shard's lifecycle state. Its String form is the word users see
+// in the state file.
+type State uint8
+
+// The six states of DESIGN.md section 2.
+const (
+	Assigned State = iota // owned by this node, not started yet
+	Starting              // connecting, waiting for an identify slot, identifying or resuming
+	Ready                 // a session is live
+	Backoff               // a transient failure happened; waiting for the reconnect deadline
+	Fatal                 // retrying cannot fix it; only "retry" leaves it
+	Stopped               // stopped by the operator, by lease expiry or by shutdown
+)
+
+var stateNames = [...]string{"ASSIGNED", "STARTING", "READY", "BACKOFF", "FATAL", "STOPPED"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "UNKNOWN"
+}
+
+// running reports whether the shard has, or is getting, a connection.
+func (s State) running() bool { return s == Starting || s == Ready }
+
+// StopReason says why a shard is STOPPED.
+type StopReason uint8
+
+// Why a shard stopped.
+const (
+	NotStopped StopReason = iota
+	StoppedByOperator
+	StoppedByLease
+	StoppedByShutdown
+)
+
+var stopReasonNames = [...]string{"", "operator", "lease expired", "shutdown"}
+
+func (r StopReason) String() string { return stopReasonNames[r] }

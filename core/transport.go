@@ -1,0 +1,145 @@
+package core
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Transport opens gateway connections for the core. The gateway package
+// implements it over WebSockets; tests use a fake.
+type Transport interface {
+	// Connect starts one connection attempt for a shard and returns at once:
+	// dialling, Hello, Identify or Resume happen elsewhere, and every outcome
+	// is reported through l. Connect must not call l's methods before it
+	// returns.
+	Connect(l *Link, a Attempt) Conn
+}
+
+// Conn is one connection attempt, as the core drives it. Its methods must
+// not block and must not call the Link synchronously.
+type Conn interface {
+	// Close ends the connection with a WebSocket close code: 4000 keeps the
+	// session resumable, 1000 ends it. Closing twice is harmless.
+	Close(code int)
+	// Send writes an operator command (already paced by the core).
+	Send(payload []byte) error
+	// Identify identifies on the open socket after the gateway invalidated
+	// the session without closing it (Fluxer's op 9).
+	Identify()
+}
+
+// Attempt says how a connection should start.
+type Attempt struct {
+	Shard, Total int
+	// Resume is set when the connection should resume Session at Sequence;
+	// otherwise it identifies afresh.
+	Resume   bool
+	Session  Session
+	Sequence int64
+	// LeaseGeneration is the fencing token of the shard's lease when the
+	// attempt started.
+	LeaseGeneration uint64
+}
+
+// Session is what a gateway session needs to be resumed. Its ID is a
+// secret: the formatting and logging methods never show it.
+type Session struct {
+	ID        string
+	ResumeURL string
+}
+
+func (s Session) exists() bool { return s.ID != "" }
+
+// String hides the ID.
+func (s Session) String() string {
+	if !s.exists() {
+		return "session(none)"
+	}
+	return "session(redacted)"
+}
+
+// Format hides the ID from every fmt verb, %#v included.
+func (s Session) Format(f fmt.State, _ rune) { fmt.Fprint(f, s.String()) }
+
+// LogValue hides the ID from slog.
+func (s Session) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// FailureClass says what a transport failure means for the session.
+type FailureClass uint8
+
+// How a failure is handled.
+const (
+	// Transient: back off and reconnect, resuming when the rule allows.
+	Transient FailureClass = iota
+	// NewSession: the session is gone (4007, 4009, op 9 false, close 1000):
+	// back off and identify afresh.
+	NewSession
+	// FatalFailure: retrying cannot help (bad token, invalid shard, ...):
+	// go FATAL until the operator writes retry.
+	FatalFailure
+)
+
+var classNames = [...]string{"transient", "new-session", "fatal"}
+
+func (c FailureClass) String() string { return classNames[c] }
+
+// Failure is a classified transport failure.
+type Failure struct {
+	Class FailureClass
+	Err   error
+	// Code is the WebSocket close code involved, 0 when none.
+	Code int
+	// Deadline is when to reconnect. Zero lets the backoff policy decide;
+	// a server-requested reconnect (op 7) sets it to now.
+	Deadline time.Time
+}
+
+// Phase is the step a shard's connection is in, for diagnostics.
+type Phase uint8
+
+// Connection phases, in the order a connection goes through them.
+const (
+	PhaseNone     Phase = iota
+	PhaseWaitSlot       // waiting for an identify slot
+	PhaseDial           // TCP connect
+	PhaseTLS            // TLS handshake
+	PhaseUpgrade        // WebSocket upgrade
+	PhaseHello          // waiting for Hello
+	PhaseIdentify       // Identify sent, waiting for READY
+	PhaseResume         // Resume sent, waiting for RESUMED
+	PhaseReady          // session live
+	PhaseBackoff        // waiting for the reconnect deadline
+	PhaseStopped        // no connection by decision
+)
+
+var phaseNames = [...]string{"none", "wait-identify-slot", "dial", "tls", "upgrade", "hello", "identify", "resume", "ready", "backoff", "stopped"}
+
+func (p Phase) String() string {
+	if int(p) < len(phaseNames) {
+		return phaseNames[p]
+	}
+	return "unknown"
+}
+
+// LinkState is the state of one layer of a connection, as the event log and
+// diag show it.
+type LinkState uint8
+
+// Layer states.
+const (
+	LayerNone LinkState = iota
+	LayerConnecting
+	LayerOK
+	LayerFailed
+	LayerClosed
+)
+
+var layerNames = [...]string{"none", "connecting", "ok", "failed", "closed"}
+
+func (s LinkState) String() string { return layerNames[s] }
+
+// ConnState is the state of each layer of a shard's connection.
+type ConnState struct {
+	TCP, TLS, WS LinkState
+}
