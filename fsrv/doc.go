@@ -1,0 +1,47 @@
+// Package fsrv serves a tree of synthetic files (directories, text files,
+// ctl files and log files) over 9P2000.L and 9P2000 on one listener.
+//
+// # The tree
+//
+// A tree is built from four kinds of Node: a *Dir lists its entries through
+// a callback at walk and listing time, so entries come and go; a *Text
+// computes its content at open and keeps it for that open; a *Ctl applies
+// the lines written to it, one command each; a *Log reads an append-only
+// LogSource by absolute offset. Permissions do not depend on the user:
+// directories are r-x, Text and Log files r, Ctl files rw (or w without a
+// Usage). Clients cannot create, remove or rename anything.
+//
+// # Dialects
+//
+// A connection's first message must be a Tversion, read with a size bound
+// (512 bytes) and a deadline (Server.VersionTimeout). A version that starts
+// with 9P2000.L is served by github.com/hugelgupf/p9; 9P2000, 9P2000.u and
+// other 9P2000.x versions by 9fans.net/go/plan9/srv9p, which answers them
+// as 9P2000; any other version is answered "unknown" and the client may
+// propose another. A first message that is not a well-formed Tversion is
+// answered with Rerror and the connection dropped; a frame whose size is
+// out of bounds is dropped without a reply; an msize below MinMsize is
+// answered with an error (Rlerror EINVAL for .L) and dropped. Under
+// 9P2000.L a Tauth is answered ENOENT, which diod's tools take to mean that
+// no authentication is needed. Reads never block: hugelgupf/p9 cannot
+// cancel a read on Tflush, and Linux waits for Rflush even through SIGKILL.
+//
+// # Errors
+//
+// Callbacks return errors that wrap fs.ErrInvalid, fs.ErrPermission,
+// fs.ErrNotExist, ErrBusy or ErrTooLarge. One place converts them: to
+// EINVAL, EACCES, ENOENT, EBUSY, EFBIG under 9P2000.L (any other error is
+// EIO), and under 9P2000 to strings that plan9port's 9pfuse maps back to
+// the same errno: "invalid argument: <detail>", "permission denied:
+// <detail>", "file not found: <detail>", "busy: <detail>", "invalid
+// argument: write too large: <detail>" and "i/o error: <detail>". An error
+// without detail is sent as a string the Linux kernel's 9P2000 client also
+// knows ("Invalid argument", "permission denied", "file not found",
+// "Device or resource busy", "i/o error").
+//
+// # Listening
+//
+// Listen takes tcp!host!port, host:port, unix!path or a path (see
+// ParseAddr). Server.Serve serves a listener, Server.ServeConn one
+// connection; Close or the context ends both.
+package fsrv

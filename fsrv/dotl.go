@@ -1,0 +1,517 @@
+package fsrv
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hugelgupf/p9/p9"
+)
+
+// This file is the 9P2000.L engine: the tree as p9.Files for
+// github.com/hugelgupf/p9, and the framing shim in front of it that
+// answers Tauth and Tflush.
+
+// StatFSType is the file-system type 9P2000.L statfs reports:
+// FUSE_SUPER_MAGIC. GNU tail -f watches a file with inotify when statfs
+// names a type coreutils lists as local (v9fs, 0x01021997, is), and inotify
+// never fires for changes made on the server. Coreutils lists FUSE as
+// remote in every version (recent versions also treat unknown types as
+// remote, but older ones treated them as local), so tail polls; 9pfuse
+// mounts report the same type.
+const StatFSType = 0x65735546
+
+// dotlOTrunc is O_TRUNC in 9P2000.L open flags (P9_DOTL_TRUNC).
+const dotlOTrunc = 01000
+
+var errNoAuth = fmt.Errorf("%w: no authentication required", fs.ErrNotExist)
+
+// dotlAttacher hands out the root of one connection's tree.
+type dotlAttacher struct{ s *Server }
+
+func (a dotlAttacher) Attach() (p9.File, error) {
+	return &dotlFile{s: a.s, node: a.s.Root}, nil
+}
+
+// dotlFile is a fid's view of a node: walked to, then maybe opened.
+type dotlFile struct {
+	noMutation
+
+	s    *Server
+	node Node
+	h    atomic.Pointer[handle] // set by Open
+}
+
+var _ p9.File = (*dotlFile)(nil)
+
+// guard turns a panic in a callback into EIO for the request, logged with
+// the server's logger (p9 would recover it too, as EFAULT).
+func (f *dotlFile) guard(err *error) {
+	if r := recover(); r != nil {
+		f.s.logger().Error("fsrv: callback panicked", "file", nodeName(f.node), "panic", r)
+		*err = dotlError(fmt.Errorf("panic: %v", r))
+	}
+}
+
+func (f *dotlFile) qid(a attr) p9.QID {
+	t := p9.TypeRegular
+	if a.dir {
+		t = p9.TypeDir
+	}
+	return p9.QID{Type: t, Version: a.vers, Path: a.path}
+}
+
+// attrMask is what GetAttr fills in: the basic stat fields, which Linux
+// requires in the valid mask.
+var attrMask = p9.AttrMask{
+	Mode: true, NLink: true, UID: true, GID: true, RDev: true,
+	ATime: true, MTime: true, CTime: true, INo: true, Size: true, Blocks: true,
+}
+
+func (f *dotlFile) getattr(n Node) (p9.QID, p9.AttrMask, p9.Attr) {
+	a := f.s.stat(n)
+	mode := p9.ModeRegular
+	nlink := p9.NLink(1)
+	if a.dir {
+		mode = p9.ModeDirectory
+		nlink = 2
+	}
+	sec, nsec := uint64(a.mtime.Unix()), uint64(a.mtime.Nanosecond())
+	return f.qid(a), attrMask, p9.Attr{
+		Mode:             mode | p9.FileMode(a.perm),
+		NLink:            nlink,
+		Size:             a.size,
+		BlockSize:        4096,
+		Blocks:           (a.size + 511) / 512,
+		ATimeSeconds:     sec,
+		ATimeNanoSeconds: nsec,
+		MTimeSeconds:     sec,
+		MTimeNanoSeconds: nsec,
+		CTimeSeconds:     sec,
+		CTimeNanoSeconds: nsec,
+	}
+}
+
+// walk resolves names (zero or one, as p9 walks one step at a time).
+func (f *dotlFile) walk(names []string) (*dotlFile, error) {
+	n := f.node
+	for _, name := range names {
+		d, ok := n.(*Dir)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, nodeName(n))
+		}
+		if n = d.lookup(name); n == nil {
+			return nil, fs.ErrNotExist
+		}
+	}
+	return &dotlFile{s: f.s, node: n}, nil
+}
+
+// Walk implements p9.File. A walk of no names is a clone: Linux clones a
+// fid at every open, and the clone must be a file of its own.
+func (f *dotlFile) Walk(names []string) (qids []p9.QID, nf p9.File, err error) {
+	defer f.guard(&err)
+	g, err := f.walk(names)
+	if err != nil {
+		return nil, nil, dotlError(err)
+	}
+	for range names {
+		// The version is the last one computed: a walk should not compute
+		// the content of every file it passes; GetAttr and Open do.
+		n := g.node
+		qids = append(qids, f.qid(attr{path: n.base().qidPath(), vers: qidVersion(n), dir: isDir(n)}))
+	}
+	return qids, g, nil
+}
+
+// WalkGetAttr implements p9.File for the 9P2000.L.Google extension the
+// hugelgupf client uses.
+func (f *dotlFile) WalkGetAttr(names []string) (qids []p9.QID, nf p9.File, mask p9.AttrMask, at p9.Attr, err error) {
+	defer f.guard(&err)
+	g, err := f.walk(names)
+	if err != nil {
+		return nil, nil, p9.AttrMask{}, p9.Attr{}, dotlError(err)
+	}
+	qid, mask, at := f.getattr(g.node)
+	for range names {
+		qids = append(qids, qid)
+	}
+	return qids, g, mask, at, nil
+}
+
+// GetAttr implements p9.File.
+func (f *dotlFile) GetAttr(p9.AttrMask) (qid p9.QID, mask p9.AttrMask, at p9.Attr, err error) {
+	defer f.guard(&err)
+	qid, mask, at = f.getattr(f.node)
+	return qid, mask, at, nil
+}
+
+// SetAttr implements p9.File. Truncation to zero of a writable file is
+// accepted and ignored (Linux sends it for `echo x > ctl`), as are times,
+// which are derived; everything else is refused.
+func (f *dotlFile) SetAttr(valid p9.SetAttrMask, at p9.SetAttr) error {
+	writable := perm(f.node)&permWrite != 0
+	switch {
+	case valid.Permissions || valid.UID || valid.GID:
+		return dotlError(fmt.Errorf("%w: attributes are fixed", fs.ErrPermission))
+	case valid.Size && !writable:
+		return dotlError(fmt.Errorf("%w: %s is read-only", fs.ErrPermission, nodeName(f.node)))
+	case valid.Size && at.Size != 0:
+		return dotlError(fmt.Errorf("%w: only truncation to zero", fs.ErrInvalid))
+	}
+	return nil
+}
+
+// StatFS implements p9.File.
+func (f *dotlFile) StatFS() (p9.FSStat, error) {
+	return p9.FSStat{Type: StatFSType, BlockSize: 4096, NameLength: 255}, nil
+}
+
+// Open implements p9.File.
+func (f *dotlFile) Open(flags p9.OpenFlags) (qid p9.QID, iounit uint32, err error) {
+	defer f.guard(&err)
+	// O_TRUNC needs write permission, as in Linux, and is then a no-op:
+	// only Ctl files are writable. O_CREAT needs nothing: the file exists.
+	m := openMode{trunc: flags&dotlOTrunc != 0}
+	switch flags.Mode() {
+	case p9.ReadOnly:
+		m.read = true
+	case p9.WriteOnly:
+		m.write = true
+	case p9.ReadWrite:
+		m.read, m.write = true, true
+	default:
+		return p9.QID{}, 0, dotlError(fs.ErrInvalid)
+	}
+	h, err := f.s.open(f.node, m)
+	if err != nil {
+		return p9.QID{}, 0, dotlError(err)
+	}
+	f.h.Store(h)
+	return f.qid(f.s.statOpen(h)), 0, nil
+}
+
+// ReadAt implements p9.File. It never blocks: hugelgupf/p9 cannot cancel a
+// read on Tflush, and Linux waits for the Rflush even through SIGKILL.
+func (f *dotlFile) ReadAt(p []byte, off int64) (n int, err error) {
+	defer f.guard(&err)
+	h := f.h.Load()
+	if h == nil {
+		return 0, dotlError(fs.ErrInvalid)
+	}
+	if isDir(f.node) {
+		return 0, dotlError(fmt.Errorf("%w: is a directory", fs.ErrInvalid))
+	}
+	return h.read(p, off), nil
+}
+
+// WriteAt implements p9.File. The offset is ignored: every write is a set
+// of commands.
+func (f *dotlFile) WriteAt(p []byte, _ int64) (n int, err error) {
+	defer f.guard(&err)
+	h := f.h.Load()
+	if h == nil {
+		return 0, dotlError(fs.ErrInvalid)
+	}
+	n, err = f.s.write(h, p)
+	return n, dotlError(err)
+}
+
+// Readdir implements p9.File over the listing taken at open. An entry's
+// offset is its index plus one, so a client resumes where it stopped.
+func (f *dotlFile) Readdir(offset uint64, count uint32) (ents p9.Dirents, err error) {
+	defer f.guard(&err)
+	h := f.h.Load()
+	if h == nil || !isDir(f.node) {
+		return nil, dotlError(fs.ErrInvalid)
+	}
+	size := 0
+	for i := offset; i < uint64(len(h.dir)) && size < int(count); i++ {
+		n := h.dir[i]
+		t := p9.TypeRegular
+		if isDir(n) {
+			t = p9.TypeDir
+		}
+		name := nodeName(n)
+		ents = append(ents, p9.Dirent{
+			QID:    p9.QID{Type: t, Version: qidVersion(n), Path: n.base().qidPath()},
+			Offset: i + 1,
+			Type:   t,
+			Name:   name,
+		})
+		size += 13 + 8 + 1 + 2 + len(name)
+	}
+	return ents, nil
+}
+
+// Close implements p9.File. It may be called while another fid still uses
+// the file (p9 shares it with xattr fids), so it releases nothing.
+func (f *dotlFile) Close() error { return nil }
+
+// FSync implements p9.File.
+func (f *dotlFile) FSync() error { return nil }
+
+// Lock implements p9.File: there is nothing to lock, so every lock succeeds.
+func (f *dotlFile) Lock(int, p9.LockType, p9.LockFlags, uint64, uint64, string) (p9.LockStatus, error) {
+	return p9.LockStatusOK, nil
+}
+
+// Readlink implements p9.File; there are no symlinks.
+func (f *dotlFile) Readlink() (string, error) { return "", dotlError(fs.ErrInvalid) }
+
+// Renamed implements p9.File; it is never called, as nothing can be renamed.
+func (f *dotlFile) Renamed(p9.File, string) {}
+
+var errNoXattr = fmt.Errorf("%w: no extended attributes", fs.ErrNotExist)
+
+// GetXattr implements p9.File. (p9 turns any xattr error into EINVAL.)
+func (f *dotlFile) GetXattr(string) ([]byte, error) { return nil, dotlError(errNoXattr) }
+
+// ListXattrs implements p9.File.
+func (f *dotlFile) ListXattrs() ([]string, error) { return nil, dotlError(errNoXattr) }
+
+// SetXattr implements p9.File.
+func (f *dotlFile) SetXattr(string, []byte, p9.XattrFlags) error {
+	return dotlError(fmt.Errorf("%w: extended attributes are fixed", fs.ErrPermission))
+}
+
+// RemoveXattr implements p9.File.
+func (f *dotlFile) RemoveXattr(string) error {
+	return dotlError(fmt.Errorf("%w: extended attributes are fixed", fs.ErrPermission))
+}
+
+// errFixedTree refuses every change to the shape of the tree.
+var errFixedTree = fmt.Errorf("%w: files cannot be created, removed or renamed", fs.ErrPermission)
+
+// noMutation is the default for every operation that would change the
+// shape of the tree.
+type noMutation struct{}
+
+func (noMutation) Create(string, p9.OpenFlags, p9.FileMode, p9.UID, p9.GID) (p9.File, p9.QID, uint32, error) {
+	return nil, p9.QID{}, 0, dotlError(errFixedTree)
+}
+
+func (noMutation) Mkdir(string, p9.FileMode, p9.UID, p9.GID) (p9.QID, error) {
+	return p9.QID{}, dotlError(errFixedTree)
+}
+
+func (noMutation) Symlink(string, string, p9.UID, p9.GID) (p9.QID, error) {
+	return p9.QID{}, dotlError(errFixedTree)
+}
+
+func (noMutation) Link(p9.File, string) error { return dotlError(errFixedTree) }
+
+func (noMutation) Mknod(string, p9.FileMode, uint32, uint32, p9.UID, p9.GID) (p9.QID, error) {
+	return p9.QID{}, dotlError(errFixedTree)
+}
+
+func (noMutation) Rename(p9.File, string) error           { return dotlError(errFixedTree) }
+func (noMutation) RenameAt(string, p9.File, string) error { return dotlError(errFixedTree) }
+func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(errFixedTree) }
+
+// dotlStream sits between a connection and hugelgupf/p9. It passes frames
+// through, except that it
+//   - answers Tauth itself with ENOENT (p9 answers ENOSYS, which makes
+//     diod's tools fail; ENOENT tells them no authentication is needed);
+//   - caps or refuses the msize of a Tversion;
+//   - answers Tflush itself, right after the reply to the request it
+//     names: p9's Tflush waits for the old tag, so a Tflush of its own tag
+//     (or two that name each other) would never finish, and with it the
+//     connection and Close. No request blocks, so there is nothing to
+//     cancel.
+type dotlStream struct {
+	rwc      io.ReadWriteCloser
+	r        *bufio.Reader
+	maxMsize uint32
+
+	// Read state; p9 reads from one goroutine at a time.
+	msize     uint32 // frames larger than this are refused
+	pend      []byte // start of the current frame, not yet returned
+	remaining int    // bytes of the current frame still in r
+
+	// wmu serialises whole frames: p9 writes a frame in several Writes,
+	// and a Tauth reply must not land in the middle of one.
+	wmu  sync.Mutex
+	wbuf []byte
+
+	closeOnce sync.Once
+	closeErr  error
+
+	// fmu guards the tags p9 has not answered yet (true for a Tflush) and
+	// the Tflushes to answer after each.
+	fmu         sync.Mutex
+	outstanding map[uint16]bool
+	flushes     map[uint16][]uint16
+}
+
+const (
+	msgTflush = 108
+	msgRflush = 109
+)
+
+func newDotlStream(rwc io.ReadWriteCloser, first []byte, msize, maxMsize uint32) *dotlStream {
+	return &dotlStream{
+		rwc:         rwc,
+		r:           bufio.NewReaderSize(rwc, 64<<10),
+		maxMsize:    maxMsize,
+		msize:       msize,
+		pend:        first,
+		outstanding: make(map[uint16]bool),
+		flushes:     make(map[uint16][]uint16),
+	}
+}
+
+// Read implements io.Reader for p9's receive loop.
+func (s *dotlStream) Read(p []byte) (int, error) {
+	for len(s.pend) == 0 && s.remaining == 0 {
+		if err := s.nextFrame(); err != nil {
+			return 0, err
+		}
+	}
+	if len(s.pend) > 0 {
+		n := copy(p, s.pend)
+		s.pend = s.pend[n:]
+		return n, nil
+	}
+	n, err := s.r.Read(p[:min(len(p), s.remaining)])
+	s.remaining -= n
+	if err == io.EOF && s.remaining > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// nextFrame reads the next frame header and either queues the frame for p9
+// or handles it here.
+func (s *dotlStream) nextFrame() error {
+	var hdr [headerSize]byte
+	if _, err := io.ReadFull(s.r, hdr[:]); err != nil {
+		return err
+	}
+	size := binary.LittleEndian.Uint32(hdr[:])
+	typ, tag := hdr[4], binary.LittleEndian.Uint16(hdr[5:])
+	if size < headerSize || size > s.msize {
+		return fmt.Errorf("%w: size %d, msize %d", errFrame, size, s.msize)
+	}
+	body := int(size) - headerSize
+	switch {
+	case typ == msgTauth:
+		if _, err := s.r.Discard(body); err != nil {
+			return err
+		}
+		return s.inject(rlerror(tag, errno(errNoAuth)))
+	case typ == msgTversion && size <= maxVersionFrame:
+		// A remount on the same stream sends a fresh Tversion.
+		frame := make([]byte, size)
+		copy(frame, hdr[:])
+		if _, err := io.ReadFull(s.r, frame[headerSize:]); err != nil {
+			return err
+		}
+		t, err := parseVersion(frame)
+		if err == nil && t.msize < MinMsize {
+			err = fmt.Errorf("%w: msize %d is below the minimum %d", fs.ErrInvalid, t.msize, MinMsize)
+		}
+		if err != nil {
+			return s.inject(rlerror(tag, errno(err)))
+		}
+		s.msize = min(t.msize, s.maxMsize)
+		s.pend = versionFrame(msgTversion, t.tag, s.msize, t.version)
+		return nil
+	case typ == msgTflush && body == 2:
+		var old [2]byte
+		if _, err := io.ReadFull(s.r, old[:]); err != nil {
+			return err
+		}
+		return s.flush(tag, binary.LittleEndian.Uint16(old[:]))
+	}
+	s.fmu.Lock()
+	s.outstanding[tag] = false
+	s.fmu.Unlock()
+	s.pend = append(s.pend[:0], hdr[:]...)
+	s.remaining = body
+	return nil
+}
+
+// flush answers Tflush tag: after the reply to oldtag if that request is
+// still in p9's hands, at once otherwise.
+func (s *dotlStream) flush(tag, oldtag uint16) error {
+	s.fmu.Lock()
+	isFlush, pending := s.outstanding[oldtag]
+	if pending && !isFlush && oldtag != tag {
+		s.outstanding[tag] = true
+		s.flushes[oldtag] = append(s.flushes[oldtag], tag)
+		s.fmu.Unlock()
+		return nil
+	}
+	s.fmu.Unlock()
+	return s.inject(finish(newFrame(msgRflush, tag)))
+}
+
+// replied notes that p9 answered tag and returns the Rflush frames that
+// were waiting for it.
+func (s *dotlStream) replied(tag uint16) []byte {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if isFlush, ok := s.outstanding[tag]; !ok || isFlush {
+		return nil
+	}
+	delete(s.outstanding, tag)
+	var out []byte
+	for _, f := range s.flushes[tag] {
+		delete(s.outstanding, f)
+		out = append(out, finish(newFrame(msgRflush, f))...)
+	}
+	delete(s.flushes, tag)
+	return out
+}
+
+// inject writes a whole frame between p9's frames.
+func (s *dotlStream) inject(frame []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	_, err := s.rwc.Write(frame)
+	return err
+}
+
+// Write implements io.Writer for p9's send path: it gathers the pieces of
+// a frame and writes each whole frame at once.
+func (s *dotlStream) Write(p []byte) (int, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.wbuf = append(s.wbuf, p...)
+	for len(s.wbuf) >= 4 {
+		size := int(binary.LittleEndian.Uint32(s.wbuf))
+		if size < headerSize {
+			return 0, errFrame
+		}
+		if len(s.wbuf) < size {
+			break
+		}
+		frame := s.wbuf[:size]
+		if flushes := s.replied(frameTag(frame)); flushes != nil {
+			frame = append(frame, flushes...)
+		}
+		if _, err := s.rwc.Write(frame); err != nil {
+			return 0, err
+		}
+		s.wbuf = s.wbuf[:copy(s.wbuf, s.wbuf[size:])]
+	}
+	if cap(s.wbuf) > 1<<20 && len(s.wbuf) == 0 {
+		s.wbuf = nil // do not keep a large buffer for an idle connection
+	}
+	return len(p), nil
+}
+
+// Close closes the connection; p9 closes both its reader and its writer.
+func (s *dotlStream) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.rwc.Close() })
+	if errors.Is(s.closeErr, fs.ErrClosed) {
+		return nil
+	}
+	return s.closeErr
+}

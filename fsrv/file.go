@@ -1,0 +1,222 @@
+package fsrv
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Permission bits, the same for owner, group and others: fsrv has no
+// notion of users, only of what a file allows.
+const (
+	permRead  = 0444
+	permWrite = 0222
+	permExec  = 0111
+)
+
+// attr is what both engines report about a node.
+type attr struct {
+	path  uint64
+	vers  uint32
+	dir   bool
+	perm  uint32 // permission bits, e.g. 0444
+	size  uint64
+	mtime time.Time
+}
+
+// perm returns a node's permission bits.
+func perm(n Node) uint32 {
+	switch n := n.(type) {
+	case *Dir:
+		return permRead | permExec
+	case *Text, *Log:
+		return permRead
+	case *Ctl:
+		var p uint32
+		if n.Handle != nil {
+			p |= permWrite
+		}
+		if n.Usage != nil {
+			p |= permRead
+		}
+		return p
+	}
+	return 0
+}
+
+func isDir(n Node) bool {
+	_, ok := n.(*Dir)
+	return ok
+}
+
+// stat computes a node's attributes, calling its callbacks.
+func (s *Server) stat(n Node) attr {
+	e := n.base()
+	a := attr{path: e.qidPath(), perm: perm(n)}
+	switch n := n.(type) {
+	case *Dir:
+		a.dir = true
+		a.vers, a.mtime = e.observe(dirDigest(n.list()), s.now)
+	case *Text:
+		a = s.statText(n, n.content())
+	case *Ctl:
+		u := n.usage()
+		a.size = uint64(len(u))
+		a.vers, a.mtime = e.observe(digest([]byte(u)), s.now)
+	case *Log:
+		size := n.Source.Size()
+		a.size = uint64(size)
+		// The log only grows, so its size is a version that changes with
+		// every append.
+		a.vers = uint32(size)
+		a.mtime = n.Source.ModTime()
+		if a.mtime.IsZero() {
+			a.mtime = e.firstSeen(s.now)
+		}
+	}
+	return a
+}
+
+func (s *Server) statText(t *Text, c []byte) attr {
+	a := attr{path: t.qidPath(), perm: permRead, size: uint64(len(c))}
+	a.vers, a.mtime = t.observe(digest(c), s.now)
+	return a
+}
+
+// statOpen is stat for a file just opened, reusing the content the open
+// took rather than computing it again.
+func (s *Server) statOpen(h *handle) attr {
+	if t, ok := h.node.(*Text); ok {
+		return s.statText(t, h.text)
+	}
+	return s.stat(h.node)
+}
+
+// qidVersion returns the last version the server computed for n without
+// calling its callbacks; directory listings use it, since stat'ing every
+// entry of a listing would compute every file's content.
+func qidVersion(n Node) uint32 {
+	if l, ok := n.(*Log); ok {
+		return uint32(l.Source.Size())
+	}
+	e := n.base()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.vers
+}
+
+func (t *Text) content() []byte {
+	if t.Content == nil {
+		return nil
+	}
+	return t.Content()
+}
+
+func (c *Ctl) usage() string {
+	if c.Usage == nil {
+		return ""
+	}
+	return c.Usage()
+}
+
+// openMode is what an open asks for, in either dialect.
+type openMode struct {
+	read, write, exec, trunc bool
+}
+
+// handle is one open of a node: what a fid holds from open to clunk.
+type handle struct {
+	node Node
+	text []byte // Text content or Ctl usage, fixed at open
+	dir  []Node // Dir entries, fixed at open
+	// shift is how far a Log read was moved forward because the data it
+	// asked for had been dropped; later reads of this open apply it.
+	shift atomic.Int64
+}
+
+// open checks m against n's permissions and takes the snapshot reads of
+// this open will see.
+func (s *Server) open(n Node, m openMode) (*handle, error) {
+	p := perm(n)
+	switch {
+	case m.read && p&permRead == 0:
+		return nil, fmt.Errorf("%w: %s is write-only", fs.ErrPermission, nodeName(n))
+	case (m.write || m.trunc) && p&permWrite == 0:
+		return nil, fmt.Errorf("%w: %s is read-only", fs.ErrPermission, nodeName(n))
+	case m.exec && p&permExec == 0:
+		return nil, fmt.Errorf("%w: %s is not executable", fs.ErrPermission, nodeName(n))
+	}
+	h := &handle{node: n}
+	switch n := n.(type) {
+	case *Dir:
+		h.dir = n.list()
+	case *Text:
+		h.text = n.content()
+	case *Ctl:
+		if m.read {
+			h.text = []byte(n.usage())
+		}
+	}
+	return h, nil
+}
+
+// read serves a read at off of an open file. It never blocks.
+func (h *handle) read(p []byte, off int64) int {
+	if off < 0 {
+		return 0
+	}
+	switch n := h.node.(type) {
+	case *Text, *Ctl:
+		if off >= int64(len(h.text)) {
+			return 0
+		}
+		return copy(p, h.text[off:])
+	case *Log:
+		shift := h.shift.Load()
+		want := off + shift
+		k, start := n.Source.ReadAt(p, want)
+		if k > 0 && start > want {
+			// Data below start was dropped. Linux reads at increasing
+			// offsets, so remember the move for the reads that follow
+			// and none of them returns these bytes again.
+			h.shift.CompareAndSwap(shift, shift+start-want)
+		}
+		return k
+	}
+	return 0
+}
+
+// write applies a write to an open Ctl.
+func (s *Server) write(h *handle, p []byte) (int, error) {
+	c, ok := h.node.(*Ctl)
+	if !ok || c.Handle == nil {
+		return 0, fmt.Errorf("%w: %s is read-only", fs.ErrPermission, nodeName(h.node))
+	}
+	if len(p) > MaxCtlWrite {
+		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(p), MaxCtlWrite)
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	applied := false
+	defer func() {
+		if applied {
+			c.bump(s.now())
+		}
+	}()
+	for rest := p; len(rest) > 0; {
+		var line []byte
+		line, rest, _ = bytes.Cut(rest, []byte{'\n'})
+		l := strings.TrimSpace(string(line))
+		if l == "" {
+			continue
+		}
+		if err := c.Handle(l); err != nil {
+			return 0, err
+		}
+		applied = true
+	}
+	return len(p), nil
+}

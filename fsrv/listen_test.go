@@ -1,0 +1,110 @@
+package fsrv
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestParseAddr(t *testing.T) {
+	tests := []struct {
+		in, network, address string
+	}{
+		{"", "tcp", "127.0.0.1:5640"},
+		{"tcp!127.0.0.1!564", "tcp", "127.0.0.1:564"},
+		{"tcp!*!564", "tcp", ":564"},
+		{"tcp![::1]!564", "tcp", "[::1]:564"},
+		{"tcp!::1!564", "tcp", "[::1]:564"},
+		{"localhost:5640", "tcp", "localhost:5640"},
+		{":5640", "tcp", ":5640"},
+		{"unix!/run/shardfs.sock", "unix", "/run/shardfs.sock"},
+		{"/run/shardfs.sock", "unix", "/run/shardfs.sock"},
+		{"./shardfs.sock", "unix", "./shardfs.sock"},
+		{"shardfs.sock", "unix", "shardfs.sock"},
+	}
+	for _, tt := range tests {
+		network, address, err := ParseAddr(tt.in)
+		if err != nil || network != tt.network || address != tt.address {
+			t.Errorf("ParseAddr(%q) = %q, %q, %v; want %q, %q, nil", tt.in, network, address, err, tt.network, tt.address)
+		}
+	}
+	for _, bad := range []string{"tcp!host", "tcp!host!", "udp!host!1", "unix!", "host:port:x"} {
+		if _, _, err := ParseAddr(bad); !errors.Is(err, fs.ErrInvalid) {
+			t.Errorf("ParseAddr(%q) = %v; want an fs.ErrInvalid error", bad, err)
+		}
+	}
+}
+
+func TestListenUnix(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "fsrv.sock")
+
+	// A stale socket from a server that is gone is replaced.
+	stale, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	stale.Close()
+
+	l, err := Listen("unix!" + path)
+	if err != nil {
+		t.Fatalf("Listen over a stale socket = %v; want nil", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode = %v; want a socket with mode 0600", fi.Mode())
+	}
+	// A live one is not.
+	if l2, err := Listen(path); err == nil {
+		l2.Close()
+		t.Errorf("Listen over a live socket = nil; want an error")
+	}
+
+	fx := newFixture()
+	srv := fx.server(t)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(context.Background(), l) }()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	srv.Close()
+	if err := <-done; err != nil {
+		t.Errorf("Serve = %v; want nil", err)
+	}
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after Close, the socket file is still there: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 0 {
+		t.Errorf("left in the directory: %v", entries)
+	}
+
+	// A regular file is never removed.
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o644)
+	if l, err := Listen(file); err == nil {
+		l.Close()
+		t.Errorf("Listen over a regular file = nil; want an error")
+	}
+}
+
+func TestListenTCP(t *testing.T) {
+	l, err := Listen("tcp!127.0.0.1!0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, ok := l.Addr().(*net.TCPAddr); !ok {
+		t.Errorf("Listen(tcp!127.0.0.1!0).Addr() = %v; want a TCP address", l.Addr())
+	}
+}

@@ -1,0 +1,288 @@
+package fsrv
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A Node is one file or directory of the tree: a *Dir, *Text, *Ctl or *Log.
+//
+// A node's identity is its pointer. Its QID path (the inode number Linux
+// shows, and what tail -f and the kernel's caches key on) is taken from a
+// process-wide counter the first time the node is served and never changes,
+// so Dir.List and Dir.Lookup must return the same pointer for the same file
+// every time; a new pointer is a new file. Nodes must not be copied after
+// first use.
+type Node interface {
+	base() *entry
+}
+
+// Dir is a directory whose entries come from callbacks evaluated when a
+// client walks through it or lists it, so entries may appear and disappear.
+// Its mode is r-x for everyone.
+type Dir struct {
+	// Name is the entry's name in its parent; the root's name is ignored
+	// ("/" is shown).
+	Name string
+
+	// List returns the directory's entries in the order a listing shows
+	// them. It is called when the directory is opened (a listing is a
+	// snapshot taken then), when it is stat'ed (the QID version changes when
+	// the set of entries does) and, when Lookup is nil, at every walk
+	// through the directory. A nil List is an empty directory. It must not
+	// block and may be called concurrently. Entries must have distinct,
+	// non-empty names without '/' and other than "." and "..".
+	List func() []Node
+
+	// Lookup returns the entry called name, or nil if there is none.
+	// Optional: when nil, a walk searches List(). Set it when List is
+	// expensive, for example a directory with an entry per shard.
+	Lookup func(name string) Node
+
+	entry
+}
+
+// NewDir returns a directory with a fixed list of entries.
+func NewDir(name string, entries ...Node) *Dir {
+	return &Dir{Name: name, List: func() []Node { return entries }}
+}
+
+// Text is a read-only file whose content is computed when it is opened.
+// Its mode is r for everyone.
+type Text struct {
+	Name string
+
+	// Content returns the file's bytes. It is called at every open, and the
+	// open file keeps that value, so that one cat sees one consistent text
+	// however many reads it takes; and at every stat, since the size shown
+	// is the length of the current content. Text ends with a newline: that
+	// is Content's job, fsrv does not add it. Content must not block, may be
+	// called concurrently, and must not modify a slice it has returned.
+	Content func() []byte
+
+	entry
+}
+
+// Ctl is a file of line commands. A write may carry several lines; each
+// non-blank line is passed to Handle in order, and the write stops at the
+// first line whose Handle fails: that error is the write's error, and the
+// lines before it stay applied. A last line without a newline counts as a
+// line. A successful write reports its full byte count. Writes longer than
+// MaxCtlWrite are refused with ErrTooLarge before any line is applied. Each
+// write must carry whole lines: a line is not carried over from one write
+// message to the next (a v9fs write(2) of up to msize-24 bytes arrives as
+// one message). Truncation (O_TRUNC, a setattr or wstat of size 0) is
+// accepted and does nothing, because shells truncate before they write.
+//
+// Its mode is rw when Usage is set and w otherwise.
+type Ctl struct {
+	Name string
+
+	// Handle applies one command line. The line has no newline and no
+	// leading or trailing white space; blank lines are skipped. Writes to
+	// one Ctl are serialised, so Handle sees the lines of one write together.
+	// Errors should wrap fs.ErrInvalid (a bad command), fs.ErrPermission,
+	// fs.ErrNotExist, ErrBusy or ErrTooLarge; any other error reaches the
+	// client as an I/O error. A nil Handle makes the file read-only.
+	Handle func(line string) error
+
+	// Usage returns what a read of the file returns: the accepted commands,
+	// one usage line each, ending with a newline. It is called at open (the
+	// open file keeps the value) and at stat (for the size). Optional: a
+	// Ctl without Usage is write-only, and opening it for reading is refused
+	// with permission denied.
+	Usage func() string
+
+	entry
+}
+
+// MaxCtlWrite is the largest write a Ctl accepts.
+const MaxCtlWrite = 64 << 10
+
+// LogSource is the append-only log behind a Log file. Offsets are absolute
+// byte offsets that are never reused. journal.Log implements it.
+type LogSource interface {
+	// ReadAt copies bytes starting at absolute offset off into p without
+	// blocking. It returns n == 0 at or past the end. When off is below the
+	// oldest retained byte, the bytes come from the oldest retained line
+	// and start (> off) says where they begin; otherwise start == off.
+	ReadAt(p []byte, off int64) (n int, start int64)
+	// Size returns the absolute offset of the end of the log; it only grows.
+	Size() int64
+	// ModTime returns the time of the last append, or the zero time.
+	ModTime() time.Time
+}
+
+// Log is a read-only file over an append-only log: its size is the log's
+// Size, a read at the end returns end of file at once (cat terminates; tail
+// -f follows by polling the size), and a read below the oldest retained
+// offset returns data from the oldest retained line. The open file then
+// remembers how far it was moved and applies that shift to its later reads,
+// so a reader that reads at increasing offsets sees no byte twice. Its mode
+// is r for everyone.
+type Log struct {
+	Name   string
+	Source LogSource
+
+	entry
+}
+
+// qidPaths hands out QID paths. It is process-wide so that a path is never
+// reused within a server's lifetime even when nodes come and go or several
+// servers share them.
+var qidPaths atomic.Uint64
+
+// entry is the bookkeeping every node carries: its QID path and what the
+// server last saw of it, from which the QID version and mtime are derived.
+type entry struct {
+	path atomic.Uint64
+
+	writeMu sync.Mutex // serialises Ctl writes
+
+	mu    sync.Mutex
+	seen  bool
+	sum   uint64    // digest of the content when last observed
+	vers  uint32    // bumped whenever the digest changes or a Ctl write succeeds
+	mtime time.Time // when that last happened
+}
+
+func (e *entry) base() *entry { return e }
+
+// qidPath returns the node's QID path, assigning one at first use.
+func (e *entry) qidPath() uint64 {
+	if p := e.path.Load(); p != 0 {
+		return p
+	}
+	e.path.CompareAndSwap(0, qidPaths.Add(1))
+	return e.path.Load()
+}
+
+// observe records the digest of what the node shows now and returns its
+// version and modification time. The server only learns that synthetic
+// content changed when it looks, so mtime is the time it first saw the
+// change.
+func (e *entry) observe(sum uint64, now func() time.Time) (uint32, time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.seen || e.sum != sum {
+		if e.seen {
+			e.vers++
+		}
+		e.seen = true
+		e.sum = sum
+		e.mtime = now()
+	}
+	return e.vers, e.mtime
+}
+
+// bump records a change the server made itself (a Ctl write).
+func (e *entry) bump(now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.vers++
+	e.mtime = now
+}
+
+// firstSeen returns when the node was first observed, observing it now if
+// it never was.
+func (e *entry) firstSeen(now func() time.Time) time.Time {
+	_, t := e.observe(0, now)
+	return t
+}
+
+var digestSeed = maphash.MakeSeed()
+
+func digest(b []byte) uint64 { return maphash.Bytes(digestSeed, b) }
+
+// dirDigest covers the names and identities of a directory's entries.
+func dirDigest(list []Node) uint64 {
+	var h maphash.Hash
+	h.SetSeed(digestSeed)
+	var buf [8]byte
+	for _, n := range list {
+		if n == nil {
+			continue
+		}
+		h.WriteString(nodeName(n))
+		binary.LittleEndian.PutUint64(buf[:], n.base().qidPath())
+		h.Write(buf[:])
+	}
+	return h.Sum64()
+}
+
+// nodeName returns the name a node is listed under.
+func nodeName(n Node) string {
+	switch n := n.(type) {
+	case *Dir:
+		return n.Name
+	case *Text:
+		return n.Name
+	case *Ctl:
+		return n.Name
+	case *Log:
+		return n.Name
+	}
+	return ""
+}
+
+// lookup finds the entry called name in d.
+func (d *Dir) lookup(name string) Node {
+	if name == "" || name == "." || name == ".." {
+		return nil
+	}
+	if d.Lookup != nil {
+		if n := d.Lookup(name); !isNil(n) {
+			return n
+		}
+		return nil
+	}
+	for _, n := range d.list() {
+		if nodeName(n) == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// list returns d's entries without nil ones.
+func (d *Dir) list() []Node {
+	if d.List == nil {
+		return nil
+	}
+	list := d.List()
+	for i, n := range list {
+		if isNil(n) {
+			// Copy rather than filter in place: the slice is the caller's.
+			out := make([]Node, 0, len(list)-1)
+			out = append(out, list[:i]...)
+			for _, n := range list[i+1:] {
+				if !isNil(n) {
+					out = append(out, n)
+				}
+			}
+			return out
+		}
+	}
+	return list
+}
+
+// isNil reports whether n is nil or a typed nil pointer, which callbacks
+// return easily (a nil *Dir from a map lookup).
+func isNil(n Node) bool {
+	switch n := n.(type) {
+	case nil:
+		return true
+	case *Dir:
+		return n == nil
+	case *Text:
+		return n == nil
+	case *Ctl:
+		return n == nil
+	case *Log:
+		return n == nil
+	}
+	return false
+}

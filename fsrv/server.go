@@ -1,0 +1,305 @@
+package fsrv
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hugelgupf/p9/p9"
+	"github.com/shardfs/shardfs/clock"
+)
+
+// Server serves one tree over 9P2000.L and 9P2000 on the same listeners.
+// Set its fields before the first Serve or ServeConn; the zero value of each
+// optional field is a sensible default. A Server must not be copied after
+// first use.
+type Server struct {
+	// Root is the tree served. Required.
+	Root *Dir
+
+	// Logger receives connection-level events (debug) and protocol errors.
+	// Nil discards them.
+	Logger *slog.Logger
+
+	// Clock stamps the times at which the server notices that a file
+	// changed (the mtime of text files, directories and ctl files). Nil
+	// means real time.
+	Clock clock.Clock
+
+	// VersionTimeout bounds the wait for a connection's Tversion. Zero
+	// means 10 s.
+	VersionTimeout time.Duration
+
+	// MaxMsize caps the negotiated message size. Zero means
+	// DefaultMaxMsize. Values below MinMsize are raised to it.
+	MaxMsize uint32
+
+	mu        sync.Mutex
+	closed    bool
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	active    sync.WaitGroup // ServeConn calls in progress
+}
+
+// ErrServerClosed is returned by ServeConn after Close.
+var ErrServerClosed = errors.New("fsrv: server closed")
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+func (s *Server) now() time.Time { return clock.Or(s.Clock).Now() }
+
+func (s *Server) maxMsize() uint32 {
+	switch {
+	case s.MaxMsize == 0:
+		return DefaultMaxMsize
+	case s.MaxMsize < MinMsize:
+		return MinMsize
+	}
+	return s.MaxMsize
+}
+
+func (s *Server) versionTimeout() time.Duration {
+	if s.VersionTimeout <= 0 {
+		return 10 * time.Second
+	}
+	return s.VersionTimeout
+}
+
+// Serve accepts connections on l and serves each until ctx is done or
+// Close is called; then it closes l and every connection it accepted, waits
+// for their goroutines, and returns nil. It returns l's error if accepting
+// fails for another reason (after the same cleanup).
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		l.Close()
+		return nil
+	}
+	if s.listeners == nil {
+		s.listeners = make(map[net.Listener]struct{})
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel() // ends the connections of this listener
+		wg.Wait()
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+
+	var delay time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil || s.isClosed() {
+				return nil
+			}
+			if isTemporary(err) {
+				// Out of file descriptors, or a connection reset before
+				// accept: wait and go on, as net/http does.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.logger().Warn("fsrv: accept", "err", err, "retry", delay)
+				select {
+				case <-time.After(delay):
+					continue
+				case <-ctx.Done():
+					return nil
+				}
+			}
+			l.Close()
+			return err
+		}
+		delay = 0
+		wg.Go(func() {
+			if err := s.ServeConn(ctx, c); err != nil {
+				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
+			}
+		})
+	}
+}
+
+func isTemporary(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.ECONNRESET} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Close stops every Serve and ServeConn, closes their listeners and
+// connections, and waits until no connection is being served.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	var ls []net.Listener
+	for l := range s.listeners {
+		ls = append(ls, l)
+	}
+	var cs []*conn
+	for c := range s.conns {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	for _, c := range cs {
+		c.close()
+	}
+	s.active.Wait()
+	return nil
+}
+
+// ServeConn serves one connection that is already established (a socket
+// from elsewhere, one end of a socketpair handed to a VM) until the client
+// goes away, ctx is done or Close is called, and closes it. It returns when
+// every goroutine and callback serving the connection has finished. The
+// error says why the connection was refused during version negotiation; it
+// is nil once a session was served.
+func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
+	if s.Root == nil {
+		rwc.Close()
+		return errors.New("fsrv: Server.Root is nil")
+	}
+	c := &conn{s: s, rwc: rwc}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		rwc.Close()
+		return ErrServerClosed
+	}
+	if s.conns == nil {
+		s.conns = make(map[*conn]struct{})
+	}
+	s.conns[c] = struct{}{}
+	s.active.Add(1)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.active.Done()
+	}()
+	stop := context.AfterFunc(ctx, c.close)
+	defer stop()
+	defer c.close()
+	return c.serve()
+}
+
+// conn is one client connection.
+type conn struct {
+	s   *Server
+	rwc io.ReadWriteCloser
+
+	closeOnce sync.Once
+}
+
+func (c *conn) close() {
+	c.closeOnce.Do(func() { c.rwc.Close() })
+}
+
+func (c *conn) remote() string {
+	if nc, ok := c.rwc.(net.Conn); ok {
+		if a := nc.RemoteAddr(); a != nil {
+			return a.String()
+		}
+	}
+	return "-"
+}
+
+type deadliner interface{ SetReadDeadline(time.Time) error }
+
+func (c *conn) serve() error {
+	log := c.s.logger().With("remote", c.remote())
+	br := bufio.NewReaderSize(c.rwc, maxVersionFrame)
+
+	// Bound the wait for Tversion: with a read deadline where the
+	// connection has one, else by closing it.
+	d, hasDeadline := c.rwc.(deadliner)
+	if hasDeadline && d.SetReadDeadline(time.Now().Add(c.s.versionTimeout())) != nil {
+		hasDeadline = false
+	}
+	var timer *time.Timer
+	if !hasDeadline {
+		timer = time.AfterFunc(c.s.versionTimeout(), c.close)
+	}
+	neg, err := sniff(br, c.rwc, c.s.maxMsize())
+	if timer != nil && !timer.Stop() && err == nil {
+		err = errors.New("fsrv: version negotiation timed out")
+	}
+	if hasDeadline {
+		d.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // a client that connects and leaves
+		}
+		return fmt.Errorf("fsrv: version: %w", err)
+	}
+
+	// Bytes the sniffer read ahead belong to the engine.
+	rest := io.MultiReader(io.LimitReader(br, int64(br.Buffered())), c.rwc)
+	switch neg.dialect {
+	case dialectDotL:
+		log.Debug("fsrv: 9P2000.L session", "msize", neg.msize)
+		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, neg.first, neg.msize, c.s.maxMsize())
+		srv := p9.NewServer(dotlAttacher{c.s}, p9.WithServerLogger(ulogger{log}))
+		srv.Handle(st, st)
+	default:
+		log.Debug("fsrv: 9P2000 session", "msize", neg.msize)
+		var g gate
+		srv := c.s.plan9Server(&g, c.s.maxMsize())
+		in := io.MultiReader(bytes.NewReader(neg.first), rest)
+		srv.Serve(readWriteCloser{in, c.rwc, c.rwc}, c.rwc)
+		// srv9p returns when its reader fails, without waiting for the
+		// requests it started; wait for their callbacks here.
+		c.close()
+		g.close()
+	}
+	log.Debug("fsrv: connection ended")
+	return nil
+}
+
+// readWriteCloser puts a connection back together from parts.
+type readWriteCloser struct {
+	io.Reader
+	io.Writer
+	io.Closer
+}
+
+// ulogger adapts slog to the logger hugelgupf/p9 takes. p9 logs every
+// message at this level, so it is debug output.
+type ulogger struct{ l *slog.Logger }
+
+func (u ulogger) Printf(format string, v ...any) {
+	if u.l.Enabled(context.Background(), slog.LevelDebug) {
+		u.l.Debug(fmt.Sprintf(format, v...))
+	}
+}
