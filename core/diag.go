@@ -8,8 +8,10 @@ import (
 // Diag is a snapshot of one shard's diagnostics. Taking it locks that shard
 // for a copy and allocates nothing.
 type Diag struct {
-	Shard      int
-	State      State
+	Shard int
+	State State
+	// StateSince is when the shard entered State (zero while ASSIGNED).
+	StateSince time.Time
 	StopReason StopReason
 	Sequence   int64
 	// SequenceValid is false when the sequence is none.
@@ -46,7 +48,7 @@ func (s *shard) diag(now time.Time) Diag {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := Diag{
-		Shard: s.id, State: s.state, StopReason: s.stopReason,
+		Shard: s.id, State: s.state, StateSince: s.since, StopReason: s.stopReason,
 		Sequence: s.seq, SequenceValid: s.seqValid,
 		Session: "none", Epoch: s.epoch, Reconnects: s.reconnects,
 		Attempt: s.attempt, Recovery: s.recovery,
@@ -88,6 +90,9 @@ func (d *Diag) AppendText(b []byte, now time.Time) []byte {
 	}
 	num("shard", int64(d.Shard))
 	kv("state", d.State.String())
+	if !d.StateSince.IsZero() {
+		num("state_age_ms", max(now.Sub(d.StateSince), 0).Milliseconds())
+	}
 	if d.State == Stopped {
 		kv("stop_reason", d.StopReason.String())
 	}

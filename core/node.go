@@ -305,12 +305,25 @@ func (n *Node) SetLease(g LeaseGrant) {
 // Send queues an operator command for a READY shard. The payload must be a
 // JSON object with an op the supervisor does not reserve (heartbeat 1,
 // identify 2, resume 6), at most MaxPayload bytes. It goes out at once when
-// the shard's budget allows, or waits in a bounded queue.
+// the shard's budget allows, or waits in a bounded queue. A refused command
+// is logged to the shard's events and the node's.
 func (n *Node) Send(id int, payload []byte) error {
 	s, err := n.shard(id)
 	if err != nil {
 		return err
 	}
+	if err := n.checkAndSend(s, payload); err != nil {
+		cmd := string(payload)
+		if len(cmd) > 64 {
+			cmd = cmd[:64] + "..."
+		}
+		n.reject(s, "send "+cmd, err)
+		return err
+	}
+	return nil
+}
+
+func (n *Node) checkAndSend(s *shard, payload []byte) error {
 	if len(payload) > MaxPayload {
 		return fmt.Errorf("%w: %d bytes; the gateway takes at most %d", ErrTooLarge, len(payload), MaxPayload)
 	}

@@ -23,6 +23,7 @@ type shard struct {
 
 	mu         sync.Mutex
 	state      State
+	since      time.Time // when state last changed
 	stopReason StopReason
 
 	// Transport state: what a reset wipes.
@@ -130,7 +131,8 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s := l.s
 	defer s.mu.Unlock()
 	now := s.node.clock.Now()
-	s.state, s.phase, s.readySince = Ready, PhaseReady, now
+	s.enter(Ready, now)
+	s.phase, s.readySince = PhaseReady, now
 	s.session, s.sessionValid = sess, true
 	s.seq, s.seqValid = seq, true
 	s.dispatches++
@@ -151,7 +153,8 @@ func (l *Link) Resumed(seq int64) {
 		return
 	}
 	now := s.node.clock.Now()
-	s.state, s.phase, s.readySince = Ready, PhaseReady, now
+	s.enter(Ready, now)
+	s.phase, s.readySince = PhaseReady, now
 	if seq > 0 {
 		s.seq, s.seqValid = seq, true
 	}
@@ -178,7 +181,8 @@ func (l *Link) Invalidated() {
 	defer s.mu.Unlock()
 	now := s.node.clock.Now()
 	s.sessionValid, s.seqValid, s.seq = false, false, 0
-	s.state, s.resuming = Starting, false
+	s.enter(Starting, now)
+	s.resuming = false
 	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
 	s.socketID = true
 	s.requestSlotLocked()
@@ -228,6 +232,13 @@ func (s *shard) emit(e *eventLine) {
 	e.release()
 }
 
+// enter moves the shard to state st, noting when it changed.
+func (s *shard) enter(st State, now time.Time) {
+	if s.state != st {
+		s.state, s.since = st, now
+	}
+}
+
 func (s *shard) resumable() bool { return s.session.exists() && s.sessionValid && s.seqValid }
 
 // leaseBlocks reports whether the lease forbids traffic now.
@@ -243,7 +254,8 @@ func (s *shard) startLocked(now time.Time) {
 		s.stopLocked(now, StoppedByLease, 4000)
 		return
 	}
-	s.state, s.stopReason = Starting, NotStopped
+	s.enter(Starting, now)
+	s.stopReason = NotStopped
 	if s.resumable() {
 		s.connectLocked(true)
 		return
@@ -344,7 +356,8 @@ func (s *shard) failLocked(f Failure) {
 	case FatalFailure:
 		s.closeConnLocked(4000)
 		s.cancelPendingLocked()
-		s.state, s.phase = Fatal, PhaseStopped
+		s.enter(Fatal, now)
+		s.phase = PhaseStopped
 		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.connState))
 	case NewSession:
 		s.sessionValid = false
@@ -359,7 +372,7 @@ func (s *shard) failLocked(f Failure) {
 // reset can wipe them.
 func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int) {
 	wasReady := s.state == Ready
-	s.state = Backoff
+	s.enter(Backoff, now)
 	s.reconnects++
 	if deadline.IsZero() {
 		if wasReady && now.Sub(s.readySince) >= ReadyReset {
@@ -435,7 +448,8 @@ func (s *shard) resetAndStartLocked(now time.Time) {
 func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
 	s.closeConnLocked(code)
 	s.cancelPendingLocked()
-	s.state, s.stopReason, s.phase = Stopped, why, PhaseStopped
+	s.enter(Stopped, now)
+	s.stopReason, s.phase = why, PhaseStopped
 	s.emit(s.line(now, "stopped", slog.LevelInfo).str("state", s.state.String()).str("reason", why.String()))
 }
 

@@ -1,0 +1,375 @@
+package shardfs
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/journal"
+)
+
+// Config configures a Tree. Node is required.
+type Config struct {
+	Node *core.Node
+	// Info adds key value lines to /plan after the ones the core knows
+	// (flavor, total, shards), e.g. gateway and max_concurrency. It is
+	// called at every open of /plan.
+	Info func() [][2]string
+	// LeaseBackend names the lease backend in /lease ("local" when empty).
+	LeaseBackend string
+	// DispatchRetention and NodeDispatchRetention bound each shard's
+	// dispatch log and the node's, in bytes (defaults 256 KiB and 16 MiB).
+	DispatchRetention, NodeDispatchRetention int
+	// Registry receives the tree's collector; nil makes a private one with
+	// the Go runtime and process collectors.
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+}
+
+// Tree is the file tree of one node.
+type Tree struct {
+	node  *core.Node
+	cfg   Config
+	root  *fsrv.Dir
+	top   []fsrv.Node
+	reg   *prometheus.Registry
+	local map[int]*shardFiles // fixed after New; files built on first use
+
+	dispatch       *journal.Log
+	dispatchEvents atomic.Uint64
+	dispatchBytes  atomic.Uint64
+	linePool       sync.Pool
+}
+
+// shardFiles holds one shard's dispatch log (always, since the gateway
+// writes to it) and its directory (once somebody looks).
+type shardFiles struct {
+	id       int
+	dispatch *journal.Log
+	once     sync.Once
+	dir      *fsrv.Dir
+}
+
+// New builds the tree of cfg.Node.
+func New(cfg Config) *Tree {
+	t := &Tree{node: cfg.Node, cfg: cfg, local: map[int]*shardFiles{}}
+	if cfg.LeaseBackend == "" {
+		t.cfg.LeaseBackend = "local"
+	}
+	t.dispatch = journal.New(orDefault(cfg.NodeDispatchRetention, 16<<20))
+	per := orDefault(cfg.DispatchRetention, 256<<10)
+	for _, id := range cfg.Node.Plan().Local {
+		t.local[id] = &shardFiles{id: id, dispatch: journal.New(per)}
+	}
+	t.reg = cfg.Registry
+	if t.reg == nil {
+		t.reg = newRegistry()
+	}
+	t.reg.MustRegister(&collector{t: t})
+	t.top = []fsrv.Node{
+		&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecNode(line)) }, Usage: func() string { return core.NodeUsage }},
+		&fsrv.Log{Name: "events", Source: t.node.Events()},
+		&fsrv.Text{Name: "status", Content: t.status},
+		&fsrv.Text{Name: "plan", Content: t.plan},
+		&fsrv.Text{Name: "lease", Content: t.lease},
+		&fsrv.Text{Name: "metrics", Content: t.metrics},
+		&fsrv.Log{Name: "dispatch", Source: t.dispatch},
+	}
+	t.root = &fsrv.Dir{Name: "/", List: t.list, Lookup: t.lookup}
+	return t
+}
+
+func orDefault(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// Root returns the root directory, to serve with fsrv.Server.
+func (t *Tree) Root() *fsrv.Dir { return t.root }
+
+// Registry returns the Prometheus registry behind /metrics.
+func (t *Tree) Registry() *prometheus.Registry { return t.reg }
+
+func (t *Tree) list() []fsrv.Node {
+	out := append([]fsrv.Node(nil), t.top...)
+	for _, id := range t.node.Plan().Local {
+		out = append(out, t.shardDir(t.local[id]))
+	}
+	return out
+}
+
+func (t *Tree) lookup(name string) fsrv.Node {
+	for _, n := range t.top {
+		if nodeName(n) == name {
+			return n
+		}
+	}
+	id, err := strconv.Atoi(name)
+	if err != nil || strconv.Itoa(id) != name {
+		return nil
+	}
+	if sf := t.local[id]; sf != nil {
+		return t.shardDir(sf)
+	}
+	return nil
+}
+
+func nodeName(n fsrv.Node) string {
+	switch n := n.(type) {
+	case *fsrv.Ctl:
+		return n.Name
+	case *fsrv.Log:
+		return n.Name
+	case *fsrv.Text:
+		return n.Name
+	case *fsrv.Dir:
+		return n.Name
+	}
+	return ""
+}
+
+func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {
+	sf.once.Do(func() {
+		id := sf.id
+		events, _ := t.node.ShardEvents(id)
+		sf.dir = fsrv.NewDir(strconv.Itoa(id),
+			&fsrv.Text{Name: "state", Content: func() []byte { return t.word(id, stateWord) }},
+			&fsrv.Text{Name: "sequence", Content: func() []byte { return t.word(id, sequenceWord) }},
+			&fsrv.Text{Name: "reconnects", Content: func() []byte { return t.word(id, reconnectsWord) }},
+			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecShard(id, line)) }, Usage: func() string { return core.ShardUsage }},
+			&fsrv.Log{Name: "events", Source: events},
+			&fsrv.Text{Name: "diag", Content: func() []byte { return t.diag(id) }},
+			&fsrv.Log{Name: "dispatch", Source: sf.dispatch},
+			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return fsError(t.node.Send(id, []byte(line))) }},
+		)
+	})
+	return sf.dir
+}
+
+// Dispatch writes one dispatch to the shard's dispatch log and the node's.
+// It is the gateway's sink: d is the raw JSON of the payload's d field and
+// is not kept after the call.
+func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
+	sf := t.local[shard]
+	if sf == nil {
+		return
+	}
+	bp, _ := t.linePool.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	b := append((*bp)[:0], `{"shard":`...)
+	b = strconv.AppendInt(b, int64(shard), 10)
+	b = append(b, `,"s":`...)
+	b = strconv.AppendInt(b, seq, 10)
+	b = append(b, `,"t":`...)
+	b = appendJSONString(b, typ)
+	b = append(b, `,"d":`...)
+	switch {
+	case len(d) == 0:
+		b = append(b, "null"...)
+	case bytes.IndexByte(d, '\n') >= 0:
+		// One object a line: a gateway that pretty-prints loses its layout.
+		var c bytes.Buffer
+		if json.Compact(&c, d) == nil {
+			b = append(b, c.Bytes()...)
+		} else {
+			b = append(b, "null"...)
+		}
+	default:
+		b = append(b, d...)
+	}
+	b = append(b, "}\n"...)
+	now := t.node.Clock().Now()
+	sf.dispatch.Append(b, now)
+	t.dispatch.Append(b, now)
+	t.dispatchEvents.Add(1)
+	t.dispatchBytes.Add(uint64(len(b)))
+	*bp = b
+	t.linePool.Put(bp)
+}
+
+// appendJSONString quotes s for JSON. Event names are upper-case ASCII and
+// take the fast path.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// DispatchLog returns the dispatch log of one shard, or nil.
+func (t *Tree) DispatchLog(shard int) *journal.Log {
+	if sf := t.local[shard]; sf != nil {
+		return sf.dispatch
+	}
+	return nil
+}
+
+// NodeDispatchLog returns the node's dispatch log.
+func (t *Tree) NodeDispatchLog() *journal.Log { return t.dispatch }
+
+type wordKind int
+
+const (
+	stateWord wordKind = iota
+	sequenceWord
+	reconnectsWord
+)
+
+var stateLines = func() (m [8][]byte) {
+	for s := core.Assigned; s <= core.Stopped; s++ {
+		m[s] = []byte(s.String() + "\n")
+	}
+	return m
+}()
+
+func (t *Tree) word(id int, k wordKind) []byte {
+	d, err := t.node.Diag(id)
+	if err != nil {
+		return []byte("none\n")
+	}
+	switch k {
+	case stateWord:
+		return stateLines[d.State]
+	case sequenceWord:
+		if !d.SequenceValid {
+			return []byte("none\n")
+		}
+		return append(strconv.AppendInt(make([]byte, 0, 12), d.Sequence, 10), '\n')
+	}
+	return append(strconv.AppendUint(make([]byte, 0, 12), d.Reconnects, 10), '\n')
+}
+
+func (t *Tree) diag(id int) []byte {
+	d, err := t.node.Diag(id)
+	if err != nil {
+		return nil
+	}
+	return d.AppendText(make([]byte, 0, 768), t.node.Clock().Now())
+}
+
+func (t *Tree) status() []byte {
+	diags := t.node.Snapshot(make([]core.Diag, 0, len(t.local)))
+	b := make([]byte, 0, len(diags)*32)
+	for _, d := range diags {
+		b = strconv.AppendInt(b, int64(d.Shard), 10)
+		b = append(b, ' ')
+		b = append(b, d.State.String()...)
+		b = append(b, ' ')
+		if d.SequenceValid {
+			b = strconv.AppendInt(b, d.Sequence, 10)
+		} else {
+			b = append(b, "none"...)
+		}
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, d.Reconnects, 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, d.Latency.Milliseconds(), 10)
+		b = append(b, '\n')
+	}
+	return b
+}
+
+func (t *Tree) plan() []byte {
+	p := t.node.Plan()
+	var b strings.Builder
+	fmt.Fprintf(&b, "flavor %s\ntotal %d\nshards %s\ncount %d\n", t.node.Flavor(), p.Total, FormatShardList(p.Local), len(p.Local))
+	if t.cfg.Info != nil {
+		for _, kv := range t.cfg.Info() {
+			fmt.Fprintf(&b, "%s %s\n", kv[0], kv[1])
+		}
+	}
+	return []byte(b.String())
+}
+
+func (t *Tree) lease() []byte {
+	now := t.node.Clock().Now()
+	var armed, expired int
+	var gen uint64
+	var deadline time.Time
+	for _, d := range t.node.Snapshot(nil) {
+		gen = max(gen, d.Lease.Generation)
+		if d.Lease.Deadline.IsZero() {
+			continue
+		}
+		armed++
+		if d.LeaseExpired || !now.Before(d.Lease.Deadline) {
+			expired++
+		} else if deadline.IsZero() || d.Lease.Deadline.Before(deadline) {
+			deadline = d.Lease.Deadline
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "backend %s\narmed %d\nexpired %d\ngeneration %d\n", t.cfg.LeaseBackend, armed, expired, gen)
+	if deadline.IsZero() {
+		b.WriteString("deadline none\nremaining none\n")
+	} else {
+		fmt.Fprintf(&b, "deadline %s\nremaining %s\n", deadline.UTC().Format(time.RFC3339Nano), deadline.Sub(now).Round(time.Millisecond))
+	}
+	return []byte(b.String())
+}
+
+// FormatShardList writes sorted IDs as ranges: 0-3,7.
+func FormatShardList(ids []int) string {
+	var b strings.Builder
+	for i := 0; i < len(ids); {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(ids[i]))
+		if j > i {
+			b.WriteString("-" + strconv.Itoa(ids[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// fsError turns the core's errors into the kinds fsrv converts to 9P
+// errors, keeping the message.
+func fsError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var kind error
+	switch {
+	case errors.Is(err, core.ErrTooLarge):
+		kind = fsrv.ErrTooLarge
+	case errors.Is(err, core.ErrBusy):
+		kind = fsrv.ErrBusy
+	case errors.Is(err, core.ErrUsage), errors.Is(err, core.ErrUnknownShard), errors.Is(err, core.ErrNoLease):
+		kind = fs.ErrInvalid
+	default:
+		return err
+	}
+	return &kindError{err: err, kind: kind}
+}
+
+type kindError struct{ err, kind error }
+
+func (e *kindError) Error() string   { return e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
