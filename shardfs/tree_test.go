@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -100,13 +101,22 @@ func (e *env) plan9() *client.Fsys {
 
 func readL(t *testing.T, root p9.File, path string) string {
 	t.Helper()
+	text, err := read(root, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
+// read reads a whole file; safe from any goroutine.
+func read(root p9.File, path string) (string, error) {
 	_, f, err := root.Walk(strings.Split(path, "/"))
 	if err != nil {
-		t.Fatalf("walk %s: %v", path, err)
+		return "", fmt.Errorf("walk %s: %w", path, err)
 	}
 	defer f.Close()
 	if _, _, err := f.Open(p9.ReadOnly); err != nil {
-		t.Fatalf("open %s: %v", path, err)
+		return "", fmt.Errorf("open %s: %w", path, err)
 	}
 	var out []byte
 	buf := make([]byte, 8192)
@@ -114,8 +124,11 @@ func readL(t *testing.T, root p9.File, path string) string {
 		n, err := f.ReadAt(buf, off)
 		out = append(out, buf[:n]...)
 		off += int64(n)
-		if n == 0 || err != nil {
-			return string(out)
+		if n == 0 || err == io.EOF {
+			return string(out), nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("read %s: %w", path, err)
 		}
 	}
 }
