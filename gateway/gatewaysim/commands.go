@@ -160,7 +160,7 @@ func (c *conn) identifyLocked(d identifyData, now time.Time) {
 	s.attachLocked(sess, c)
 	sh.identifies.Add(1)
 	s.log.Debug("gateway session started", "shard", shardID, "total", total)
-	s.sequenceLocked(sess, "READY", s.readyData(sess), true)
+	s.sequenceLocked(sess, "READY", s.readyData(sess, c.version), true)
 	if s.cfg.Flavor == Fluxer || intents&IntentGuilds != 0 {
 		s.eachGuild(shardID, total, func(g uint64) {
 			s.sequenceLocked(sess, "GUILD_CREATE", guildCreateData(g), true)
@@ -278,15 +278,12 @@ func (c *conn) resumeLocked(d resumeData, seq int64) {
 	s.log.Debug("gateway session resumed", "shard", sh.id, "replayed", len(replay), "gaps", gaps, "via_resume_url", c.viaResume)
 }
 
-// readyData builds the READY payload of a new session.
-func (s *Server) readyData(sess *session) []byte {
+// readyData builds the READY payload of a new session on a connection of
+// the given gateway version.
+func (s *Server) readyData(sess *session, version int) []byte {
 	b := make([]byte, 0, 256+40*s.guildCount(sess.sh.id, sess.total))
 	b = append(b, `{"v":`...)
-	if s.cfg.Flavor == Fluxer {
-		b = append(b, '1')
-	} else {
-		b = append(b, "10"...)
-	}
+	b = strconv.AppendInt(b, int64(version), 10)
 	b = append(b, `,"user":{"id":"`...)
 	b = strconv.AppendUint(b, botUserID, 10)
 	b = append(b, `","username":"shardfs-sim","discriminator":"0","global_name":null,"avatar":null,"bot":true},"guilds":[`...)

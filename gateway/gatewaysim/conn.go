@@ -58,6 +58,7 @@ type conn struct {
 	s         *Server
 	ws        *websocket.Conn
 	viaResume bool
+	version   int // gateway version the client asked for (Discord 9 or 10; Fluxer 1)
 	out, in   compression
 
 	// Guarded by s.mu.
@@ -102,6 +103,7 @@ func (c *conn) negotiate(v, encoding, compress, stream string) (int, string) {
 		if v != "1" {
 			return CloseInvalidAPIVersion, "Invalid API version"
 		}
+		c.version = 1
 		if compress == "zstd-stream" {
 			c.out = compressZstd
 			if stream == "1" {
@@ -110,7 +112,14 @@ func (c *conn) negotiate(v, encoding, compress, stream string) (int, string) {
 		}
 		return 0, ""
 	}
-	if v != "10" {
+	// The versions Discord's API reference lists as Available; both get
+	// the v10 protocol, and READY reports the one asked for.
+	switch v {
+	case "9":
+		c.version = 9
+	case "10":
+		c.version = 10
+	default:
 		return CloseInvalidAPIVersion, "Invalid API version."
 	}
 	if encoding != "" && encoding != "json" {

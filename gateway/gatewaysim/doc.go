@@ -22,8 +22,12 @@
 // 4003. Each command is judged in this order: decode, send budget, opcode,
 // authentication.
 //
-// Connecting. Discord accepts v=10 only (the simulator implements one
-// version) and encoding=json only (ETF closes 4002); Fluxer accepts v=1
+// Connecting. Discord accepts v=10 and v=9, the versions its API reference
+// lists as "Available" (discordgo v0.29.0 connects with v=9), and speaks
+// v10's protocol on both; READY's v is the version asked for. The
+// "Deprecated" versions 6–8 still work on Discord but have other rules
+// (intents were optional before v8); the simulator closes them 4012.
+// Discord accepts encoding=json only (ETF closes 4002); Fluxer accepts v=1
 // only. Both close 4012 before Hello otherwise. Unknown compress values are
 // ignored, as Fluxer's own parser does. Discord's zlib-stream is one deflate
 // context with a sync flush per message (each ends 00 00 ff ff); zstd-stream

@@ -84,6 +84,32 @@ func TestDiscovery(t *testing.T) {
 	})
 }
 
+// TestAvailableVersions connects with each gateway version Discord's API
+// reference lists as "Available" (10 and 9; discordgo v0.29.0 asks for 9)
+// and with Fluxer's only one, and checks that READY reports it.
+func TestAvailableVersions(t *testing.T) {
+	for _, tt := range []struct {
+		flavor  Flavor
+		version int
+	}{{Discord, 10}, {Discord, 9}, {Fluxer, 1}} {
+		t.Run(fmt.Sprintf("%s v%d", tt.flavor, tt.version), func(t *testing.T) {
+			srv, _ := newTestServer(t, Config{Flavor: tt.flavor})
+			c := dialQuery(t, srv.GatewayURL(), fmt.Sprintf("v=%d&encoding=json", tt.version))
+			c.expect(opHello, "")
+			c.identify(identifyOpts{intents: IntentGuilds})
+			var r struct {
+				V int `json:"v"`
+			}
+			if err := json.Unmarshal(c.expect(opDispatch, "READY").D, &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.V != tt.version {
+				t.Errorf("READY v = %d; want %d", r.V, tt.version)
+			}
+		})
+	}
+}
+
 func TestHandshake(t *testing.T) {
 	for _, flavor := range flavors {
 		t.Run(flavor.String(), func(t *testing.T) {
@@ -166,7 +192,8 @@ func TestEnforcement(t *testing.T) {
 		{name: "sharding required with another total", cfg: Config{Shards: 4, ShardingRequired: true}, steps: identifyWith(identifyOpts{shard: []int{0, 2}, intents: 0}), code: CloseInvalidShard},
 		{name: "too many guilds", cfg: Config{Guilds: MaxGuildsPerShard + 1}, steps: identifyWith(identifyOpts{shard: []int{0, 1}, intents: 0}), code: CloseShardingRequired},
 		{name: "fluxer too many communities", flavor: Fluxer, cfg: Config{Guilds: MaxGuildsPerShard + 1}, steps: identifyWith(identifyOpts{}), code: CloseShardingRequired},
-		{name: "discord version", query: "v=9&encoding=json", code: CloseInvalidAPIVersion},
+		{name: "discord version", query: "v=11&encoding=json", code: CloseInvalidAPIVersion},
+		{name: "discord deprecated version", query: "v=8&encoding=json", code: CloseInvalidAPIVersion},
 		{name: "discord no version", query: "encoding=json", code: CloseInvalidAPIVersion},
 		{name: "fluxer version", flavor: Fluxer, query: "v=10&encoding=json", code: CloseInvalidAPIVersion},
 		{name: "invalid intents", steps: identifyWith(identifyOpts{intents: uint64(1) << 18}), code: CloseInvalidIntents},
