@@ -156,6 +156,16 @@ func (p *Pacer) Request(shard int, grant func()) (bool, func()) {
 	return false, func() { p.cancel(w) }
 }
 
+// MaxConcurrency returns Discord's max_concurrency in force (1 for Fluxer).
+func (p *Pacer) MaxConcurrency() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.discord {
+		return 1
+	}
+	return p.maxConcurrency
+}
+
 // Waiting returns the number of queued requests and the time of the next
 // grant (zero when none is queued).
 func (p *Pacer) Waiting() (n int, next time.Time) {
@@ -172,6 +182,34 @@ func (p *Pacer) Waiting() (n int, next time.Time) {
 		}
 	}
 	return n, next
+}
+
+// DrainTime estimates how long until every queued request is granted, if
+// nothing else is queued meanwhile.
+func (p *Pacer) DrainTime() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock.Now()
+	var worst time.Duration
+	for _, q := range p.queues {
+		n := len(q.waiters)
+		if n == 0 {
+			continue
+		}
+		d := p.allowAt(q, now).Sub(now)
+		if p.discord {
+			d += time.Duration(n-1) * DiscordWindow
+		} else {
+			// Every further identify needs its spacing, and the budget
+			// refills one window at a time.
+			d += time.Duration(n-1) * p.spacing
+			if over := n - p.budget; over > 0 {
+				d = max(d, time.Duration((over+p.budget-1)/p.budget)*p.window)
+			}
+		}
+		worst = max(worst, d)
+	}
+	return worst
 }
 
 func (p *Pacer) key(shard int) int {

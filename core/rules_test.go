@@ -418,10 +418,16 @@ func TestRuleDiscordIdentifyPacing(t *testing.T) {
 			order = append(order, fmt.Sprintf("%d@0s", id))
 		}
 	}
+	if d := p.DrainTime(); d != 15*time.Second {
+		t.Errorf("DrainTime() with 6 waiting in 2 buckets = %v; want 15s", d)
+	}
 	clk.Advance(time.Minute)
 	want := "0@0s 1@0s 2@5s 3@5s 4@10s 5@10s 6@15s 7@15s"
 	if got := strings.Join(order, " "); got != want {
 		t.Fatalf("grants %s; want %s", got, want)
+	}
+	if d := p.DrainTime(); d != 0 {
+		t.Errorf("DrainTime() with nothing waiting = %v; want 0", d)
 	}
 }
 

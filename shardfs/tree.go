@@ -162,7 +162,7 @@ func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {
 
 // Dispatch writes one dispatch to the shard's dispatch log and the node's.
 // It is the gateway's sink: d is the raw JSON of the payload's d field and
-// is not kept after the call.
+// is not kept after the call; a negative seq (RESUMED) is written as null.
 func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
 	sf := t.local[shard]
 	if sf == nil {
@@ -175,7 +175,11 @@ func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
 	b := append((*bp)[:0], `{"shard":`...)
 	b = strconv.AppendInt(b, int64(shard), 10)
 	b = append(b, `,"s":`...)
-	b = strconv.AppendInt(b, seq, 10)
+	if seq < 0 { // RESUMED and other dispatches without a sequence
+		b = append(b, "null"...)
+	} else {
+		b = strconv.AppendInt(b, seq, 10)
+	}
 	b = append(b, `,"t":`...)
 	b = appendJSONString(b, typ)
 	b = append(b, `,"d":`...)

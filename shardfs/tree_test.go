@@ -299,8 +299,8 @@ func TestSendAndDispatch(t *testing.T) {
 
 	e.tree.Dispatch(1, 2, "MESSAGE_CREATE", []byte(`{"content":"hi"}`))
 	e.tree.Dispatch(3, 7, "GUILD_CREATE", []byte("{\n  \"id\": \"1\"\n}"))
-	e.tree.Dispatch(1, 3, `WEIRD"TYPE`, nil)
-	want1 := `{"shard":1,"s":2,"t":"MESSAGE_CREATE","d":{"content":"hi"}}` + "\n" + `{"shard":1,"s":3,"t":"WEIRD\"TYPE","d":null}` + "\n"
+	e.tree.Dispatch(1, -1, `WEIRD"TYPE`, nil)
+	want1 := `{"shard":1,"s":2,"t":"MESSAGE_CREATE","d":{"content":"hi"}}` + "\n" + `{"shard":1,"s":null,"t":"WEIRD\"TYPE","d":null}` + "\n"
 	if got := readL(t, root, "1/dispatch"); got != want1 {
 		t.Fatalf("1/dispatch = %q; want %q", got, want1)
 	}

@@ -14,7 +14,7 @@ n=0
 while :; do
 	tree_read status | awk '{ print $1, $2 }' >"$cur" || die "cannot read $TREE/status"
 	awk -v t="$(date -u +%H:%M:%S)" '
-		NR == FNR { old[$1] = $2; next }
+		FILENAME == ARGV[1] { old[$1] = $2; next }
 		old[$1] != $2 { printf "%s shard %s %s -> %s\n", t, $1, (old[$1] == "" ? "none" : old[$1]), $2 }
 	' "$prev" "$cur"
 	cp "$cur" "$prev"
