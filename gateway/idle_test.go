@@ -1,0 +1,77 @@
+package gateway
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+)
+
+// serverFrame builds one unmasked server-to-client frame.
+func serverFrame(op byte, fin bool, payload []byte) []byte {
+	b0 := op
+	if fin {
+		b0 |= 0x80
+	}
+	out := []byte{b0}
+	switch n := len(payload); {
+	case n < 126:
+		out = append(out, byte(n))
+	case n < 1<<16:
+		out = append(out, 126, byte(n>>8), byte(n))
+	default:
+		out = append(out, 127, 0, 0, 0, 0, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+	return append(out, payload...)
+}
+
+// TestFrameTracker feeds random frame streams, cut at random points, and
+// checks that the tracker counts the messages and knows when a stream
+// ends exactly at the end of one.
+func TestFrameTracker(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 500 {
+		stream := []byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+		var messages int64
+		quietAtEnd := true // nothing after the HTTP response yet
+		for range rng.IntN(8) {
+			switch rng.IntN(4) {
+			case 0: // a control frame: ping, pong or close
+				stream = append(stream, serverFrame([]byte{9, 10, 8}[rng.IntN(3)], true, bytes.Repeat([]byte("p"), rng.IntN(126)))...)
+				quietAtEnd = false
+			case 1: // a fragmented message
+				stream = append(stream, serverFrame(1, false, bytes.Repeat([]byte("a"), rng.IntN(300)))...)
+				stream = append(stream, serverFrame(0, false, nil)...)
+				stream = append(stream, serverFrame(0, true, bytes.Repeat([]byte("b"), rng.IntN(70000)))...)
+				messages++
+				quietAtEnd = true
+			default:
+				size := []int{0, 5, 125, 126, 700, 65535, 65536, 100000}[rng.IntN(8)]
+				stream = append(stream, serverFrame(byte(1+rng.IntN(2)), true, bytes.Repeat([]byte("m"), size))...)
+				messages++
+				quietAtEnd = true
+			}
+		}
+		// Half the rounds stop in the middle of the next frame.
+		partial := rng.IntN(2) == 0
+		if partial {
+			f := serverFrame(1, true, bytes.Repeat([]byte("x"), 300))
+			stream = append(stream, f[:1+rng.IntN(len(f)-1)]...)
+		}
+		var tr frameTracker
+		for rest := stream; len(rest) > 0; {
+			n := min(len(rest), 1+rng.IntN(2000))
+			tr.feed(rest[:n])
+			rest = rest[n:]
+		}
+		if tr.messages != messages {
+			t.Fatalf("round %d: messages = %d; want %d", round, tr.messages, messages)
+		}
+		want := quietAtEnd && !partial
+		if got := tr.quiet(messages); got != want {
+			t.Fatalf("round %d: quiet = %v; want %v (partial %v)", round, got, want, partial)
+		}
+		if tr.quiet(messages - 1) {
+			t.Fatalf("round %d: quiet with a message unread", round)
+		}
+	}
+}
