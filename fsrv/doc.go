@@ -23,8 +23,10 @@
 // out of bounds is dropped without a reply; an msize below MinMsize is
 // answered with an error (Rlerror EINVAL for .L) and dropped. Under
 // 9P2000.L a Tauth is answered ENOENT, which diod's tools take to mean that
-// no authentication is needed. Reads never block: hugelgupf/p9 cannot
-// cancel a read on Tflush, and Linux waits for Rflush even through SIGKILL.
+// no authentication is needed. In both dialects a Tattach's aname names
+// the directory to attach at ("/3", or "3"), and Rattach carries its QID.
+// Reads never block: hugelgupf/p9 cannot cancel a read on Tflush, and
+// Linux waits for Rflush even through SIGKILL.
 //
 // # Errors
 //

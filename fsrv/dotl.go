@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -36,6 +37,25 @@ type dotlAttacher struct{ s *Server }
 
 func (a dotlAttacher) Attach() (p9.File, error) {
 	return &dotlFile{s: a.s, node: a.s.Root}, nil
+}
+
+// attachQID returns the QID of the directory a Tattach with aname attaches
+// to, walking it as hugelgupf/p9 does (one leading slash dropped, the rest
+// split at slashes). p9 walks aname from the root but answers Rattach with
+// the root's QID; dotlStream puts this one in its place.
+func (a dotlAttacher) attachQID(aname string) (q p9.QID, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false // p9's own walk reports the panic
+		}
+	}()
+	root := &dotlFile{s: a.s, node: a.s.Root}
+	f, err := root.walk(strings.Split(strings.TrimPrefix(aname, "/"), "/"))
+	if err != nil {
+		return p9.QID{}, false
+	}
+	n := f.node
+	return root.qid(attr{path: n.base().qidPath(), vers: qidVersion(n), dir: isDir(n)}), true
 }
 
 // dotlFile is a fid's view of a node: walked to, then maybe opened.
@@ -319,6 +339,9 @@ func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(err
 //   - answers Tauth itself with ENOENT (p9 answers ENOSYS, which makes
 //     diod's tools fail; ENOENT tells them no authentication is needed);
 //   - caps or refuses the msize of a Tversion;
+//   - corrects the QID of an Rattach for a Tattach with an aname: p9
+//     walks aname but replies with the root's QID (attach(5): the QID of
+//     the root of the tree aname names);
 //   - answers Tflush itself, right after the reply to the request it
 //     names: p9's Tflush waits for the old tag, so a Tflush of its own tag
 //     (or two that name each other) would never finish, and with it the
@@ -342,27 +365,40 @@ type dotlStream struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	// fmu guards the tags p9 has not answered yet (true for a Tflush) and
-	// the Tflushes to answer after each.
+	// attachQID resolves the aname of a Tattach (dotlAttacher.attachQID).
+	attachQID func(aname string) (p9.QID, bool)
+
+	// fmu guards the tags p9 has not answered yet (true for a Tflush), the
+	// Tflushes to answer after each, and the QIDs to put in the Rattach of
+	// each Tattach with an aname.
 	fmu         sync.Mutex
 	outstanding map[uint16]bool
 	flushes     map[uint16][]uint16
+	attaches    map[uint16]p9.QID
 }
 
 const (
-	msgTflush = 108
-	msgRflush = 109
+	msgTattach = 104
+	msgRattach = 105
+	msgTflush  = 108
+	msgRflush  = 109
+
+	// maxAttachFrame bounds the Tattach the stream reads whole to learn its
+	// aname; a larger one (never sent: names are short) passes through.
+	maxAttachFrame = 4096
 )
 
-func newDotlStream(rwc io.ReadWriteCloser, first []byte, msize, maxMsize uint32) *dotlStream {
+func newDotlStream(rwc io.ReadWriteCloser, first []byte, msize, maxMsize uint32, attachQID func(string) (p9.QID, bool)) *dotlStream {
 	return &dotlStream{
 		rwc:         rwc,
 		r:           bufio.NewReaderSize(rwc, 64<<10),
 		maxMsize:    maxMsize,
 		msize:       msize,
 		pend:        first,
+		attachQID:   attachQID,
 		outstanding: make(map[uint16]bool),
 		flushes:     make(map[uint16][]uint16),
+		attaches:    make(map[uint16]p9.QID),
 	}
 }
 
@@ -422,12 +458,43 @@ func (s *dotlStream) nextFrame() error {
 		s.msize = min(t.msize, s.maxMsize)
 		s.pend = versionFrame(msgTversion, t.tag, s.msize, t.version)
 		return nil
-	case typ == msgTflush && body == 2:
+	case typ == msgTflush:
+		// Every Tflush is answered here: one that reached hugelgupf/p9 and
+		// named its own tag would wait for itself forever. Bytes after the
+		// old tag are ignored; a Tflush too short to name one ends the
+		// connection.
+		if body < 2 {
+			return fmt.Errorf("%w: Tflush of %d bytes", errFrame, size)
+		}
 		var old [2]byte
 		if _, err := io.ReadFull(s.r, old[:]); err != nil {
 			return err
 		}
+		if _, err := s.r.Discard(body - 2); err != nil {
+			return err
+		}
 		return s.flush(tag, binary.LittleEndian.Uint16(old[:]))
+	case typ == msgTattach && size <= maxAttachFrame && s.attachQID != nil:
+		frame := make([]byte, size)
+		copy(frame, hdr[:])
+		if _, err := io.ReadFull(s.r, frame[headerSize:]); err != nil {
+			return err
+		}
+		var qid p9.QID
+		aname, ok := attachName(frame)
+		if ok && aname != "" && aname != "/" {
+			qid, ok = s.attachQID(aname)
+		} else {
+			ok = false
+		}
+		s.fmu.Lock()
+		s.outstanding[tag] = false
+		if ok {
+			s.attaches[tag] = qid
+		}
+		s.fmu.Unlock()
+		s.pend = frame // p9 replies, errors included
+		return nil
 	}
 	s.fmu.Lock()
 	s.outstanding[tag] = false
@@ -435,6 +502,43 @@ func (s *dotlStream) nextFrame() error {
 	s.pend = append(s.pend[:0], hdr[:]...)
 	s.remaining = body
 	return nil
+}
+
+// attachName returns the aname of a whole Tattach frame: fid[4] afid[4]
+// uname[s] aname[s] n_uname[4].
+func attachName(frame []byte) (string, bool) {
+	b := frame[headerSize:]
+	if len(b) < 10 {
+		return "", false
+	}
+	b = b[8:]
+	n := int(binary.LittleEndian.Uint16(b))
+	if len(b) < 2+n+2 {
+		return "", false
+	}
+	b = b[2+n:]
+	n = int(binary.LittleEndian.Uint16(b))
+	if len(b) < 2+n {
+		return "", false
+	}
+	return string(b[2 : 2+n]), true
+}
+
+// fixAttach puts the attached directory's QID in the Rattach that answers
+// tag, if the Tattach had an aname; any reply to tag ends the wait.
+func (s *dotlStream) fixAttach(frame []byte) {
+	tag := frameTag(frame)
+	s.fmu.Lock()
+	q, ok := s.attaches[tag]
+	delete(s.attaches, tag)
+	s.fmu.Unlock()
+	if !ok || frame[4] != msgRattach || len(frame) < headerSize+13 {
+		return
+	}
+	b := frame[headerSize:]
+	b[0] = uint8(q.Type)
+	binary.LittleEndian.PutUint32(b[1:], q.Version)
+	binary.LittleEndian.PutUint64(b[5:], q.Path)
 }
 
 // flush answers Tflush tag: after the reply to oldtag if that request is
@@ -493,6 +597,7 @@ func (s *dotlStream) Write(p []byte) (int, error) {
 			break
 		}
 		frame := s.wbuf[:size]
+		s.fixAttach(frame)
 		if flushes := s.replied(frameTag(frame)); flushes != nil {
 			frame = append(frame, flushes...)
 		}

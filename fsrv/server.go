@@ -269,8 +269,9 @@ func (c *conn) serve() error {
 	switch neg.dialect {
 	case dialectDotL:
 		log.Debug("fsrv: 9P2000.L session", "msize", neg.msize)
-		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, neg.first, neg.msize, c.s.maxMsize())
-		srv := p9.NewServer(dotlAttacher{c.s}, p9.WithServerLogger(ulogger{log}))
+		attacher := dotlAttacher{c.s}
+		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
+		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
 		srv.Handle(st, st)
 	default:
 		log.Debug("fsrv: 9P2000 session", "msize", neg.msize)
