@@ -1,0 +1,100 @@
+// Command shardfs keeps a chat bot's gateway shards alive and serves them as
+// a file tree over 9P; it is also a small 9P client for that tree.
+//
+//	shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
+//	shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
+//	               [--shards 0-3,7] [--intents N] [--listen ADDR]...
+//	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
+//	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
+//	shardfs version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "shardfs:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+const usage = `usage:
+  shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
+  shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
+                 [--shards 0-3,7] [--intents N] [--listen ADDR]...
+                 (token from SHARDFS_TOKEN or --token-file FILE)
+  shardfs ls     [--addr ADDR] PATH
+  shardfs cat    [--addr ADDR] PATH
+  shardfs write  [--addr ADDR] PATH [TEXT]     (TEXT or standard input)
+  shardfs tail   [--addr ADDR] [-n LINES] [--once] PATH
+  shardfs version
+`
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return flag.ErrHelp
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "demo":
+		return runDemo(ctx, args, stdout, stderr)
+	case "serve":
+		return runServe(ctx, args, stdout, stderr)
+	case "ls", "cat", "write", "tail":
+		return runClient(ctx, cmd, args, stdin, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "shardfs", version())
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+// version is the module version, or the VCS revision of a development
+// build.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if (v == "" || v == "(devel)") && rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		return "devel-" + rev + dirty
+	}
+	if v == "" {
+		return "(devel)"
+	}
+	return v + " " + bi.GoVersion
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/supervisor"
+)
+
+// listenFlag collects repeated --listen values.
+type listenFlag []string
+
+func (l *listenFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listenFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+// defaultListeners are DESIGN.md's defaults: TCP on loopback and a unix
+// socket only its owner can use.
+func defaultListeners() []string {
+	dir := os.Getenv("XDG_RUNTIME_DIR")
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	sock := fmt.Sprintf("%s/shardfs-%d.sock", dir, os.Getuid())
+	if os.Getuid() == 0 {
+		sock = "/run/shardfs.sock"
+	}
+	return []string{fsrv.DefaultAddr, "unix!" + sock}
+}
+
+// listen opens every address; on failure it closes those already open.
+func listen(addrs []string) ([]net.Listener, error) {
+	if len(addrs) == 0 {
+		addrs = defaultListeners()
+	}
+	var ls []net.Listener
+	for _, a := range addrs {
+		l, err := fsrv.Listen(a)
+		if err != nil {
+			for _, o := range ls {
+				o.Close()
+			}
+			return nil, fmt.Errorf("listen %s: %w", a, err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+// addrString writes a listener's address in the tree's own syntax, the
+// one --addr takes.
+func addrString(l net.Listener) string {
+	a := l.Addr()
+	if a.Network() == "unix" {
+		return "unix!" + a.String()
+	}
+	host, port, _ := net.SplitHostPort(a.String())
+	return "tcp!" + host + "!" + port
+}
+
+func newLogger(w io.Writer, debug bool) *slog.Logger {
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// runNode serves the node until ctx ends, then shuts it down cleanly.
+func runNode(ctx context.Context, sup *supervisor.Supervisor, ls []net.Listener, log *slog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- sup.Serve(ctx, ls...) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		cancel()
+	}
+	log.Info("shutting down: closing gateway connections with 4000 so that sessions stay resumable")
+	cerr := sup.Close()
+	if err == nil {
+		err = <-served
+	}
+	return errors.Join(err, cerr)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// progress reports startup: shards READY out of the local total, the next
+// identify slot and an estimate of the time left. On a terminal it redraws
+// one line; elsewhere it logs every 10 s. It looks again at every lifecycle
+// event and returns once every shard is READY (or FATAL), or ctx ends.
+func progress(ctx context.Context, sup *supervisor.Supervisor, w io.Writer, log *slog.Logger, tty bool) {
+	interval := 10 * time.Second
+	if tty {
+		interval = 500 * time.Millisecond
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	start := time.Now()
+	diags := make([]core.Diag, 0, len(sup.Node.Plan().Local))
+	events := sup.Node.Events()
+	for {
+		diags = sup.Node.Snapshot(diags[:0])
+		ready, fatal := 0, 0
+		for _, d := range diags {
+			switch d.State {
+			case core.Ready:
+				ready++
+			case core.Fatal:
+				fatal++
+			}
+		}
+		waiting, next := sup.Pacer.Waiting()
+		left := sup.Pacer.DrainTime().Round(time.Second)
+		nextIn := "none"
+		if !next.IsZero() {
+			nextIn = time.Until(next).Round(100 * time.Millisecond).String()
+		}
+		done := ready+fatal == len(diags)
+		if tty {
+			fmt.Fprintf(w, "\r\033[Kstartup: %d/%d READY, %d FATAL, %d waiting to identify, next slot in %s, about %s left", ready, len(diags), fatal, waiting, nextIn, left)
+			if done {
+				fmt.Fprintf(w, "\nstartup done in %s\n", time.Since(start).Round(time.Second))
+			}
+		} else if done {
+			log.Info("startup done", "ready", ready, "fatal", fatal, "took", time.Since(start).Round(time.Second))
+		} else {
+			log.Info("startup", "ready", ready, "total", len(diags), "fatal", fatal, "identify_waiting", waiting, "next_slot_in", nextIn, "left", left)
+		}
+		if done {
+			return
+		}
+		for quiet := true; quiet; {
+			select {
+			case <-ctx.Done():
+				if tty {
+					fmt.Fprintln(w)
+				}
+				return
+			case <-tick.C:
+				quiet = false
+			case <-events.Notify():
+				// Check for the end at once; report only on the tick.
+				quiet = !allSettled(sup.Node.Snapshot(diags[:0]))
+			}
+		}
+	}
+}
+
+func allSettled(diags []core.Diag) bool {
+	for _, d := range diags {
+		if d.State != core.Ready && d.State != core.Fatal {
+			return false
+		}
+	}
+	return true
+}
+
+// flagErr prints the flag set's usage along with a bad value.
+func flagErr(fl *flag.FlagSet, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	fmt.Fprintf(fl.Output(), "%s: %v\n", fl.Name(), err)
+	fl.Usage()
+	return err
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/supervisor"
+)
+
+// runServe runs a node against the real gateway. The token comes from
+// SHARDFS_TOKEN or --token-file, never from a flag value, so that it does
+// not show in ps or the shell history.
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	flavorName := fl.String("flavor", "", "gateway flavor: discord or fluxer (required)")
+	api := fl.String("api", "", "HTTP API base for discovery (default: the platform's)")
+	gatewayURL := fl.String("gateway", "", "gateway WebSocket URL; skips discovery")
+	totalFlag := fl.String("total", "", "global shard count, or auto for the platform's recommendation (required)")
+	shards := fl.String("shards", "", "local shard IDs, e.g. 0-3,7 (default: all of the total)")
+	intents := fl.Uint64("intents", 0, "Discord gateway intents bit field")
+	compress := fl.String("compress", "none", "transport compression: none, zlib-stream or zstd-stream")
+	backoffFlag := fl.String("backoff", "default", "reconnect backoff: default or fixed:DURATION")
+	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
+	debug := fl.Bool("debug", false, "log at debug level")
+	var listens listenFlag
+	fl.Var(&listens, "listen", "9P listener: tcp!host!port, host:port, unix!path or a path (repeatable)")
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if fl.NArg() > 0 {
+		return flagErr(fl, "unexpected argument %q", fl.Arg(0))
+	}
+	flavor, err := core.ParseFlavor(*flavorName)
+	if err != nil {
+		return flagErr(fl, "--flavor: %v", err)
+	}
+	comp, err := gateway.ParseCompression(*compress)
+	if err != nil {
+		return flagErr(fl, "--compress: %v", err)
+	}
+	backoff, err := core.ParseBackoff(*backoffFlag)
+	if err != nil {
+		return flagErr(fl, "--backoff: %v", err)
+	}
+	total := 0
+	if *totalFlag == "" {
+		return flagErr(fl, "--total is required: a shard count or auto")
+	}
+	if *totalFlag != "auto" {
+		if total, err = strconv.Atoi(*totalFlag); err != nil || total < 1 {
+			return flagErr(fl, "--total %q: want a positive count or auto", *totalFlag)
+		}
+		if _, err := planFor(total, *shards); err != nil {
+			return flagErr(fl, "%v", err)
+		}
+	}
+	token, err := readToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, *debug)
+
+	if *totalFlag == "auto" {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		disc, err := gateway.Discover(dctx, nil, flavor, *api, token)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--total auto: %w", err)
+		}
+		total = disc.Shards
+		log.Info("discovered the recommended shard count", "total", total)
+	}
+	plan, err := planFor(total, *shards)
+	if err != nil {
+		return flagErr(fl, "%v", err)
+	}
+
+	sup, err := supervisor.New(supervisor.Config{
+		Flavor: flavor, Token: token, API: *api, GatewayURL: *gatewayURL,
+		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ls, err := listen(listens)
+	if err != nil {
+		sup.Close()
+		return err
+	}
+	for _, l := range ls {
+		log.Info("serving the tree over 9P", "addr", addrString(l))
+	}
+	sup.Start()
+	go progress(ctx, sup, stderr, log, isTerminal(stderr))
+	return runNode(ctx, sup, ls, log)
+}
+
+// planFor is the plan of shards (all of total when empty).
+func planFor(total int, shards string) (core.Plan, error) {
+	plan := core.Range(total, 0, total-1)
+	if shards != "" {
+		ids, err := core.ParseShardList(shards)
+		if err != nil {
+			return plan, fmt.Errorf("--shards: %w", err)
+		}
+		plan.Local = ids
+	}
+	if err := plan.Validate(); err != nil {
+		return plan, fmt.Errorf("plan: %w", err)
+	}
+	return plan, nil
+}
+
+// readToken reads the token from a file or SHARDFS_TOKEN, and removes it
+// from the environment so that no child process inherits it.
+func readToken(file string) (string, error) {
+	var tok string
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--token-file: %w", err)
+		}
+		tok = string(b)
+	} else {
+		tok = os.Getenv("SHARDFS_TOKEN")
+	}
+	os.Unsetenv("SHARDFS_TOKEN")
+	tok = strings.TrimSpace(tok)
+	if tok == "" {
+		return "", fmt.Errorf("no token: set SHARDFS_TOKEN or pass --token-file FILE")
+	}
+	return tok, nil
+}

@@ -1,0 +1,58 @@
+package demo
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/shardfs/shardfs/core"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// waitFor waits for cond, re-checking at every line of the node's events
+// log and at every dispatch, for at most 30 s.
+func waitFor(t *testing.T, d *Demo, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for !cond() {
+		select {
+		case <-d.Node.Events().Notify():
+		case <-d.Tree.NodeDispatchLog().Notify():
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func allReady(d *Demo) bool {
+	for _, diag := range d.Node.Snapshot(nil) {
+		if diag.State != core.Ready {
+			return false
+		}
+	}
+	return true
+}
+
+func TestDemoFlows(t *testing.T) {
+	for _, flavor := range []core.Flavor{core.Discord, core.Fluxer} {
+		t.Run(flavor.String(), func(t *testing.T) {
+			d, err := Start(context.Background(), Config{Flavor: flavor, Shards: 3, Traffic: 50})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			waitFor(t, d, "all shards READY", func() bool { return allReady(d) })
+			waitFor(t, d, "dispatches on every shard", func() bool {
+				for id := range 3 {
+					if d.Tree.DispatchLog(id).Size() == 0 {
+						return false
+					}
+				}
+				return true
+			})
+		})
+	}
+}

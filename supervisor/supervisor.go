@@ -1,0 +1,180 @@
+// Package supervisor assembles one shardfs node: the gateway transport, the
+// lifecycle core, the file tree and the 9P server that exports it.
+//
+// The binary's serve and demo commands, the integration tests and the
+// benchmarks all run a node through this package, so that what is tested
+// is what ships.
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/shardfs"
+)
+
+// Config configures a node. Flavor, Token and Plan are required.
+type Config struct {
+	Flavor core.Flavor
+	// Token is the bot token. It goes to the gateway transport and nowhere
+	// else: not to the tree, not to the logs.
+	Token string
+	// API is the HTTP API base for discovery; GatewayURL skips discovery.
+	API, GatewayURL string
+	Plan            core.Plan
+	Intents         uint64
+	Compression     gateway.Compression
+	// MaxConcurrency is Discord's max_concurrency until discovery says
+	// otherwise (default 1).
+	MaxConcurrency int
+	// FluxerPacing overrides Fluxer's identify budget.
+	FluxerPacing core.FluxerPacing
+	// Backoff is the reconnect policy; nil means core.DefaultBackoff.
+	Backoff core.BackoffPolicy
+	// DispatchRetention and NodeDispatchRetention bound the dispatch logs
+	// (see shardfs.Config).
+	DispatchRetention, NodeDispatchRetention int
+	Clock                                    clock.Clock
+	Logger                                   *slog.Logger
+	// Registry receives the tree's metrics; nil makes a private one.
+	Registry *prometheus.Registry
+}
+
+// Supervisor is an assembled node.
+type Supervisor struct {
+	Transport *gateway.Transport
+	Pacer     *core.Pacer
+	Lease     *local.Lease
+	Node      *core.Node
+	Tree      *shardfs.Tree
+	Server    *fsrv.Server
+
+	cfg       Config
+	log       *slog.Logger
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New assembles a node. Nothing connects until Start.
+func New(cfg Config) (*Supervisor, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	clk := clock.Or(cfg.Clock)
+	s := &Supervisor{cfg: cfg, log: log, Lease: local.New(clk)}
+	if cfg.Flavor == core.Fluxer {
+		s.Pacer = core.NewFluxerPacer(clk, cfg.FluxerPacing)
+	} else {
+		s.Pacer = core.NewDiscordPacer(clk, cfg.MaxConcurrency)
+	}
+	var tree *shardfs.Tree // set below; the sink runs only after Start
+	tr, err := gateway.New(gateway.Config{
+		Flavor: cfg.Flavor, Token: cfg.Token, Intents: cfg.Intents,
+		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
+		Sink:         func(shard int, seq int64, name string, d []byte) { tree.Dispatch(shard, seq, name, d) },
+		OnStartLimit: s.Pacer.SetStartLimit,
+		Clock:        cfg.Clock, Logger: log.With("component", "gateway"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.Transport = tr
+	node, err := core.New(core.Config{
+		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: s.Pacer, Lease: s.Lease,
+		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: log.With("component", "core"),
+	})
+	if err != nil {
+		tr.Close()
+		return nil, err
+	}
+	s.Node = node
+	tree = shardfs.New(shardfs.Config{
+		Node: node, Info: s.info, LeaseBackend: "local",
+		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
+		Registry: cfg.Registry, Logger: log,
+	})
+	s.Tree = tree
+	s.Server = &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p")}
+	return s, nil
+}
+
+// info is the part of /plan the core does not know.
+func (s *Supervisor) info() [][2]string {
+	gw := s.cfg.GatewayURL
+	if gw == "" {
+		gw = "discovered from " + orString(s.cfg.API, defaultAPI(s.cfg.Flavor))
+	}
+	out := [][2]string{{"gateway", gw}, {"compression", orString(string(s.cfg.Compression), "none")}}
+	if s.cfg.Flavor == core.Discord {
+		out = append(out, [2]string{"intents", strconv.FormatUint(s.cfg.Intents, 10)}, [2]string{"max_concurrency", strconv.Itoa(s.Pacer.MaxConcurrency())})
+	}
+	backoff := "default"
+	if f, ok := s.cfg.Backoff.(core.Fixed); ok {
+		backoff = fmt.Sprintf("fixed:%v", f.Delay(0, 0))
+	}
+	waiting, next := s.Pacer.Waiting()
+	out = append(out, [2]string{"backoff", backoff}, [2]string{"identify_waiting", strconv.Itoa(waiting)})
+	if !next.IsZero() {
+		out = append(out, [2]string{"identify_next", next.UTC().Format("2006-01-02T15:04:05.000Z07:00")})
+	}
+	return out
+}
+
+func defaultAPI(f core.Flavor) string {
+	if f == core.Fluxer {
+		return gateway.FluxerAPI
+	}
+	return gateway.DiscordAPI
+}
+
+func orString(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Start starts the shards in shard order.
+func (s *Supervisor) Start() { s.Node.Start() }
+
+// Serve exports the tree on every listener until ctx ends or Close is
+// called, and waits for the connections it served.
+func (s *Supervisor) Serve(ctx context.Context, ls ...net.Listener) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(ls))
+	for i, l := range ls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.Server.Serve(ctx, l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
+				errs[i] = fmt.Errorf("serve %s: %w", l.Addr(), err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Close stops the shards (their sessions stay resumable: connections close
+// with 4000), the gateway transport and the 9P server, and waits for all of
+// their goroutines.
+func (s *Supervisor) Close() error {
+	s.closeOnce.Do(func() {
+		s.Node.Close()
+		s.closeErr = errors.Join(s.Transport.Close(), s.Server.Close())
+	})
+	return s.closeErr
+}
