@@ -1,0 +1,16 @@
+// Package integration boots Debian's Linux kernel in QEMU on an initramfs
+// built in Go, so that tests can drive the kernel's own 9P client (v9fs)
+// against a shardfs node served by the test process.
+//
+// A Kit locates what a boot needs on the host: qemu-system-x86_64, a static
+// busybox, and Debian's kernel package unpacked (never installed) into
+// $SHARDFS_KERNEL_DIR, /var/cache/shardfs/kernel by default; .ci/run puts it
+// there. An Image is the guest's root file system as a table of files; its
+// String is the plan, its WriteTo the gzipped cpio. Boot starts the guest
+// with virtio-serial ports that are socketpairs to the test process (no
+// ports, no paths, no start-order races) and returns the Machine with its
+// console transcript.
+//
+// The tests skip when the kit is missing, except under CI=true, where a
+// missing kit is a failure.
+package integration

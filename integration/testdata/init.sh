@@ -1,0 +1,222 @@
+#!/bin/sh
+# /init of the v9fs integration guest (v9fs_test.go builds the image).
+# Busybox ash: read -t is the one feature beyond POSIX sh it relies on.
+#
+# The test process serves a shardfs node on virtio-serial ports, one per
+# mount, and steers the guest through the port named ctl. Everything the
+# test reads is on the console, in lines that start "@@shardfs ". At each
+# stop the guest prints a line and waits for the test's answer on ctl: at
+# "next" the answer is "run SCENARIO" or "poweroff"; at "at WHAT" it is "go"
+# or "go TEXT".
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root TMPDIR=/tmp
+
+say() { echo "@@shardfs $*"; }
+
+die() {
+	say "FAIL $*"
+	ps -o pid,stat,args | while IFS= read -r l; do say "ps| $l"; done
+	dmesg | tail -n 30 | while IFS= read -r l; do say "dmesg| $l"; done
+	poweroff -f
+	exit 1
+}
+
+# now_ms prints the guest's uptime in milliseconds.
+now_ms() {
+	read -r up _ </proc/uptime
+	frac=${up#*.}
+	frac=${frac#0}
+	echo $((${up%.*} * 1000 + frac * 10))
+}
+
+# waitfor SECONDS CMD... runs CMD every 0.2 s until it succeeds, for at
+# most SECONDS.
+waitfor() {
+	limit=$(($(now_ms) + $1 * 1000))
+	shift
+	until "$@"; do
+		[ "$(now_ms)" -lt "$limit" ] || return 1
+		sleep 0.2
+	done
+}
+
+# await WHAT prints a stop and sets reply to the test's answer.
+await() {
+	say "$*"
+	# shellcheck disable=SC3045 # busybox read has -t
+	read -r -t 300 reply <&8 || die "no answer from the test at: $*"
+}
+
+# pass WHAT stops at "at WHAT" and sets text to what follows "go".
+pass() {
+	await "at $1"
+	case $reply in
+	go) text= ;;
+	go\ *) text=${reply#go } ;;
+	*) die "at $1 the test said: $reply" ;;
+	esac
+}
+
+# show NAME CMD... runs CMD and prints each line of its output as
+# "NAME| line", then "NAME rc=STATUS".
+show() {
+	name=$1
+	shift
+	"$@" </dev/null >/tmp/show.out 2>&1
+	rc=$?
+	while IFS= read -r l || [ -n "$l" ]; do say "$name| $l"; done </tmp/show.out
+	say "$name rc=$rc"
+}
+
+# put FILE TEXT writes a line as an operator's shell does: echo TEXT >FILE.
+put() { echo "$2" >"$1"; }
+
+# portdev NAME prints the device of the virtio-serial port called NAME.
+portdev() {
+	for n in /sys/class/virtio-ports/*/name; do
+		if [ -r "$n" ] && [ "$(cat "$n")" = "$1" ]; then
+			d=${n%/name}
+			[ -c "/dev/${d##*/}" ] || return 1
+			echo "/dev/${d##*/}"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# mount9p PORT DIR OPTIONS mounts the tree served on port PORT at DIR. The
+# kernel cannot use the port itself as a trans=fd channel (virtio_console
+# has no read_iter/write_iter), so two cats relay it to two FIFOs.
+mount9p() {
+	waitfor 10 portdev "$1" >/dev/null || die "no virtio port $1"
+	dev=$(portdev "$1")
+	fifo=/run/9p/$1
+	mkdir -p "$fifo" "$2"
+	mkfifo "$fifo/in" "$fifo/out"
+	exec 9<>"$dev"
+	cat <&9 >"$fifo/in" &
+	cat "$fifo/out" >&9 &
+	exec 9>&-
+	# A mount whose server never answers waits in the kernel until killed.
+	timeout -s KILL 30 mount -t 9p -o "trans=fd,rfdno=3,wfdno=4,$3" shardfs "$2" 3<>"$fifo/in" 4<>"$fifo/out"
+}
+
+state_is() { [ "$(cat "$1/state")" = "$2" ]; }
+
+all_ready() {
+	awk 'NF { n++ } $2 != "READY" { bad = 1 } END { exit bad || n == 0 }' "$1/status"
+}
+
+TREE=/mnt/dotl
+export TREE
+
+s_mount() {
+	mount9p dotl "$TREE" version=9p2000.L || die "mount version=9p2000.L failed"
+	waitfor 60 all_ready "$TREE" || die "shards not READY: $(cat "$TREE/status")"
+	show ls-root ls -l "$TREE"
+	show ls-shard ls -l "$TREE/0"
+	show state cat "$TREE/0/state"
+	show sequence cat "$TREE/0/sequence"
+	show reconnects cat "$TREE/0/reconnects"
+	show diag cat "$TREE/0/diag"
+}
+
+s_reset() {
+	show reset put "$TREE/0/ctl" reset
+	show reconnects cat "$TREE/0/reconnects"
+}
+
+s_lease() {
+	t0=$(now_ms)
+	show arm put "$TREE/0/ctl" "lease 2s"
+	waitfor 20 state_is "$TREE/0" STOPPED || die "0/state is $(cat "$TREE/0/state"), not STOPPED, 20 s after lease 2s"
+	say "stopped after_ms=$(($(now_ms) - t0))"
+	show stopped cat "$TREE/0/state"
+	pass lease-expired
+	show off put "$TREE/0/ctl" "lease off"
+	waitfor 20 state_is "$TREE/0" READY || die "0/state is $(cat "$TREE/0/state"), not READY, 20 s after lease off"
+	show ready cat "$TREE/0/state"
+}
+
+s_reject() {
+	show frob put "$TREE/0/ctl" frobnicate
+	show events grep frobnicate "$TREE/0/events"
+}
+
+s_tail() {
+	tail -f "$TREE/0/events" >/tmp/tail.out 2>&1 &
+	tail=$!
+	waitfor 10 test -s /tmp/tail.out || die "tail -f printed nothing"
+	# One failure at a time, each on a READY shard, while tail follows.
+	for i in 1 2 3; do
+		waitfor 20 state_is "$TREE/0" READY || die "0/state is $(cat "$TREE/0/state"), not READY"
+		pass "inject-$i"
+		waitfor 20 grep -q "$text" /tmp/tail.out || die "tail -f did not show: $text"
+	done
+	kill "$tail"
+	wait "$tail"
+	show tail cat /tmp/tail.out
+	show statfs stat -f -c %t "$TREE"
+}
+
+# dialect PORT DIR VERSION mounts with another protocol version and does
+# the reads and the reset of s_mount and s_reset there.
+dialect() {
+	mount9p "$1" "$2" "version=$3" || die "mount version=$3 failed"
+	show ls-root ls -l "$2"
+	show ls-shard ls -l "$2/0"
+	show state cat "$2/0/state"
+	show sequence cat "$2/0/sequence"
+	show reconnects cat "$2/0/reconnects"
+	show diag cat "$2/0/diag"
+	show reset put "$2/0/ctl" reset
+	show reconnects-after cat "$2/0/reconnects"
+	show frob put "$2/0/ctl" frobnicate
+}
+
+s_legacy() { dialect legacy /mnt/legacy 9p2000; }
+
+s_dotu() { dialect dotu /mnt/dotu 9p2000.u; }
+
+s_aname() {
+	mount9p aname /mnt/shard3 version=9p2000.L,aname=/3 || die "mount aname=/3 failed"
+	show ls ls -l /mnt/shard3
+	show state cat /mnt/shard3/state
+	show reconnects cat /mnt/shard3/reconnects
+	mount9p aname9p /mnt/shard3-9p version=9p2000,aname=/3 || die "mount version=9p2000,aname=/3 failed"
+	show ls-9p ls -l /mnt/shard3-9p
+	show state-9p cat /mnt/shard3-9p/state
+}
+
+# /etc/examples has a line per script: its name, a tab, a command line.
+s_examples() {
+	while IFS='	' read -r name cmd; do
+		show "$name" timeout 120 sh -c "$cmd"
+	done </etc/examples
+}
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /tmp /run /root
+while read -r m; do
+	insmod "/lib/modules/$m.ko" || die "insmod $m"
+done </etc/modules
+waitfor 10 portdev ctl >/dev/null || die "no virtio port ctl"
+exec 8<>"$(portdev ctl)"
+
+while await next; do
+	case $reply in
+	run\ *)
+		s=${reply#run }
+		say "begin $s"
+		"s_$s"
+		say "end $s"
+		;;
+	poweroff) break ;;
+	*) die "unknown command from the test: $reply" ;;
+	esac
+done
+for m in /mnt/*; do
+	umount "$m" 2>/dev/null
+done
+poweroff -f
