@@ -8,7 +8,7 @@ import (
 	"io"
 	"net"
 	"strings"
-		"testing"
+	"testing"
 	"time"
 
 	"9fans.net/go/plan9"
@@ -52,7 +52,9 @@ func newEnv(t *testing.T, opts ...func(*Config)) *env {
 		t.Fatal(err)
 	}
 	e.node = n
-	cfg := Config{Node: n, Info: func() [][2]string { return [][2]string{{"gateway", "wss://gateway.example"}, {"max_concurrency", "16"}} }}
+	cfg := Config{Node: n, Info: func() [][2]string {
+		return [][2]string{{"gateway", "wss://gateway.example"}, {"max_concurrency", "16"}}
+	}}
 	for _, o := range opts {
 		o(&cfg)
 	}
