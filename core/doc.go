@@ -35,5 +35,8 @@
 // with ErrBusy when the shard was named, and skipped when "all" was; stop of
 // a stopped shard and start of a running one succeed and do nothing; reset
 // of a shard in BACKOFF cuts the wait short without counting another
-// reconnect; identify does not count as a reconnect, since nothing failed.
+// reconnect; identify does not count as a reconnect, since nothing failed;
+// the default backoff retries the first failure of a resumable session
+// within a second (see Exponential), because a resume costs no identify
+// budget and sessions expire within minutes.
 package core

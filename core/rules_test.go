@@ -282,24 +282,27 @@ func TestRuleLeaseGating(t *testing.T) {
 }
 
 // The default policy doubles from 5 s to 10 min with ±50% jitter, and the
-// failure count starts again after 60 s in READY.
+// failure count starts again after 60 s in READY. The first failure of a
+// resumable session retries within a second.
 func TestRuleBackoffPolicy(t *testing.T) {
 	p := core.DefaultBackoff
 	for _, tc := range []struct {
-		failures int
-		r        float64
-		want     time.Duration
+		failures  int
+		resumable bool
+		r         float64
+		want      time.Duration
 	}{
-		{1, 0.5, 5 * time.Second}, {2, 0.5, 10 * time.Second}, {3, 0.5, 20 * time.Second},
-		{1, 0, 2500 * time.Millisecond}, {1, 0.999999, 7499995 * time.Microsecond},
-		{8, 0.5, 10 * time.Minute}, {40, 0.5, 10 * time.Minute}, {40, 0.999, 10 * time.Minute}, {40, 0, 5 * time.Minute},
+		{1, false, 0.5, 5 * time.Second}, {2, false, 0.5, 10 * time.Second}, {3, true, 0.5, 20 * time.Second},
+		{1, false, 0, 2500 * time.Millisecond}, {1, false, 0.999999, 7499995 * time.Microsecond},
+		{1, true, 0.5, 500 * time.Millisecond}, {1, true, 0, 0}, {1, true, 0.999, 999 * time.Millisecond},
+		{8, false, 0.5, 10 * time.Minute}, {40, false, 0.5, 10 * time.Minute}, {40, true, 0.999, 10 * time.Minute}, {40, false, 0, 5 * time.Minute},
 	} {
-		if got := p.Delay(tc.failures, tc.r); got.Round(time.Microsecond) != tc.want {
-			t.Errorf("Delay(%d, %v) = %v; want %v", tc.failures, tc.r, got, tc.want)
+		if got := p.Delay(tc.failures, tc.resumable, tc.r); got.Round(time.Microsecond) != tc.want {
+			t.Errorf("Delay(%d, %v, %v) = %v; want %v", tc.failures, tc.resumable, tc.r, got, tc.want)
 		}
 	}
-	if got := core.Fixed(5*time.Second).Delay(30, 0.9); got != 5*time.Second {
-		t.Errorf("fixed:5s Delay(30) = %v; want 5s", got)
+	if got := core.Fixed(5*time.Second).Delay(1, true, 0.9); got != 5*time.Second {
+		t.Errorf("fixed:5s Delay(1, resumable) = %v; want 5s", got)
 	}
 
 	e := newEnv(t, core.Config{Backoff: core.DefaultBackoff})
@@ -310,8 +313,8 @@ func TestRuleBackoffPolicy(t *testing.T) {
 		e.clk.Advance(d)
 		return d
 	}
-	if a, b, c := fail(), fail(), fail(); a != 5*time.Second || b != 10*time.Second || c != 20*time.Second {
-		t.Fatalf("consecutive delays %v %v %v; want 5s 10s 20s", a, b, c)
+	if a, b, c := fail(), fail(), fail(); a != 500*time.Millisecond || b != 10*time.Second || c != 20*time.Second {
+		t.Fatalf("consecutive delays %v %v %v; want 500ms (first resume) 10s 20s", a, b, c)
 	}
 	e.conn(0).Link.Resumed(1)
 	e.clk.Advance(59 * time.Second)
@@ -320,8 +323,13 @@ func TestRuleBackoffPolicy(t *testing.T) {
 	}
 	e.conn(0).Link.Resumed(1)
 	e.clk.Advance(60 * time.Second)
-	if d := fail(); d != 5*time.Second {
-		t.Fatalf("after 60 s READY the delay is %v; want 5s (count reset)", d)
+	if d := fail(); d != 500*time.Millisecond {
+		t.Fatalf("after 60 s READY the delay is %v; want 500ms (count reset, resumable)", d)
+	}
+	e.exec(0, "identify")
+	e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+	if d := e.diag(0).RetryIn; d != 10*time.Second {
+		t.Fatalf("a failing identify after a failed resume waits %v; want 10s", d)
 	}
 }
 

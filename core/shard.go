@@ -379,7 +379,7 @@ func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int) {
 			s.failures = 0
 		}
 		s.failures++
-		deadline = now.Add(s.node.backoff.Delay(s.failures, s.node.rand()))
+		deadline = now.Add(s.node.backoff.Delay(s.failures, s.resumable(), s.node.rand()))
 	}
 	s.deadline = deadline
 	s.emit(s.line(now, "backoff", slog.LevelWarn).str("state", s.state.String()).int("reconnects", int64(s.reconnects)).

@@ -14,6 +14,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -123,7 +124,7 @@ func (s *Supervisor) info() [][2]string {
 	}
 	backoff := "default"
 	if f, ok := s.cfg.Backoff.(core.Fixed); ok {
-		backoff = fmt.Sprintf("fixed:%v", f.Delay(0, 0))
+		backoff = fmt.Sprintf("fixed:%v", time.Duration(f))
 	}
 	waiting, next := s.Pacer.Waiting()
 	out = append(out, [2]string{"backoff", backoff}, [2]string{"identify_waiting", strconv.Itoa(waiting)})
