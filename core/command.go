@@ -29,6 +29,11 @@ func (v Verb) String() string {
 	return "unknown"
 }
 
+// MaxCommandShards bounds the shard IDs one command line may name, so that
+// a short line such as "reset 0-999999" cannot make the node allocate
+// without bound; "all" has no such limit.
+const MaxCommandShards = 1 << 16
+
 // Lease durations outside this range are refused: under a second cannot
 // be renewed reliably from a shell loop, over a day is a typo.
 const (
@@ -157,9 +162,19 @@ func parseCommand(line string, node bool) (Command, error) {
 	}
 	seen := make(map[int]bool)
 	for _, w := range args {
+		if lo, hi, ok := strings.Cut(w, "-"); ok {
+			a, errA := parseShardID(lo)
+			b, errB := parseShardID(hi)
+			if errA == nil && errB == nil && b-a+len(c.Shards) >= MaxCommandShards {
+				return bad(w, "a command names at most %d shards; use all", MaxCommandShards)
+			}
+		}
 		ids, err := ParseShardList(w)
 		if err != nil || strings.Contains(w, ",") {
 			return bad(w, "not a shard ID or range")
+		}
+		if len(c.Shards)+len(ids) > MaxCommandShards {
+			return bad(w, "a command names at most %d shards; use all", MaxCommandShards)
 		}
 		for _, id := range ids {
 			if seen[id] {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/core/coretest"
 )
 
 func TestParseCommand(t *testing.T) {
@@ -73,6 +74,8 @@ func TestBadCommandsLeaveShardsUntouched(t *testing.T) {
 		{-1, "lease 30", `"30"`, core.ErrUsage},
 		{-1, "lease 30s off", `"off"`, core.ErrUsage},
 		{-1, "", `""`, core.ErrUsage},
+		{-1, "reset 0-1048574 1048575-2097148", `"0-1048574"`, core.ErrUsage},
+		{-1, "reset 0-60000 60001-70000", `"60001-70000"`, core.ErrUsage},
 	} {
 		e := newEnv(t, core.Config{})
 		e.startAll()
@@ -170,10 +173,10 @@ func TestPlanValidate(t *testing.T) {
 		{core.Plan{Total: 0, Local: []int{0}}, "total 0"},
 		{core.Plan{Total: 4}, "no local shards"},
 	} {
-		if err := tc.plan.Validate(); err == nil || !strings.Contains(err.Error(), tc.word) {
-			t.Errorf("%+v.Validate() = %v; want an error containing %q", tc.plan, err, tc.word)
+		if err := tc.plan.Validate(); err == nil || !strings.Contains(err.Error(), tc.word) || !strings.Contains(err.Error(), "usage: ") {
+			t.Errorf("%+v.Validate() = %v; want an error containing %q and the usage", tc.plan, err, tc.word)
 		}
-		if _, err := core.New(core.Config{Plan: tc.plan, Transport: nil}); err == nil {
+		if _, err := core.New(core.Config{Plan: tc.plan, Transport: &coretest.Transport{}}); err == nil {
 			t.Errorf("New accepted %+v", tc.plan)
 		}
 	}

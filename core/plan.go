@@ -20,25 +20,32 @@ type Plan struct {
 	Local []int
 }
 
+// PlanUsage says what a valid plan is, for error messages.
+const PlanUsage = "usage: a total of 1 to 1048576 shards and distinct local shard IDs below it, e.g. total 16 with shards 0-3,7"
+
 // Validate checks that the plan names at least one shard, no shard twice,
-// and none outside [0, Total).
+// and none outside [0, Total). Errors name the offending value and carry
+// PlanUsage.
 func (p Plan) Validate() error {
+	bad := func(is error, format string, args ...any) error {
+		return fmt.Errorf("%w: %s; %s", is, fmt.Sprintf(format, args...), PlanUsage)
+	}
 	if p.Total < 1 || p.Total > MaxTotal {
-		return fmt.Errorf("%w: total %d is outside 1..%d", ErrUsage, p.Total, MaxTotal)
+		return bad(ErrUsage, "total %d is outside 1..%d", p.Total, MaxTotal)
 	}
 	if len(p.Local) == 0 {
-		return fmt.Errorf("%w: the plan has no local shards", ErrUsage)
+		return bad(ErrUsage, "the plan has no local shards")
 	}
 	if len(p.Local) > p.Total {
-		return fmt.Errorf("%w: %d local shards exceed the total of %d", ErrUsage, len(p.Local), p.Total)
+		return bad(ErrUsage, "%d local shards exceed the total of %d", len(p.Local), p.Total)
 	}
 	seen := make(map[int]struct{}, len(p.Local))
 	for _, id := range p.Local {
 		if id < 0 || id >= p.Total {
-			return fmt.Errorf("%w: shard %d is outside 0..%d", ErrUnknownShard, id, p.Total-1)
+			return bad(ErrUnknownShard, "shard %d is outside 0..%d", id, p.Total-1)
 		}
 		if _, dup := seen[id]; dup {
-			return fmt.Errorf("%w: shard %d is named twice", ErrUsage, id)
+			return bad(ErrUsage, "shard %d is named twice", id)
 		}
 		seen[id] = struct{}{}
 	}
@@ -82,9 +89,13 @@ func parseShardID(s string) (int, error) {
 	return strconv.Atoi(s)
 }
 
-// Range returns the plan of shards [lo, hi] of total.
+// Range returns the plan of shards [lo, hi] of total. It builds no list
+// for a total Validate would refuse anyway.
 func Range(total, lo, hi int) Plan {
 	p := Plan{Total: total}
+	if total > MaxTotal || hi-lo >= MaxTotal {
+		return p
+	}
 	for id := lo; id <= hi; id++ {
 		p.Local = append(p.Local, id)
 	}

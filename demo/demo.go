@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/shardfs/shardfs/clock"
@@ -41,6 +42,10 @@ type Config struct {
 	Logger            *slog.Logger
 }
 
+// MinChaos is the shortest chaos interval: faster, shards would spend their
+// time reconnecting and nothing else would show.
+const MinChaos = 100 * time.Millisecond
+
 // Demo is a running simulator and the node connected to it. The embedded
 // Supervisor gives the node's parts: Node, Tree, Server, Transport.
 type Demo struct {
@@ -52,6 +57,7 @@ type Demo struct {
 	chaos  time.Duration
 	rng    *rand.Rand
 	cancel context.CancelFunc
+	mu     sync.Mutex // the chaos timer is armed before it is stored
 	timer  clock.Timer
 }
 
@@ -63,6 +69,9 @@ func Start(ctx context.Context, cfg Config) (*Demo, error) {
 	}
 	if cfg.Traffic == 0 {
 		cfg.Traffic = 1
+	}
+	if cfg.Chaos < 0 || cfg.Chaos > 0 && cfg.Chaos < MinChaos {
+		return nil, fmt.Errorf("demo: chaos every %v: want 0 or at least %v", cfg.Chaos, MinChaos)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -100,7 +109,9 @@ func Start(ctx context.Context, cfg Config) (*Demo, error) {
 	sup.Start()
 	if cfg.Chaos > 0 {
 		ctx, d.cancel = context.WithCancel(ctx)
+		d.mu.Lock()
 		d.timer = d.clock.AfterFunc(cfg.Chaos, func() { d.injectChaos(ctx) })
+		d.mu.Unlock()
 	}
 	return d, nil
 }
@@ -126,14 +137,18 @@ func (d *Demo) injectChaos(ctx context.Context) {
 	shard := ids[d.rng.IntN(len(ids))]
 	d.Sim.Inject(shard, f)
 	d.log.Info("chaos", "shard", shard, "fault", f.String())
+	d.mu.Lock()
 	d.timer.Reset(d.chaos)
+	d.mu.Unlock()
 }
 
 // Close stops the chaos, the node and the simulator.
 func (d *Demo) Close() error {
 	if d.cancel != nil {
 		d.cancel()
+		d.mu.Lock()
 		d.timer.Stop()
+		d.mu.Unlock()
 	}
 	return errors.Join(d.Supervisor.Close(), d.Sim.Close())
 }

@@ -17,10 +17,16 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func waitFor(t *testing.T, d *Demo, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
-	for !cond() {
+	for {
+		// Take the channels before looking, so that no change slips
+		// between the look and the wait.
+		events, dispatch := d.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
+		if cond() {
+			return
+		}
 		select {
-		case <-d.Node.Events().Notify():
-		case <-d.Tree.NodeDispatchLog().Notify():
+		case <-events:
+		case <-dispatch:
 		case <-deadline:
 			t.Fatalf("timed out waiting for %s", what)
 		}

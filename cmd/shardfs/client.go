@@ -262,7 +262,11 @@ func tail(ctx context.Context, root p9.File, path string, lines int, once bool, 
 			data = data[i+1:]
 		}
 	}
-	data = data[lastLines(data, lines):]
+	if lines <= 0 {
+		data = nil
+	} else {
+		data = data[lastLines(data, lines):]
+	}
 	if _, err := w.Write(data); err != nil || once {
 		return err
 	}

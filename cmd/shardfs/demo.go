@@ -40,8 +40,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *shards < 1 || *shards > 4096 {
 		return flagErr(fl, "--shards %d: want 1 to 4096", *shards)
 	}
-	if *chaos < 0 {
-		return flagErr(fl, "--chaos %v: want a positive duration or 0", *chaos)
+	if *chaos < 0 || *chaos > 0 && *chaos < demo.MinChaos {
+		return flagErr(fl, "--chaos %v: want 0 or at least %v", *chaos, demo.MinChaos)
 	}
 	comp, err := gateway.ParseCompression(*compress)
 	if err != nil {

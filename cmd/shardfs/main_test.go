@@ -309,10 +309,7 @@ func TestExamplesAgainstDemo(t *testing.T) {
 		t.Errorf("after keep-lease.sh shard 1 has no lease")
 	}
 	run([]string{"ROUNDS=1"}, "keep-lease.sh", tree, "30s", "1", "false")
-	eventually(t, "dispatch traffic", func() (bool, string) {
-		n := d.Tree.NodeDispatchLog().Size()
-		return n > 3000, fmt.Sprint(n, " bytes")
-	})
+	waitDemo(t, d, "dispatch traffic", func() bool { return d.Tree.NodeDispatchLog().Size() > 3000 })
 	if out := run(nil, "last-dispatch-types.sh", tree, "3"); out != "MESSAGE_CREATE\nMESSAGE_CREATE\nMESSAGE_CREATE\n" {
 		t.Errorf("last-dispatch-types printed %q; want 3 MESSAGE_CREATE", out)
 	}
@@ -320,9 +317,9 @@ func TestExamplesAgainstDemo(t *testing.T) {
 		t.Errorf("reset-stuck with every shard READY reset %q", out)
 	}
 	d.Sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
-	eventually(t, "shard 1 in BACKOFF", func() (bool, string) {
+	waitDemo(t, d, "shard 1 in BACKOFF", func() bool {
 		diag, _ := d.Node.Diag(1)
-		return diag.State == core.Backoff, diag.State.String()
+		return diag.State == core.Backoff
 	})
 	if out := run(nil, "reset-stuck.sh", tree, "0"); out != "1\n" {
 		t.Errorf("reset-stuck with shard 1 in BACKOFF printed %q; want 1", out)
@@ -330,6 +327,25 @@ func TestExamplesAgainstDemo(t *testing.T) {
 	run(nil, "wait-ready.sh", tree, "60")
 	if diag, _ := d.Node.Diag(1); diag.Reconnects != 1 || diag.Resumes != 1 {
 		t.Errorf("shard 1 came back with %d reconnects and %d resumes; want 1 and 1", diag.Reconnects, diag.Resumes)
+	}
+}
+
+// waitDemo waits for cond on an in-process demo, looking again at every
+// lifecycle event and dispatch, for at most 30 s.
+func waitDemo(t *testing.T, d *demo.Demo, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		events, dispatch := d.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
+		if cond() {
+			return
+		}
+		select {
+		case <-events:
+		case <-dispatch:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }
 
@@ -345,6 +361,9 @@ func TestServeToken(t *testing.T) {
 		{[]string{"serve", "--flavor", "discord", "--total", "0"}, `--total "0"`},
 		{[]string{"serve", "--flavor", "discord", "--total", "4", "--shards", "3-5"}, "shard 4 is outside 0..3"},
 		{[]string{"demo", "--shards", "0"}, "--shards 0"},
+		{[]string{"demo", "--chaos", "1ns"}, "--chaos 1ns"},
+		{[]string{"serve", "--flavor", "discord", "--total", "2000000000"}, `--total "2000000000"`},
+		{[]string{"serve", "--flavor", "discord", "--total", "8", "--shards", "1,1"}, "shard 1 is named twice"},
 		{[]string{"frob"}, `unknown command "frob"`},
 		{[]string{"cat"}, "cat needs a PATH"},
 	} {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shardfs/shardfs/core"
@@ -27,6 +28,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	totalFlag := fl.String("total", "", "global shard count, or auto for the platform's recommendation (required)")
 	shards := fl.String("shards", "", "local shard IDs, e.g. 0-3,7 (default: all of the total)")
 	intents := fl.Uint64("intents", 0, "Discord gateway intents bit field")
+	maxConc := fl.Int("max-concurrency", 1, "Discord max_concurrency until discovery says otherwise (with --gateway there is no discovery)")
 	compress := fl.String("compress", "none", "transport compression: none, zlib-stream or zstd-stream")
 	backoffFlag := fl.String("backoff", "default", "reconnect backoff: default or fixed:DURATION")
 	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
@@ -56,8 +58,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return flagErr(fl, "--total is required: a shard count or auto")
 	}
 	if *totalFlag != "auto" {
-		if total, err = strconv.Atoi(*totalFlag); err != nil || total < 1 {
-			return flagErr(fl, "--total %q: want a positive count or auto", *totalFlag)
+		if total, err = strconv.Atoi(*totalFlag); err != nil || total < 1 || total > core.MaxTotal {
+			return flagErr(fl, "--total %q: want a count from 1 to %d, or auto", *totalFlag, core.MaxTotal)
 		}
 		if _, err := planFor(total, *shards); err != nil {
 			return flagErr(fl, "%v", err)
@@ -69,6 +71,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	log := newLogger(stderr, *debug)
 
+	var limit *core.StartLimit
 	if *totalFlag == "auto" {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		disc, err := gateway.Discover(dctx, nil, flavor, *api, token)
@@ -77,6 +80,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("--total auto: %w", err)
 		}
 		total = disc.Shards
+		limit = &disc.StartLimit
 		log.Info("discovered the recommended shard count", "total", total)
 	}
 	plan, err := planFor(total, *shards)
@@ -87,9 +91,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	sup, err := supervisor.New(supervisor.Config{
 		Flavor: flavor, Token: token, API: *api, GatewayURL: *gatewayURL,
 		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
+		MaxConcurrency: *maxConc,
 	})
 	if err != nil {
 		return err
+	}
+	if limit != nil && flavor == core.Discord {
+		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
 	}
 	ls, err := listen(listens)
 	if err != nil {
@@ -100,14 +108,24 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		log.Info("serving the tree over 9P", "addr", addrString(l))
 	}
 	sup.Start()
-	go progress(ctx, sup, stderr, log, isTerminal(stderr))
-	return runNode(ctx, sup, ls, log)
+	pctx, stopProgress := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { progress(pctx, sup, stderr, log, isTerminal(stderr)) })
+	err = runNode(ctx, sup, ls, log)
+	stopProgress()
+	wg.Wait()
+	return err
 }
 
 // planFor is the plan of shards (all of total when empty).
 func planFor(total int, shards string) (core.Plan, error) {
-	plan := core.Range(total, 0, total-1)
-	if shards != "" {
+	if total > core.MaxTotal {
+		return core.Plan{}, fmt.Errorf("total %d is over %d", total, core.MaxTotal)
+	}
+	plan := core.Plan{Total: total}
+	if shards == "" {
+		plan = core.Range(total, 0, total-1)
+	} else {
 		ids, err := core.ParseShardList(shards)
 		if err != nil {
 			return plan, fmt.Errorf("--shards: %w", err)
