@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -112,6 +113,8 @@ func TestSessionIDNeverShown(t *testing.T) {
 	for _, f := range []string{"%v", "%+v", "%#v", "%s", "%q"} {
 		shown = append(shown, fmtSprintf(f, s), fmtSprintf(f, e.conn(0).Attempt))
 	}
+	js, _ := json.Marshal(struct{ S core.Session }{s})
+	shown = append(shown, string(js))
 	for _, text := range shown {
 		if strings.Contains(text, secretSession) {
 			t.Fatalf("the session ID leaked into %q", text)

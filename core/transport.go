@@ -65,6 +65,9 @@ func (s Session) Format(f fmt.State, _ rune) { fmt.Fprint(f, s.String()) }
 // LogValue hides the ID from slog.
 func (s Session) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
+// MarshalText hides the ID from encoders (JSON included).
+func (s Session) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
 // FailureClass says what a transport failure means for the session.
 type FailureClass uint8
 

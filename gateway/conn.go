@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -748,7 +749,9 @@ func (c *conn) ready(d []byte, seq int64) error {
 		// Fluxer publishes no resume URL: a resume reconnects to the
 		// endpoint the client discovered.
 		resumeURL = c.base
-	} else if _, err := wsURL(resumeURL); err != nil {
+	} else if u, err := wsURL(resumeURL); err != nil || u.Scheme == "ws" && strings.HasPrefix(c.base, "wss:") {
+		// A resume URL that is malformed or would drop TLS is not used:
+		// the token goes with the Resume.
 		resumeURL = c.base
 	}
 	seq = max(seq, 0)

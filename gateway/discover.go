@@ -55,6 +55,9 @@ func Discover(ctx context.Context, client *http.Client, flavor core.Flavor, api,
 	if err != nil {
 		return Discovery{}, fmt.Errorf("gateway: discovery: %w", err)
 	}
+	if req.URL.Scheme != "https" && !(req.URL.Scheme == "http" && plainOK(req.URL.Hostname())) {
+		return Discovery{}, fmt.Errorf("gateway: discovery: refusing to send the token to %s://%s; use https", req.URL.Scheme, req.URL.Host)
+	}
 	req.Header.Set("Authorization", "Bot "+bareToken(token))
 	req.Header.Set("User-Agent", userAgent)
 	resp, err := client.Do(req)

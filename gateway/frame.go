@@ -181,18 +181,24 @@ func jsonString(v []byte) (string, bool) {
 }
 
 // member returns the raw value of key in the JSON object obj, which must
-// already be valid JSON. It reports the value's span too, so that READY can
-// be redacted in place.
-func member(obj []byte, key string) (v []byte, start int, ok bool) {
+// already be valid JSON; of several, the last, as encoding/json does.
+func member(obj []byte, key string) (v []byte, ok bool) {
+	eachMember(obj, key, func(start, end int) { v, ok = obj[start:end], true })
+	return v, ok
+}
+
+// eachMember calls fn with the span of every value of key in the JSON
+// object obj, in order, so that READY can be redacted in place.
+func eachMember(obj []byte, key string, fn func(start, end int)) {
 	i := skipWS(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
-		return nil, 0, false
+		return
 	}
 	i = skipWS(obj, i+1)
 	for i < len(obj) && obj[i] == '"' {
 		end, escaped, err := skipString(obj, i)
 		if err != nil {
-			return nil, 0, false
+			return
 		}
 		k := obj[i+1 : end-1]
 		if escaped {
@@ -200,27 +206,26 @@ func member(obj []byte, key string) (v []byte, start int, ok bool) {
 		}
 		i = skipWS(obj, end)
 		if i >= len(obj) || obj[i] != ':' {
-			return nil, 0, false
+			return
 		}
 		i = skipWS(obj, i+1)
 		ve, err := skipValue(obj, i, 1)
 		if err != nil {
-			return nil, 0, false
+			return
 		}
 		if string(k) == key {
-			v, start, ok = obj[i:ve], i, true // last one wins, as in encoding/json
+			fn(i, ve)
 		}
 		i = skipWS(obj, ve)
 		if i < len(obj) && obj[i] == ',' {
 			i = skipWS(obj, i+1)
 		}
 	}
-	return v, start, ok
 }
 
 // helloInterval reads heartbeat_interval (milliseconds) from Hello's d.
 func helloInterval(d []byte) (int64, error) {
-	v, _, ok := member(d, "heartbeat_interval")
+	v, ok := member(d, "heartbeat_interval")
 	if !ok {
 		return 0, errors.New("Hello has no heartbeat_interval")
 	}
@@ -234,10 +239,10 @@ func helloInterval(d []byte) (int64, error) {
 
 // readyFields reads the session id and resume URL from READY's d.
 func readyFields(d []byte) (session, resumeURL string) {
-	if v, _, ok := member(d, "session_id"); ok {
+	if v, ok := member(d, "session_id"); ok {
 		session, _ = jsonString(v)
 	}
-	if v, _, ok := member(d, "resume_gateway_url"); ok {
+	if v, ok := member(d, "resume_gateway_url"); ok {
 		resumeURL, _ = jsonString(v)
 	}
 	return session, resumeURL
@@ -247,17 +252,21 @@ func readyFields(d []byte) (session, resumeURL string) {
 // tree must never show a session id (DESIGN.md section 4).
 var redactedSession = []byte(`"redacted"`)
 
-// redactReady returns READY's d with the session_id value replaced. It
-// allocates, which READY (once per session) can afford.
+// redactReady returns READY's d with every session_id value replaced (a
+// gateway could send the key twice). It allocates, which READY (once per
+// session) can afford.
 func redactReady(d []byte) []byte {
-	v, start, ok := member(d, "session_id")
-	if !ok {
+	var out []byte
+	last := 0
+	eachMember(d, "session_id", func(start, end int) {
+		out = append(out, d[last:start]...)
+		out = append(out, redactedSession...)
+		last = end
+	})
+	if out == nil {
 		return d
 	}
-	out := make([]byte, 0, len(d)-len(v)+len(redactedSession))
-	out = append(out, d[:start]...)
-	out = append(out, redactedSession...)
-	return append(out, d[start+len(v):]...)
+	return append(out, d[last:]...)
 }
 
 // strSafe marks the bytes that may appear in a JSON string unescaped and

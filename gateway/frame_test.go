@@ -78,6 +78,10 @@ func TestReadyFields(t *testing.T) {
 	if !json.Valid(red) || bytes.Contains(red, []byte("abc")) || !bytes.Contains(red, []byte(`"session_id":"redacted"`)) || !bytes.Contains(red, []byte("not this one")) {
 		t.Errorf("redactReady() = %s", red)
 	}
+	twice := []byte(`{"session_id":"first-secret","v":10,"session_id":"second-secret"}`)
+	if red := redactReady(twice); !json.Valid(red) || bytes.Contains(red, []byte("secret")) || bytes.Count(red, []byte(`"redacted"`)) != 2 {
+		t.Errorf("redactReady(two session_id keys) = %s; want both redacted", red)
+	}
 	if ms, err := helloInterval([]byte(`{"heartbeat_interval":41250}`)); ms != 41250 || err != nil {
 		t.Errorf("helloInterval() = %d, %v; want 41250", ms, err)
 	}

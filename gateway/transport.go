@@ -268,7 +268,20 @@ func wsURL(s string) (*url.URL, error) {
 	if err != nil || u.Scheme != "ws" && u.Scheme != "wss" || u.Host == "" {
 		return nil, fmt.Errorf("gateway: %q is not a ws:// or wss:// URL", s)
 	}
+	if u.Scheme == "ws" && !plainOK(u.Hostname()) {
+		return nil, fmt.Errorf("gateway: refusing to send the token unencrypted to %s; use wss://", u.Host)
+	}
 	return u, nil
+}
+
+// plainOK reports whether an unencrypted connection may carry the token:
+// only to this machine (the simulator, a local proxy).
+func plainOK(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // connectURL adds the flavor's query (version, encoding, compression) to a
