@@ -49,6 +49,13 @@ type Server struct {
 	active    sync.WaitGroup // ServeConn calls in progress
 }
 
+// Connections returns the number of connections being served.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
 // ErrServerClosed is returned by ServeConn after Close.
 var ErrServerClosed = errors.New("fsrv: server closed")
 

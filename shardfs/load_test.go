@@ -60,28 +60,33 @@ func TestThousandReadersWhileShardsFlap(t *testing.T) {
 		}
 	}()
 
-	var wg sync.WaitGroup
+	// Every reader connects and attaches first; all read at once; none
+	// hangs up before all have read: 1,000 connections open together.
+	var attached, done, wg sync.WaitGroup
+	attached.Add(readers)
+	done.Add(readers)
+	start := make(chan struct{})
 	errs := make(chan error, readers)
 	for i := range readers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var root p9.File
 			conn, err := net.Dial("tcp", l.Addr().String())
+			if err == nil {
+				var cl *p9.Client
+				if cl, err = p9.NewClient(conn); err == nil {
+					defer cl.Close()
+					root, err = cl.Attach("")
+				}
+			}
+			attached.Done()
+			defer func() { done.Done(); done.Wait() }()
 			if err != nil {
 				errs <- err
 				return
 			}
-			cl, err := p9.NewClient(conn)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer cl.Close()
-			root, err := cl.Attach("")
-			if err != nil {
-				errs <- err
-				return
-			}
+			<-start
 			text, err := read(root, "status")
 			if err != nil {
 				errs <- fmt.Errorf("reader %d: %w", i, err)
@@ -100,6 +105,11 @@ func TestThousandReadersWhileShardsFlap(t *testing.T) {
 			}
 		}()
 	}
+	attached.Wait()
+	if open := e.srv.Connections(); open != readers {
+		t.Errorf("%d connections open before the reads; want %d", open, readers)
+	}
+	close(start)
 	wg.Wait()
 	close(stop)
 	n := <-flapped
