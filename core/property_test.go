@@ -24,6 +24,9 @@ type model struct {
 	seq                   int64
 	seqValid              bool
 	resuming              bool // the live connection was opened to resume
+	// What the test expects from the inputs alone.
+	reconnects    uint64    // entries into BACKOFF the inputs caused
+	leaseDeadline time.Time // from the lease commands that succeeded
 }
 
 func (m *model) resumable() bool { return m.sessExists && m.sessValid && m.seqValid }
@@ -64,18 +67,36 @@ const (
 	propMC     = 3
 )
 
+// Fluxer's budget in the property test: small, so that it binds.
+var propFluxer = core.FluxerPacing{Budget: 3, Window: 30 * time.Second, Spacing: time.Second}
+
+// The Discord start limit in the property test: six identifies in the first
+// 20 minutes.
+var propLimit = core.StartLimit{Total: 1000, Remaining: 6, ResetAfter: 20 * time.Minute, MaxConcurrency: propMC}
+
 // TestPropertyLifecycle feeds random interleavings of transport events,
-// operator commands and clock advances to a node of 9 shards and checks the
-// lifecycle invariants after every step.
+// operator commands and clock advances to a node of 9 shards, for each
+// flavor's pacer, and checks the lifecycle invariants after every step.
 func TestPropertyLifecycle(t *testing.T) {
-	rapid.Check(t, func(rt *rapid.T) {
+	for _, flavor := range []core.Flavor{core.Discord, core.Fluxer} {
+		t.Run(flavor.String(), func(t *testing.T) { rapid.Check(t, func(rt *rapid.T) { checkLifecycle(rt, flavor) }) })
+	}
+}
+
+func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
+	{
 		clk := clock.NewFake()
 		models := map[int]*model{}
 		local := []int{0, 1, 2, 4, 5, 7, 8, 10, 11}
 		for _, id := range local {
 			models[id] = &model{}
 		}
-		pacer := &checkedPacer{inner: core.NewDiscordPacer(clk, propMC), clk: clk, models: models, fail: rt.Fatalf}
+		inner := core.NewDiscordPacer(clk, 1)
+		inner.SetStartLimit(propLimit)
+		if flavor == core.Fluxer {
+			inner = core.NewFluxerPacer(clk, propFluxer)
+		}
+		pacer := &checkedPacer{inner: inner, clk: clk, models: models, fail: rt.Fatalf}
 		tr := &coretest.Transport{}
 		tr.Probe = func(a core.Attempt) {
 			m := models[a.Shard]
@@ -93,7 +114,7 @@ func TestPropertyLifecycle(t *testing.T) {
 		}
 		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(rt, "seed"), 1))
 		node, err := core.New(core.Config{
-			Plan: core.Plan{Total: propTotal, Local: local}, Transport: tr, Clock: clk,
+			Plan: core.Plan{Total: propTotal, Local: local}, Flavor: flavor, Transport: tr, Clock: clk,
 			Pacer: pacer, Lease: local2(clk), Backoff: core.DefaultBackoff, Rand: rng.Float64,
 			EventRetention: 1 << 22, NodeEventRetention: 1 << 22,
 		})
@@ -147,7 +168,8 @@ func TestPropertyLifecycle(t *testing.T) {
 				shardEvent(t, "ready", func(id int, c *coretest.Conn, live bool) {
 					seq := rapid.Int64Range(1, 5).Draw(t, "seq")
 					if live {
-						*models[id] = model{sessExists: true, sessValid: true, seq: seq, seqValid: true, resuming: models[id].resuming}
+						m := models[id]
+						m.sessExists, m.sessValid, m.seq, m.seqValid = true, true, seq, true
 						newSession[id] = true
 					}
 					c.Link.Ready(core.Session{ID: secretSession}, seq)
@@ -188,6 +210,9 @@ func TestPropertyLifecycle(t *testing.T) {
 					if live && class == core.NewSession {
 						models[id].sessValid = false
 					}
+					if live && class != core.FatalFailure {
+						models[id].reconnects++
+					}
 					c.Link.Fail(core.Failure{Class: class, Err: errDrop, Code: 4000, Deadline: deadline})
 				})
 			},
@@ -200,7 +225,10 @@ func TestPropertyLifecycle(t *testing.T) {
 				})
 			},
 			"panic": func(t *rapid.T) {
-				shardEvent(t, "panic", func(_ int, c *coretest.Conn, _ bool) {
+				shardEvent(t, "panic", func(id int, c *coretest.Conn, live bool) {
+					if live {
+						models[id].reconnects++
+					}
 					func() {
 						defer c.Link.Recover()
 						panic("injected")
@@ -252,6 +280,25 @@ func TestPropertyLifecycle(t *testing.T) {
 						retried[id] = true
 					}
 				}
+				if verb == "reset" && err == nil {
+					for _, id := range targets {
+						if s := prev[indexOf(local, id)].State; s == core.Starting || s == core.Ready {
+							models[id].reconnects++
+						}
+					}
+				}
+				if strings.HasPrefix(verb, "lease") && err == nil {
+					if len(targets) == 0 {
+						targets = local
+					}
+					var deadline time.Time
+					if d, err := time.ParseDuration(strings.TrimPrefix(verb, "lease ")); err == nil {
+						deadline = clk.Now().Add(d)
+					}
+					for _, id := range targets {
+						models[id].leaseDeadline = deadline
+					}
+				}
 			},
 			"send": func(t *rapid.T) {
 				node.Send(rapid.SampledFrom(local).Draw(t, "id"), []byte(`{"op":3,"d":{}}`))
@@ -277,11 +324,11 @@ func TestPropertyLifecycle(t *testing.T) {
 						m.seqValid = false
 					}
 					backoffs := uint64(strings.Count(shardEvents(node, d.Shard), "event=backoff "))
-					if d.Reconnects != backoffs {
-						t.Fatalf("shard %d reconnects %d after %d entries into BACKOFF", d.Shard, d.Reconnects, backoffs)
+					if d.Reconnects != m.reconnects || backoffs != m.reconnects {
+						t.Fatalf("shard %d: reconnects %d and %d backoff lines after %d failures and resets", d.Shard, d.Reconnects, backoffs, m.reconnects)
 					}
-					if (d.State == core.Starting || d.State == core.Ready) && !d.Lease.Deadline.IsZero() && !now.Before(d.Lease.Deadline) {
-						t.Fatalf("shard %d is %v with its lease expired at %v (now %v)", d.Shard, d.State, d.Lease.Deadline, now)
+					if (d.State == core.Starting || d.State == core.Ready) && !m.leaseDeadline.IsZero() && !now.Before(m.leaseDeadline) {
+						t.Fatalf("shard %d is %v with its lease expired at %v (now %v)", d.Shard, d.State, m.leaseDeadline, now)
 					}
 					switch {
 					case d.Epoch < p.Epoch:
@@ -292,30 +339,60 @@ func TestPropertyLifecycle(t *testing.T) {
 						t.Fatalf("shard %d epoch unchanged by a new session", d.Shard)
 					}
 				}
-				last := map[int]time.Time{}
-				for _, g := range pacer.grants {
-					b := g.shard % propMC
-					if at, ok := last[b]; ok && g.at.Sub(at) < core.DiscordWindow {
-						t.Fatalf("bucket %d identified at %v and again %v later", b, at, g.at.Sub(at))
-					}
-					last[b] = g.at
-				}
-				identifies := 0
+				checkGrants(t, flavor, pacer.grants)
+				identifies, granted := map[int]int{}, map[int]int{}
 				for _, c := range tr.Conns() {
 					if !c.Attempt.Resume {
-						identifies++
+						identifies[c.Attempt.Shard]++
 					}
-					identifies += c.Identifies()
+					identifies[c.Attempt.Shard] += c.Identifies()
 				}
-				if identifies > len(pacer.grants) {
-					t.Fatalf("%d identifies with %d slots granted", identifies, len(pacer.grants))
+				for _, g := range pacer.grants {
+					granted[g.shard]++
+				}
+				for id, n := range identifies {
+					if n > granted[id] {
+						t.Fatalf("shard %d identified %d times with %d slots granted", id, n, granted[id])
+					}
 				}
 				prev = cur
 				clear(retried)
 				clear(newSession)
 			},
 		})
-	})
+	}
+}
+
+// checkGrants checks the identify slots against the flavor's limits:
+// Discord, one per bucket per 5 s and no more than the start limit before
+// its reset; Fluxer, Spacing apart and at most Budget in any Window.
+func checkGrants(t *rapid.T, flavor core.Flavor, grants []grant) {
+	if flavor == core.Fluxer {
+		for i, g := range grants {
+			if i > 0 && g.at.Sub(grants[i-1].at) < propFluxer.Spacing {
+				t.Fatalf("identifies %v apart; the spacing is %v", g.at.Sub(grants[i-1].at), propFluxer.Spacing)
+			}
+			if j := i - propFluxer.Budget; j >= 0 && g.at.Sub(grants[j].at) < propFluxer.Window {
+				t.Fatalf("%d identifies within %v", propFluxer.Budget+1, g.at.Sub(grants[j].at))
+			}
+		}
+		return
+	}
+	last := map[int]time.Time{}
+	early := 0
+	for _, g := range grants {
+		b := g.shard % propMC
+		if at, ok := last[b]; ok && g.at.Sub(at) < core.DiscordWindow {
+			t.Fatalf("bucket %d identified at %v and again %v later", b, at, g.at.Sub(at))
+		}
+		last[b] = g.at
+		if g.at.Before(clock.Epoch.Add(propLimit.ResetAfter)) {
+			early++
+		}
+	}
+	if early > propLimit.Remaining {
+		t.Fatalf("%d identifies before the start limit reset; %d remained", early, propLimit.Remaining)
+	}
 }
 
 func local2(c *clock.Fake) *local.Lease { return local.New(c) }
