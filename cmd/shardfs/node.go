@@ -69,12 +69,15 @@ func addrString(l net.Listener) string {
 	return "tcp!" + host + "!" + port
 }
 
-func newLogger(w io.Writer, debug bool) *slog.Logger {
+// newLogger logs to w without ever waiting for it (see asyncHandler); stop
+// flushes it.
+func newLogger(w io.Writer, debug bool) (log *slog.Logger, stop func()) {
 	level := slog.LevelInfo
 	if debug {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	h, stop := newAsyncHandler(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}), 8192)
+	return slog.New(h), stop
 }
 
 // runNode serves the node until ctx ends, then shuts it down cleanly.

@@ -69,7 +69,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, *debug)
+	log, stopLog := newLogger(stderr, *debug)
+	defer stopLog()
 
 	var limit *core.StartLimit
 	if *totalFlag == "auto" {
