@@ -6,9 +6,14 @@
 // wait for readers (a reader holds the lock only while copying). Retention
 // drops whole segments from the front, and segments always start at a line
 // boundary, so the oldest retained byte is the first byte of a line.
+//
+// A Merged log interleaves lines that Logs store: the node's dispatch log
+// holds the lines of every shard's, in arrival order, without a second copy
+// of their bytes (see Merged).
 package journal
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -47,15 +52,21 @@ func New(retention int) *Log {
 // Append adds p, which should hold whole lines, at the end of the log and
 // stamps the modification time with now. It returns the offset p starts at.
 func (l *Log) Append(p []byte, now time.Time) int64 {
+	off, _ := l.AppendLine(p, now)
+	return off
+}
+
+// AppendLine is Append that also returns the log's own copy of p. Those
+// bytes never change and never move, whatever the log does later (it may
+// drop them, never reuse them), so a Merged log can hold them.
+func (l *Log) AppendLine(p []byte, now time.Time) (int64, []byte) {
 	l.mu.Lock()
 	off := l.size
-	n := len(l.segs)
-	if n == 0 || len(l.segs[n-1].buf)+len(p) > cap(l.segs[n-1].buf) {
-		l.segs = append(l.segs, segment{start: off, buf: make([]byte, 0, l.segCap(len(p)))})
-		n++
-	}
-	last := &l.segs[n-1]
+	l.room(len(p))
+	last := &l.segs[len(l.segs)-1]
+	at := len(last.buf)
 	last.buf = append(last.buf, p...)
+	line := last.buf[at:len(last.buf):len(last.buf)]
 	l.held += len(p)
 	l.size += int64(len(p))
 	l.modTime = now
@@ -70,18 +81,25 @@ func (l *Log) Append(p []byte, now time.Time) int64 {
 	if ch != nil {
 		close(ch)
 	}
-	return off
+	return off, line
 }
 
-// segCap sizes a new segment: small logs start small and grow, so that an
-// idle shard's log costs little, up to segSize; a line longer than that gets
-// a segment of its own.
-func (l *Log) segCap(need int) int {
-	c := 512
-	if n := len(l.segs); n > 0 {
-		c = 2 * cap(l.segs[n-1].buf)
+// minSegment is the smallest segment: a log with one short line.
+const minSegment = 64
+
+// room makes the last segment able to take need more bytes. A new segment
+// is as large as what the log already holds (at least the line, at most
+// segSize), so segments double while the log fills and then stay at
+// segSize: an idle shard's logs (a few lines each) cost about what they
+// hold, not a power of two per line, and a busy log allocates rarely.
+// Segments are never copied, so that bytes handed out by AppendLine stay
+// where they are. A line longer than segSize gets a segment of its own.
+func (l *Log) room(need int) {
+	if n := len(l.segs); n > 0 && len(l.segs[n-1].buf)+need <= cap(l.segs[n-1].buf) {
+		return
 	}
-	return max(min(c, l.segSize), need)
+	c := max(min(max(l.held, minSegment), l.segSize), need)
+	l.segs = append(l.segs, segment{start: l.size, buf: slices.Grow([]byte(nil), c)})
 }
 
 // ReadAt copies retained bytes starting at absolute offset off into p and

@@ -165,3 +165,32 @@ func BenchmarkReadAt(b *testing.B) {
 		l.ReadAt(buf, off)
 	}
 }
+
+// A log of a few short lines (an idle shard's) holds about what it was
+// given, however large its retention, and never moves bytes it handed out.
+func TestSmallLogIsSmall(t *testing.T) {
+	l := New(256 << 10)
+	held := 0
+	var lines [][]byte
+	for _, n := range []int{417, 433, 48, 89} {
+		_, line := l.AppendLine(append(bytes.Repeat([]byte{byte('a' + len(lines))}, n-1), '\n'), t0)
+		lines = append(lines, line)
+		held += n
+		capacity := 0
+		for _, s := range l.segs {
+			capacity += cap(s.buf)
+		}
+		if capacity > 2*held+minSegment {
+			t.Errorf("after %d bytes: %d segments of %d bytes in all; want at most %d", held, len(l.segs), capacity, 2*held+minSegment)
+		}
+	}
+	got, _ := readAll(l, 0, 100)
+	if len(got) != held {
+		t.Errorf("read %d bytes back; want %d", len(got), held)
+	}
+	for i, line := range lines {
+		if want := byte('a' + i); line[0] != want || line[len(line)-1] != '\n' {
+			t.Errorf("line %d handed out by AppendLine changed: %q", i, line[:1])
+		}
+	}
+}

@@ -1,0 +1,141 @@
+package journal
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// mergedOf interleaves lines of two Logs into a Merged log, the way the
+// node's dispatch log is built.
+func mergedOf(retention, shardRetention, lines int) (*Merged, []byte) {
+	m := NewMerged(retention)
+	shards := []*Log{New(shardRetention), New(shardRetention)}
+	var all bytes.Buffer
+	for i := range lines {
+		line := fmt.Appendf(nil, "shard %d line %04d\n", i%2, i)
+		_, stored := shards[i%2].AppendLine(line, t0.Add(time.Duration(i)))
+		m.Add(stored, t0.Add(time.Duration(i)))
+		all.Write(line)
+	}
+	return m, all.Bytes()
+}
+
+func TestMergedReadsLikeALog(t *testing.T) {
+	m, all := mergedOf(1<<20, 1<<20, 100)
+	if m.Size() != int64(len(all)) || m.Oldest() != 0 || m.Held() != len(all) || !m.ModTime().Equal(t0.Add(99)) {
+		t.Fatalf("Size %d Oldest %d Held %d ModTime %v; want %d 0 %d %v", m.Size(), m.Oldest(), m.Held(), m.ModTime(), len(all), len(all), t0.Add(99))
+	}
+	for _, off := range []int64{0, 1, 17, 18, 500, int64(len(all)) - 1, int64(len(all)), int64(len(all)) + 10} {
+		for _, bufSize := range []int{1, 7, 64, 4096} {
+			got, start := readAllMerged(m, off, bufSize)
+			want := []byte{}
+			if off < int64(len(all)) {
+				want = all[off:]
+			}
+			if !bytes.Equal(got, want) || start != off {
+				t.Errorf("read from %d in %d-byte reads = %d bytes at %d; want %d at %d", off, bufSize, len(got), start, len(want), off)
+			}
+		}
+	}
+}
+
+// Retention drops whole lines from the front, even when the shards' own
+// logs dropped theirs long before: the merged log keeps its lines alive.
+func TestMergedRetentionKeepsWholeLines(t *testing.T) {
+	m, all := mergedOf(1024, 256, 1000)
+	oldest := m.Oldest()
+	if oldest == 0 || oldest >= int64(len(all)) || (oldest > 0 && all[oldest-1] != '\n') {
+		t.Fatalf("Oldest = %d; want the start of a line well into the %d bytes", oldest, len(all))
+	}
+	if h := m.Held(); h < 1024 || h > 1024+64 {
+		t.Errorf("Held = %d; want between the retention and one line more", h)
+	}
+	got, start := readAllMerged(m, 0, 100)
+	if start != oldest || !bytes.Equal(got, all[oldest:]) {
+		t.Errorf("read from 0 starts at %d with %d bytes; want %d with %d", start, len(got), oldest, len(all)-int(oldest))
+	}
+}
+
+func TestMergedNotify(t *testing.T) {
+	m := NewMerged(1 << 10)
+	ch := m.Notify()
+	select {
+	case <-ch:
+		t.Fatal("closed before Add")
+	default:
+	}
+	_, line := New(1<<10).AppendLine([]byte("x\n"), t0)
+	m.Add(line, t0)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("not closed by Add")
+	}
+}
+
+// Readers running beside Add see every line once and whole.
+func TestMergedConcurrentReaders(t *testing.T) {
+	m := NewMerged(1 << 20)
+	src := New(1 << 20)
+	const lines = 2000
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			var got []byte
+			off := int64(0)
+			buf := make([]byte, 37)
+			for len(got) < lines*10 {
+				n, start := m.ReadAt(buf, off)
+				if start != off {
+					t.Errorf("read at %d moved to %d", off, start)
+					return
+				}
+				got = append(got, buf[:n]...)
+				off += int64(n)
+			}
+			for i := range lines {
+				if want := fmt.Sprintf("line %04d\n", i); string(got[i*10:i*10+10]) != want {
+					t.Errorf("line %d = %q; want %q", i, got[i*10:i*10+10], want)
+					return
+				}
+			}
+		})
+	}
+	for i := range lines {
+		_, line := src.AppendLine(fmt.Appendf(nil, "line %04d\n", i), t0)
+		m.Add(line, t0)
+	}
+	wg.Wait()
+}
+
+func readAllMerged(m *Merged, off int64, bufSize int) ([]byte, int64) {
+	var out []byte
+	buf := make([]byte, bufSize)
+	first := int64(-1)
+	for {
+		n, start := m.ReadAt(buf, off)
+		if first < 0 {
+			first = start
+		}
+		if n == 0 {
+			return out, first
+		}
+		out = append(out, buf[:n]...)
+		off = start + int64(n)
+	}
+}
+
+func BenchmarkMergedAdd(b *testing.B) {
+	src := New(1 << 20)
+	m := NewMerged(1 << 20)
+	line := append(bytes.Repeat([]byte("x"), 700), '\n')
+	b.SetBytes(int64(len(line)))
+	b.ReportAllocs()
+	for b.Loop() {
+		_, stored := src.AppendLine(line, t0)
+		m.Add(stored, t0)
+	}
+}
