@@ -36,6 +36,14 @@ type Config struct {
 	// EventRetention and NodeEventRetention bound each shard's events log
 	// and the node's, in bytes (defaults 16 KiB and 1 MiB).
 	EventRetention, NodeEventRetention int
+	// ObserveEvent, when set, is told how long the core took to handle
+	// each lifecycle event (the kinds in EventKinds: transport failures,
+	// READY, RESUMED, reconnect, lease and identify-slot timers; never
+	// dispatches), from its arrival, waiting for the shard's lock
+	// included, to the end of its handling. It is called on the goroutine
+	// that delivered the event, after the shard's lock is released, and
+	// must be quick.
+	ObserveEvent func(kind string, d time.Duration)
 }
 
 // ReadyReset is how long a shard must stay READY before its consecutive
@@ -54,6 +62,8 @@ type Node struct {
 	clock     clock.Clock
 	rand      func() float64
 	log       *slog.Logger
+
+	observeEvent func(kind string, d time.Duration)
 
 	shards map[int]*shard // fixed after New
 	order  []*shard       // by shard ID
@@ -81,6 +91,8 @@ func New(cfg Config) (*Node, error) {
 		clock:     clock.Or(cfg.Clock),
 		rand:      cfg.Rand,
 		log:       cfg.Logger,
+
+		observeEvent: cfg.ObserveEvent,
 	}
 	if n.backoff == nil {
 		n.backoff = DefaultBackoff

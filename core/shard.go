@@ -125,6 +125,7 @@ func (l *Link) Dispatch(seq int64) {
 
 // Ready records a new session (READY at sequence seq).
 func (l *Link) Ready(sess Session, seq int64) {
+	defer l.s.node.observe(EventReady).done()
 	if !l.lockCurrent() {
 		return
 	}
@@ -144,6 +145,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 // Resumed records a successful resume (RESUMED at sequence seq). On a
 // connection that did not resume it means nothing and is dropped.
 func (l *Link) Resumed(seq int64) {
+	defer l.s.node.observe(EventResumed).done()
 	if !l.lockCurrent() {
 		return
 	}
@@ -163,6 +165,7 @@ func (l *Link) Resumed(seq int64) {
 
 // Fail reports a classified failure of the connection.
 func (l *Link) Fail(f Failure) {
+	defer l.s.node.observe(EventFail).done()
 	if !l.lockCurrent() {
 		return
 	}
@@ -174,6 +177,7 @@ func (l *Link) Fail(f Failure) {
 // the socket open (Fluxer's op 9): the shard identifies on the same socket
 // once the pacer grants a slot.
 func (l *Link) Invalidated() {
+	defer l.s.node.observe(EventInvalidated).done()
 	if !l.lockCurrent() {
 		return
 	}
@@ -280,6 +284,7 @@ func (s *shard) requestSlotLocked() {
 }
 
 func (s *shard) slotGranted(seq uint64) {
+	defer s.node.observe(EventIdentifySlot).done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seq != s.slotSeq || s.slotCancel == nil || s.state != Starting {
@@ -402,6 +407,7 @@ func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int) {
 }
 
 func (s *shard) backoffDue() {
+	defer s.node.observe(EventBackoffTimer).done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.node.clock.Now()
@@ -601,6 +607,7 @@ func (s *shard) setLease(g LeaseGrant) {
 }
 
 func (s *shard) leaseDue() {
+	defer s.node.observe(EventLeaseTimer).done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.leaseDueLocked(s.node.clock.Now())
@@ -652,6 +659,7 @@ func (s *shard) armSendLocked(now time.Time) {
 }
 
 func (s *shard) sendDue() {
+	defer s.node.observe(EventSendTimer).done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state != Ready || s.conn == nil {

@@ -21,7 +21,10 @@
 //
 // Decisions where DESIGN.md is silent: a dispatch line is
 // {"shard":N,"s":SEQ,"t":"TYPE","d":...}, the same line in /dispatch and in
-// /N/dispatch, so one format serves both; status has no header line, so
+// /N/dispatch, so one format serves both, and the same bytes: /dispatch is
+// a journal.Merged view of the shards' logs, so a line is stored once
+// (while /dispatch retains a line, it outlives its shard's retention);
+// status has no header line, so
 // that scripts can read it with `while read`; lease shows the earliest live
 // deadline and the largest generation of the local shards; per-shard
 // directories are built on first use, so an idle shard nobody looks at

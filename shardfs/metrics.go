@@ -3,6 +3,7 @@ package shardfs
 import (
 	"bytes"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -31,6 +32,43 @@ var (
 	descDispEvents = prometheus.NewDesc("shardfs_dispatch_events_total", "Dispatch events written to the dispatch logs.", nil, nil)
 	descDispBytes  = prometheus.NewDesc("shardfs_dispatch_bytes_total", "Bytes written to the node's dispatch log.", nil, nil)
 )
+
+// eventBuckets span a lifecycle event's handling time, from a
+// microsecond (an uncontended lock and a log line) to about a second.
+var eventBuckets = prometheus.ExponentialBuckets(1e-6, 2, 21)
+
+// eventSeconds is the histogram behind ObserveEvent, one series per kind,
+// resolved once so that an observation does not hash its label.
+type eventSeconds struct {
+	vec  *prometheus.HistogramVec
+	kind map[string]prometheus.Observer
+}
+
+func newEventSeconds() *eventSeconds {
+	e := &eventSeconds{
+		vec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shardfs_core_event_seconds",
+			Help:    "Time the lifecycle core took to handle an event (failures, READY, RESUMED, timers; not dispatches), waiting for the shard's lock included.",
+			Buckets: eventBuckets,
+		}, []string{"kind"}),
+		kind: map[string]prometheus.Observer{},
+	}
+	for _, k := range core.EventKinds {
+		e.kind[k] = e.vec.WithLabelValues(k)
+	}
+	return e
+}
+
+// ObserveEvent records how long the core took to handle a lifecycle event,
+// in /metrics as shardfs_core_event_seconds{kind}. It is meant for
+// core.Config.ObserveEvent.
+func (t *Tree) ObserveEvent(kind string, d time.Duration) {
+	o := t.events.kind[kind]
+	if o == nil {
+		o = t.events.vec.WithLabelValues(kind)
+	}
+	o.Observe(d.Seconds())
+}
 
 // collector reads a snapshot of the core at every scrape.
 type collector struct{ t *Tree }

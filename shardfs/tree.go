@@ -47,10 +47,11 @@ type Tree struct {
 	reg   *prometheus.Registry
 	local map[int]*shardFiles // fixed after New; files built on first use
 
-	dispatch       *journal.Log
+	dispatch       *journal.Merged // the lines of the shards' dispatch logs
 	dispatchEvents atomic.Uint64
 	dispatchBytes  atomic.Uint64
 	linePool       sync.Pool
+	events         *eventSeconds
 }
 
 // shardFiles holds one shard's dispatch log (always, since the gateway
@@ -68,7 +69,7 @@ func New(cfg Config) *Tree {
 	if cfg.LeaseBackend == "" {
 		t.cfg.LeaseBackend = "local"
 	}
-	t.dispatch = journal.New(orDefault(cfg.NodeDispatchRetention, 16<<20))
+	t.dispatch = journal.NewMerged(orDefault(cfg.NodeDispatchRetention, 16<<20))
 	per := orDefault(cfg.DispatchRetention, 256<<10)
 	for _, id := range cfg.Node.Plan().Local {
 		t.local[id] = &shardFiles{id: id, dispatch: journal.New(per)}
@@ -77,7 +78,8 @@ func New(cfg Config) *Tree {
 	if t.reg == nil {
 		t.reg = newRegistry()
 	}
-	t.reg.MustRegister(&collector{t: t})
+	t.events = newEventSeconds()
+	t.reg.MustRegister(&collector{t: t}, t.events.vec)
 	t.top = []fsrv.Node{
 		&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecNode(line)) }, Usage: func() string { return core.NodeUsage }},
 		&fsrv.Log{Name: "events", Source: t.node.Events()},
@@ -199,8 +201,8 @@ func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
 	}
 	b = append(b, "}\n"...)
 	now := t.node.Clock().Now()
-	sf.dispatch.Append(b, now)
-	t.dispatch.Append(b, now)
+	_, line := sf.dispatch.AppendLine(b, now)
+	t.dispatch.Add(line, now) // the same bytes: one copy for both files
 	t.dispatchEvents.Add(1)
 	t.dispatchBytes.Add(uint64(len(b)))
 	*bp = b
@@ -221,6 +223,10 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
+// DispatchCount returns the number of dispatches written to the dispatch
+// logs so far.
+func (t *Tree) DispatchCount() uint64 { return t.dispatchEvents.Load() }
+
 // DispatchLog returns the dispatch log of one shard, or nil.
 func (t *Tree) DispatchLog(shard int) *journal.Log {
 	if sf := t.local[shard]; sf != nil {
@@ -230,7 +236,7 @@ func (t *Tree) DispatchLog(shard int) *journal.Log {
 }
 
 // NodeDispatchLog returns the node's dispatch log.
-func (t *Tree) NodeDispatchLog() *journal.Log { return t.dispatch }
+func (t *Tree) NodeDispatchLog() *journal.Merged { return t.dispatch }
 
 type wordKind int
 

@@ -331,6 +331,32 @@ func TestMetricsParse(t *testing.T) {
 	}
 }
 
+// The core's event-handling times reach /metrics as a histogram per kind.
+func TestMetricsEventSeconds(t *testing.T) {
+	e := newEnv(t)
+	e.tree.ObserveEvent(core.EventFail, 3*time.Microsecond)
+	e.tree.ObserveEvent(core.EventFail, 5*time.Millisecond)
+	e.tree.ObserveEvent("novel-kind", time.Microsecond)
+	if n := e.tree.DispatchCount(); n != 0 {
+		t.Errorf("DispatchCount = %d before any dispatch", n)
+	}
+	e.tree.Dispatch(0, 2, "MESSAGE_CREATE", []byte(`{}`))
+	if n := e.tree.DispatchCount(); n != 1 {
+		t.Errorf("DispatchCount = %d; want 1", n)
+	}
+	text := readL(t, e.dotl(), "metrics")
+	for _, want := range []string{
+		`shardfs_core_event_seconds_count{kind="fail"} 2`,
+		`shardfs_core_event_seconds_bucket{kind="fail",le="4e-06"} 1`,
+		`shardfs_core_event_seconds_count{kind="novel-kind"} 1`,
+		`shardfs_core_event_seconds_count{kind="resumed"} 0`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
 // Secrets never appear in the tree.
 func TestNoSecretInTree(t *testing.T) {
 	e := newEnv(t)

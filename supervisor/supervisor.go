@@ -51,6 +51,9 @@ type Config struct {
 	Logger                                   *slog.Logger
 	// Registry receives the tree's metrics; nil makes a private one.
 	Registry *prometheus.Registry
+	// ObserveEvent, when set, also receives the core's event-handling
+	// times (see core.Config.ObserveEvent), which /metrics always shows.
+	ObserveEvent func(kind string, d time.Duration)
 }
 
 // Supervisor is an assembled node.
@@ -93,9 +96,16 @@ func New(cfg Config) (*Supervisor, error) {
 		return nil, err
 	}
 	s.Transport = tr
+	observe := func(kind string, d time.Duration) {
+		tree.ObserveEvent(kind, d)
+		if cfg.ObserveEvent != nil {
+			cfg.ObserveEvent(kind, d)
+		}
+	}
 	node, err := core.New(core.Config{
 		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: s.Pacer, Lease: s.Lease,
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: log.With("component", "core"),
+		ObserveEvent: observe,
 	})
 	if err != nil {
 		tr.Close()
