@@ -55,7 +55,10 @@ type conn struct {
 	sid         string // session id this connection serves, "" before READY
 	base        string // URL connected to, without query
 	idle        *idleConn
-	messages    int64 // messages read whole, for idle.t.quiet
+	messages    int64     // messages read whole, for idle.t.quiet
+	lazy        bool      // the last wait for a byte was long: park at the next
+	wokeLazy    bool      // parked long: lazy again once the waking byte is read
+	parkedAt    time.Time // when the connection was last parked
 
 	seq     atomic.Int64 // last sequence handed to the sink; -1 for none
 	closing atomic.Bool  // mirrors closeCode != 0, for the reader's hot path
@@ -78,6 +81,10 @@ type conn struct {
 	sentAt    time.Time // when the latest heartbeat went out
 	sendQ     [][]byte
 	writing   bool // a writer goroutine drains sendQ
+	// An identify waiting for its bucket's window (identifyGate): the
+	// payload, and the ticket that says when it may go out.
+	pendingID []byte
+	ticket    *gateTicket
 
 	wmu  sync.Mutex // serialises writes; guards zout and zhdr
 	zout bool       // client payloads go through the zstd stream (Fluxer stream=1)
@@ -125,17 +132,74 @@ func newConn(t *Transport, l *core.Link, a core.Attempt) *conn {
 
 // run is the connection's reader goroutine.
 func (c *conn) run() {
-	defer c.finish()
+	parked := false
+	defer func() {
+		if !parked {
+			c.finish()
+		}
+	}()
 	defer c.link.Recover()
-	ws, err := c.dial()
+	ws, err := c.dialSlot()
 	if err != nil {
 		if !c.closing.Load() {
 			c.report(c.classify(err))
 		}
 		return
 	}
-	err = c.read(ws)
-	c.end(ws, err)
+	parked = c.serve(ws)
+}
+
+// dialSlot dials in the slot Transport.start gave the connection, and
+// gives it back (see maxDialing).
+func (c *conn) dialSlot() (*websocket.Conn, error) {
+	defer c.t.dialDone()
+	return c.dial()
+}
+
+// parkAfter is how long a connection must have waited for its last byte
+// before it is parked at the next wait: connections that receive events
+// often keep their reader, idle ones (a heartbeat ACK every 41 s) give it
+// up.
+const parkAfter = time.Second
+
+// serve reads ws until the connection ends, and ends it. A connection that
+// falls idle is parked instead (see idler): serve returns true, its
+// goroutine ends, and the idler starts a new reader (resume) when a byte
+// arrives or Close wants the close frame sent. An idle shard then costs no
+// goroutine and no stack.
+func (c *conn) serve(ws *websocket.Conn) (parked bool) {
+	for {
+		err := c.read(ws)
+		if err == errPark {
+			if c.t.idler.park(c) {
+				return true
+			}
+			c.lazy = false // the transport is closing: wait in place
+			continue
+		}
+		c.end(ws, err)
+		return false
+	}
+}
+
+// resume is a parked connection's new reader goroutine. The wait group
+// count it gives back is the one the connection took when it parked.
+func (c *conn) resume() {
+	defer c.t.wg.Done()
+	parked := false
+	defer func() {
+		if !parked {
+			c.finish()
+		}
+	}()
+	defer c.link.Recover()
+	// The byte that woke the connection is read first; whether it parks at
+	// the following wait depends on how long it was parked.
+	c.lazy, c.wokeLazy = false, c.t.clock.Now().Sub(c.parkedAt) >= parkAfter
+	c.mu.Lock()
+	ws := c.ws
+	c.mu.Unlock()
+	parked = c.serve(ws)
 }
 
 // finish releases everything the connection holds.
@@ -148,6 +212,10 @@ func (c *conn) finish() {
 	}
 	ws, raw := c.ws, c.raw
 	c.sendQ = nil
+	if c.pendingID != nil {
+		c.pendingID = nil
+		c.t.gate.release(*c.ticket)
+	}
 	c.mu.Unlock()
 	if ws != nil {
 		_ = ws.NetConn().Close()
@@ -188,6 +256,9 @@ func (c *conn) Close(code int) {
 	}
 	if ws != nil {
 		_ = ws.NetConn().SetReadDeadline(aLongTimeAgo)
+		if c.idle != nil {
+			c.t.idler.wake(c)
+		}
 	}
 }
 
@@ -339,7 +410,7 @@ func (c *conn) dialURL(ctx context.Context, base string) (*websocket.Conn, error
 		NetDialContext:    c.dialPlain,
 		NetDialTLSContext: c.dialTLS,
 		HandshakeTimeout:  c.t.cfg.HandshakeTimeout,
-		ReadBufferSize:    512,
+		ReadBufferSize:    readBufferSize,
 		WriteBufferPool:   &c.t.pool,
 	}
 	ws, resp, err := d.DialContext(ctx, target, http.Header{"User-Agent": {userAgent}})
@@ -488,8 +559,14 @@ func (c *conn) next(ws *websocket.Conn) ([]byte, *[]byte, error) {
 	if c.inf != nil {
 		return c.inf.next()
 	}
-	if c.idle != nil && c.idle.t.quiet(c.messages) {
+	if c.idle != nil && c.idle.t.quiet(c.messages) && !c.idle.buffered() {
+		if c.lazy && canPark && !c.closing.Load() {
+			return nil, nil, errPark
+		}
+		start := c.t.clock.Now()
 		c.idle.waitReadable()
+		c.lazy = c.wokeLazy || c.t.clock.Now().Sub(start) >= parkAfter
+		c.wokeLazy = false
 	}
 	mt, r, err := ws.NextReader()
 	if err != nil {
@@ -624,6 +701,19 @@ func (c *conn) hello(d []byte) error {
 	c.interval = interval
 	c.hbNext = now.Add(jitter)
 	c.waitUntil, c.waitWhat = now.Add(c.t.cfg.ReadyTimeout), what
+	if !c.a.Resume && c.t.cfg.Flavor == core.Discord {
+		if t := c.t.gate.reserve(c.a.Shard, now); t.at.After(now) {
+			// The bucket's previous identify is too recent: the timer
+			// sends this one when the gate says (see tick).
+			c.ticket, c.pendingID = &t, pl
+			c.waitUntil = c.ticket.at.Add(c.t.cfg.ReadyTimeout)
+			c.armLocked(now)
+			c.mu.Unlock()
+			c.handshaking = true
+			c.link.Phase(phase)
+			return nil
+		}
+	}
 	c.armLocked(now)
 	ws := c.ws
 	c.mu.Unlock()
@@ -821,6 +911,10 @@ func (c *conn) progress() {
 
 func (c *conn) endHandshake() {
 	c.handshaking = false
+	// A new session is followed by a burst (GUILD_CREATEs, a replay), then
+	// most shards fall quiet: park at the first wait after the burst
+	// rather than after a second one.
+	c.lazy = true
 	c.mu.Lock()
 	c.waitUntil = time.Time{}
 	c.armLocked(c.t.clock.Now())
@@ -833,6 +927,9 @@ func (c *conn) armLocked(now time.Time) {
 	next := c.hbNext
 	if !c.waitUntil.IsZero() && (next.IsZero() || c.waitUntil.Before(next)) {
 		next = c.waitUntil
+	}
+	if c.pendingID != nil && (next.IsZero() || c.ticket.at.Before(next)) {
+		next = c.ticket.at
 	}
 	if next.IsZero() || c.closeCode != 0 || c.finished {
 		if c.timer != nil {
@@ -848,7 +945,8 @@ func (c *conn) armLocked(now time.Time) {
 	}
 }
 
-// tick runs when the timer fires: a timeout, a heartbeat, or a zombie.
+// tick runs when the timer fires: a timeout, a heartbeat, a zombie, or an
+// identify the gate held back.
 func (c *conn) tick() {
 	if !c.t.enter() {
 		return
@@ -879,6 +977,10 @@ func (c *conn) tick() {
 			c.hbNext = now.Add(c.interval)
 		}
 	}
+	var identify []byte
+	if e == nil && c.pendingID != nil && !now.Before(c.ticket.at) {
+		identify, c.pendingID = c.pendingID, nil
+	}
 	if e == nil {
 		c.armLocked(now)
 	}
@@ -890,6 +992,11 @@ func (c *conn) tick() {
 	}
 	if beat {
 		c.writeHeartbeat(ws)
+	}
+	if identify != nil {
+		if err := c.write(ws, identify); err != nil {
+			c.writeFailed(err)
+		}
 	}
 }
 

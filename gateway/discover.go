@@ -115,8 +115,11 @@ func (t *Transport) Discover(ctx context.Context) (Discovery, error) {
 	t.dmu.Lock()
 	t.url, t.urlAt = d.URL, t.clock.Now()
 	t.dmu.Unlock()
-	if t.cfg.Flavor == core.Discord && t.cfg.OnStartLimit != nil {
-		t.cfg.OnStartLimit(d.StartLimit)
+	if t.cfg.Flavor == core.Discord {
+		t.gate.setMaxConcurrency(max(d.StartLimit.MaxConcurrency, 1))
+		if t.cfg.OnStartLimit != nil {
+			t.cfg.OnStartLimit(d.StartLimit)
+		}
 	}
 	return d, nil
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net"
+	"sync"
 	"syscall"
 )
 
@@ -17,13 +18,34 @@ import (
 // to 4 KiB: a third of an idle shard's cost. TLS connections cannot do
 // this (crypto/tls may hold decrypted bytes the socket no longer shows),
 // and compressed ones park inside their decompressor; both read as usual.
+//
+// It also reads ahead for gorilla, whose own buffer is kept at its minimum
+// (readBufferSize): a read of the socket takes up to readAhead bytes into
+// a pooled buffer, which goes back to the pool once gorilla has taken
+// every byte. Under load one read brings several messages; an idle
+// connection holds no buffer at all.
 type idleConn struct {
 	net.Conn
+	fd    int // the socket, for the idler; -1 when unknown
 	rc    syscall.RawConn
 	ready func(fd uintptr) bool // allocated once: rc.Read takes a func
 	peek  [1]byte
 	t     frameTracker
+
+	ahead    *[]byte // bytes read ahead, [aheadOff:aheadLen] not taken yet; nil when none
+	aheadOff int
+	aheadLen int
+	aheadErr error // what the socket said after the bytes read ahead
 }
+
+// readAhead is the most one read of the socket takes when gorilla asks for
+// less.
+const readAhead = 4096
+
+var readPool = sync.Pool{New: func() any {
+	b := make([]byte, readAhead)
+	return &b
+}}
 
 func newIdleConn(nc net.Conn) net.Conn {
 	tc, ok := nc.(*net.TCPConn)
@@ -34,16 +56,44 @@ func newIdleConn(nc net.Conn) net.Conn {
 	if err != nil {
 		return nc
 	}
-	c := &idleConn{Conn: nc, rc: rc}
+	c := &idleConn{Conn: nc, rc: rc, fd: -1}
 	c.ready = c.readable
+	_ = rc.Control(func(fd uintptr) { c.fd = int(fd) })
 	return c
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
+	if c.ahead == nil {
+		if err := c.aheadErr; err != nil {
+			c.aheadErr = nil
+			return 0, err
+		}
+		if len(p) >= readAhead {
+			n, err := c.Conn.Read(p)
+			c.t.feed(p[:n])
+			return n, err
+		}
+		b := readPool.Get().(*[]byte)
+		n, err := c.Conn.Read(*b)
+		if n == 0 {
+			readPool.Put(b)
+			return 0, err
+		}
+		c.ahead, c.aheadOff, c.aheadLen, c.aheadErr = b, 0, n, err
+	}
+	n := copy(p, (*c.ahead)[c.aheadOff:c.aheadLen])
+	c.aheadOff += n
+	if c.aheadOff == c.aheadLen {
+		readPool.Put(c.ahead)
+		c.ahead = nil
+	}
 	c.t.feed(p[:n])
-	return n, err
+	return n, nil
 }
+
+// buffered reports whether bytes (or an error) read from the socket wait
+// for gorilla: then there is no need to wait for the socket.
+func (c *idleConn) buffered() bool { return c.ahead != nil || c.aheadErr != nil }
 
 // waitReadable returns once the socket has a byte to read, has failed, or
 // its read deadline (Close sets one) has passed.
@@ -153,3 +203,9 @@ func (t *frameTracker) frameDone() {
 	}
 	t.hn, t.inFrame = 0, false
 }
+
+// readBufferSize is gorilla's read buffer per connection: the smallest it
+// takes (a control frame's payload). idleConn reads ahead for it from a
+// pool, so a larger one would hold memory for the connection's whole life
+// and save no read.
+const readBufferSize = 125

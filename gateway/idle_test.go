@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"bytes"
+	"io"
 	"math/rand/v2"
+	"net"
 	"testing"
 )
 
@@ -73,5 +75,42 @@ func TestFrameTracker(t *testing.T) {
 		if tr.quiet(messages - 1) {
 			t.Fatalf("round %d: quiet with a message unread", round)
 		}
+	}
+}
+
+// idleConn reads ahead into a pooled buffer for gorilla's small reads,
+// hands the bytes over in order, and holds no buffer once they are taken.
+func TestIdleConnReadAhead(t *testing.T) {
+	client, server := net.Pipe()
+	defer client.Close()
+	c := &idleConn{Conn: client, fd: -1}
+	stream := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
+	for i := range 20 {
+		stream = append(stream, serverFrame(1, true, bytes.Repeat([]byte{byte('a' + i)}, 50+37*i))...)
+	}
+	go func() {
+		server.Write(stream)
+		server.Close()
+	}()
+	var got []byte
+	for {
+		p := make([]byte, 1+len(got)%125)
+		n, err := c.Read(p)
+		got = append(got, p[:n]...)
+		if err != nil {
+			if err != io.EOF {
+				t.Fatalf("Read: %v", err)
+			}
+			break
+		}
+	}
+	if !bytes.Equal(got, stream) {
+		t.Fatalf("read %d bytes that differ from the %d sent", len(got), len(stream))
+	}
+	if c.buffered() || c.ahead != nil {
+		t.Error("a buffer is held after every byte was taken")
+	}
+	if c.t.messages != 20 || !c.t.quiet(20) {
+		t.Errorf("tracker saw %d messages, quiet=%v; want 20 and quiet", c.t.messages, c.t.quiet(20))
 	}
 }

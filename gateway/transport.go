@@ -67,6 +67,12 @@ type Config struct {
 	// Discord asks not to cache it for long). A failed connection drops it
 	// sooner.
 	DiscoveryMaxAge time.Duration
+	// IdentifyMargin is added to Discord's 5 s identify window between two
+	// identifies of one bucket, counted from their writes (default
+	// DefaultIdentifyMargin). Negative turns that spacing off: identifies
+	// then go out as soon as the core's pacer grants them. See
+	// identifyGate.
+	IdentifyMargin time.Duration
 }
 
 // Format hides the token from every fmt verb.
@@ -91,6 +97,8 @@ type Transport struct {
 	dialer    net.Dialer
 	pool      writePool
 	names     internTable
+	gate      *identifyGate
+	idler     *idler
 
 	// lifeMu guards closed and admission to wg; it is taken last.
 	lifeMu sync.Mutex
@@ -100,6 +108,12 @@ type Transport struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	records map[int]*shardRecord
+
+	// dialMu guards the connections dialling now and those waiting for
+	// their turn (see maxDialing).
+	dialMu  sync.Mutex
+	dialing int
+	dialQ   []*conn
 
 	dmu         sync.Mutex
 	url         string
@@ -143,6 +157,9 @@ func New(cfg Config) (*Transport, error) {
 	cfg.HelloTimeout = orDuration(cfg.HelloTimeout, 20*time.Second)
 	cfg.ReadyTimeout = orDuration(cfg.ReadyTimeout, 60*time.Second)
 	cfg.DiscoveryMaxAge = orDuration(cfg.DiscoveryMaxAge, time.Hour)
+	if cfg.IdentifyMargin == 0 {
+		cfg.IdentifyMargin = DefaultIdentifyMargin
+	}
 	q := url.Values{}
 	q.Set("encoding", "json")
 	if cfg.Flavor == core.Fluxer {
@@ -166,8 +183,10 @@ func New(cfg Config) (*Transport, error) {
 		query:     q,
 		dialer:    net.Dialer{KeepAlive: 30 * time.Second},
 		conns:     make(map[*conn]struct{}),
+		gate:      newIdentifyGate(cfg.Clock, cfg.IdentifyMargin),
 	}
 	t.names.init()
+	t.idler = newIdler(t)
 	return t, nil
 }
 
@@ -187,9 +206,60 @@ func (t *Transport) Connect(l *core.Link, a core.Attempt) core.Conn {
 		c.finished = true // closed transport: a connection that never opens
 		return c
 	}
-	if !t.spawn(c.run) {
-		t.untrack(c)
+	t.dialMu.Lock()
+	if t.dialing >= maxDialing {
+		t.dialQ = append(t.dialQ, c)
+		t.dialMu.Unlock()
+		return c
 	}
+	t.dialing++
+	t.dialMu.Unlock()
+	t.start(c)
+	return c
+}
+
+// maxDialing bounds the connections that dial, upgrade and wait for the
+// gateway at once; the others wait in order, with no goroutine. When every
+// bucket may identify at once (a large max_concurrency, a resume of every
+// shard after an outage), thousands of sockets would otherwise open in the
+// same instant, each with a goroutine and its buffers; the runtime never
+// frees a goroutine's descriptor, so that instant's peak would stay in the
+// node's memory for good. A dial takes milliseconds, so the queue drains
+// in a blink.
+const maxDialing = 64
+
+// start runs a connection's reader; it holds a dialling slot, which it
+// gives back through dialDone.
+func (t *Transport) start(c *conn) {
+	for c != nil {
+		if t.spawn(c.run) {
+			return
+		}
+		// A closed transport starts nothing: the connection never opens.
+		c.mu.Lock()
+		c.finished = true
+		c.mu.Unlock()
+		t.untrack(c)
+		c = t.nextDial()
+	}
+}
+
+// dialDone gives a dialling slot back, to the next waiting connection if
+// there is one.
+func (t *Transport) dialDone() { t.start(t.nextDial()) }
+
+// nextDial hands the slot of a connection that finished dialling to the
+// next one waiting, or frees it.
+func (t *Transport) nextDial() *conn {
+	t.dialMu.Lock()
+	defer t.dialMu.Unlock()
+	if len(t.dialQ) == 0 {
+		t.dialing--
+		return nil
+	}
+	c := t.dialQ[0]
+	t.dialQ[0] = nil
+	t.dialQ = t.dialQ[1:]
 	return c
 }
 
@@ -213,6 +283,8 @@ func (t *Transport) Close() error {
 	for _, c := range conns {
 		c.Close(4000)
 	}
+	t.idler.close()
+	t.gate.stop()
 	t.wg.Wait()
 	if t.ownClient {
 		t.cfg.HTTPClient.CloseIdleConnections()

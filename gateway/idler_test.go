@@ -1,0 +1,159 @@
+package gateway
+
+import (
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// An idle connection gives up its reader goroutine and keeps its session:
+// it still receives every event, heartbeats, and closes with 4000 (the
+// session stays resumable) when the node stops.
+func TestIdleConnectionsPark(t *testing.T) {
+	if !canPark {
+		t.Skip("connections park on Linux only")
+	}
+	const n = 4
+	e := newEnv(t, envConfig{shards: n})
+	e.start()
+	readers := func() int { return goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume") }
+	// After READY and its burst, a connection parks at its first wait.
+	e.waitParked(n)
+	if got := readers(); got != 0 {
+		t.Errorf("%d reader goroutines with every connection parked after READY; want 0", got)
+	}
+	// Woken at once, they keep their reader; a reader that then waited a
+	// second (of the connection's clock) for its last byte parks at its
+	// next wait.
+	for id := range n {
+		e.publish(id, 1)
+		e.synced(id)
+	}
+	e.waitParked(0)
+	e.clk.Advance(2 * parkAfter)
+	for id := range n {
+		e.publish(id, 1)
+		e.synced(id)
+	}
+	e.waitParked(n)
+	if got := readers(); got != 0 {
+		t.Errorf("%d reader goroutines with every connection parked; want 0", got)
+	}
+
+	// Events wake them; woken at once, they keep their reader.
+	for id := range n {
+		e.publish(id, 3)
+		e.synced(id)
+	}
+	e.waitParked(0)
+
+	// Heartbeats go out and their ACKs come back while parked.
+	e.clk.Advance(2 * parkAfter)
+	for id := range n {
+		e.publish(id, 1)
+		e.synced(id)
+	}
+	e.waitParked(n)
+	// Two heartbeats each: a second one after an ACK the parked reader
+	// missed would find the connection a zombie.
+	before := e.sim.Totals().Heartbeats
+	for k := int64(1); k <= 2; k++ {
+		e.clk.Advance(time.Hour)
+		e.simWait("a heartbeat from every shard", func() bool { return e.sim.Totals().Heartbeats >= before+k*n })
+		e.waitAcked()
+		e.waitParked(n)
+	}
+	for id := range n {
+		if d := e.diag(id); d.State.String() != "READY" {
+			t.Errorf("shard %d is %v after a parked heartbeat", id, d.State)
+		}
+	}
+
+	// Closing the transport wakes every parked connection to send 4000.
+	e.node.Close()
+	e.tr.Close()
+	for id := range n {
+		ss := e.sim.Sessions(id)
+		if len(ss) != 1 || ss[0].Live {
+			t.Errorf("shard %d sessions after close: %+v; want one, resumable", id, ss)
+		}
+	}
+}
+
+// waitParked waits until n connections are parked: each parks when its
+// reader has read what the simulator sent, which the test can only poll.
+func (e *env) waitParked(n int) {
+	e.t.Helper()
+	deadline := time.Now().Add(wait)
+	for e.tr.idler.parkedCount() != n {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d connections parked; want %d", e.tr.idler.parkedCount(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitAcked waits until every connection has read the ACK of its last
+// heartbeat, which comes from the simulator over the network.
+func (e *env) waitAcked() {
+	e.t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		waiting := 0
+		e.tr.mu.Lock()
+		for c := range e.tr.conns {
+			c.mu.Lock()
+			if c.awaiting {
+				waiting++
+			}
+			c.mu.Unlock()
+		}
+		e.tr.mu.Unlock()
+		if waiting == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d connections still wait for a heartbeat ACK", waiting)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// goroutinesIn counts goroutines with a frame in one of the functions.
+func goroutinesIn(fns ...string) int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, fn := range fns {
+			if strings.Contains(g, fn+"(") {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// More shards than maxDialing start at once: the ones over the bound wait
+// their turn without a goroutine, and every one gets READY.
+func TestDialsWaitTheirTurn(t *testing.T) {
+	n := maxDialing + maxDialing/2
+	e := newEnv(t, envConfig{shards: n})
+	e.node.Start()
+	e.tr.dialMu.Lock()
+	queued := len(e.tr.dialQ) + e.tr.dialing
+	e.tr.dialMu.Unlock()
+	if queued > n {
+		t.Fatalf("%d connections dialling or queued for %d shards", queued, n)
+	}
+	for id := range n {
+		e.waitEvent(id, 0, "ready")
+	}
+	e.tr.dialMu.Lock()
+	defer e.tr.dialMu.Unlock()
+	if e.tr.dialing != 0 || len(e.tr.dialQ) != 0 {
+		t.Errorf("after READY: %d dialling, %d queued; want none", e.tr.dialing, len(e.tr.dialQ))
+	}
+}
