@@ -1,0 +1,92 @@
+// Command bench runs shardfs side by side with the tools its users would
+// pick instead, and prints a Markdown report that it also writes to
+// RESULTS.md:
+//
+//	cd bench && go run . -runs 5
+//
+// It compares 9P serving against diod, the memory of idle shards and the
+// dispatch throughput against discordgo and disgo, and measures startup
+// pacing, mass recovery (beside disgo) and the core's event latency under
+// observer load. Every side, and the gateway simulator, runs in a process
+// of its own (the harness re-executes itself in a role), so that resident
+// memory and CPU time read from /proc/PID are charged to the right side;
+// the runs of the sides are interleaved, A B A B.
+//
+// It is a module of its own so that the peer libraries never enter
+// shardfs's go.mod.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// verbose copies the children's stderr to ours.
+var verbose bool
+
+func main() {
+	if role := os.Getenv(childEnv); role != "" {
+		os.Exit(runChild(role, os.Args[1:]))
+	}
+	if len(os.Args) > 1 && isRole(os.Args[1]) {
+		os.Exit(runChild(os.Args[1], os.Args[2:]))
+	}
+	cfg := defaultConfig()
+	out := flag.String("out", "RESULTS.md", "where to write the report")
+	only := flag.String("only", "", "comma-separated comparisons to run: "+strings.Join(comparisonNames(), ","))
+	flag.IntVar(&cfg.runs, "runs", cfg.runs, "runs of each side of each comparison (at least 5 for the report)")
+	flag.IntVar(&cfg.startupRuns, "startup-runs", cfg.startupRuns, "runs of each side of the startup pacing comparison (about 80 s each)")
+	flag.IntVar(&cfg.memBigRuns, "mem-big-runs", cfg.memBigRuns, "runs of shardfs alone at the larger scale")
+	flag.DurationVar(&cfg.observerInterval, "observer-interval", cfg.observerInterval, "how often each observer polls")
+	flag.BoolVar(&verbose, "v", false, "copy the children's stderr to ours")
+	flag.Parse()
+	if *only != "" {
+		cfg.only = map[string]bool{}
+		for _, name := range strings.Split(*only, ",") {
+			cfg.only[strings.TrimSpace(name)] = true
+		}
+	}
+	cfg.requireDiod = os.Getenv("CI") == "true"
+	cfg.command = "cd bench && go run ." + strings.TrimPrefix(strings.Join(append([]string{""}, os.Args[1:]...), " "), "")
+	start := time.Now()
+	report, err := run(cfg, os.Stderr)
+	if report != "" {
+		report += fmt.Sprintf("\nOne full run of the harness took %v of wall time.\n", time.Since(start).Round(time.Second))
+		fmt.Print(report)
+		if werr := os.WriteFile(*out, []byte(report), 0o644); werr != nil {
+			fmt.Fprintln(os.Stderr, "bench:", werr)
+			os.Exit(1)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+var roles = map[string]func([]string) error{
+	"sim":          runSim,
+	"shardfs-node": runNode,
+	"discordgo":    runDiscordgo,
+	"disgo":        runDisgo,
+	"echo":         runEcho,
+}
+
+func isRole(name string) bool { return roles[name] != nil }
+
+// runChild plays a role until its stdin ends.
+func runChild(role string, args []string) int {
+	f := roles[role]
+	if f == nil {
+		fmt.Fprintf(os.Stderr, "bench: unknown role %q\n", role)
+		return 2
+	}
+	if err := f(args); err != nil {
+		fmt.Fprintf(os.Stderr, "bench %s: %v\n", role, err)
+		return 1
+	}
+	return 0
+}

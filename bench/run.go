@@ -1,0 +1,122 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// config holds every size of the comparisons; the smoke test shrinks them.
+type config struct {
+	runs        int
+	startupRuns int
+	command     string // how the report says it was run
+
+	ninepDuration time.Duration // per cat measurement
+	diodloadSecs  int           // per diodload measurement
+	requireDiod   bool          // fail instead of skipping when diod is missing
+
+	memShards    int
+	memBigShards int // shardfs alone
+	memBigRuns   int
+	memHeartbeat time.Duration
+
+	dispatchShards   int
+	dispatchPerShard int
+
+	startupShards      int
+	startupConcurrency int
+	startupWindow      time.Duration
+
+	recoveryShards  int
+	recoveryTraffic float64       // events per second per shard
+	recoverySettle  time.Duration // traffic before the drop and after the recovery
+
+	observerShards   int
+	observerStatus   int // clients polling status
+	observerEvents   int // clients following events
+	observerInterval time.Duration
+	observerPhase    time.Duration
+	observerFlapRate int // faults injected per second
+
+	only map[string]bool
+}
+
+func defaultConfig() config {
+	return config{
+		runs:               5,
+		startupRuns:        3,
+		ninepDuration:      3 * time.Second,
+		diodloadSecs:       3,
+		memShards:          4096,
+		memBigShards:       16384,
+		memBigRuns:         3,
+		memHeartbeat:       5 * time.Second,
+		dispatchShards:     64,
+		dispatchPerShard:   2000,
+		startupShards:      256,
+		startupConcurrency: 16,
+		startupWindow:      5 * time.Second,
+		recoveryShards:     1024,
+		recoveryTraffic:    1,
+		recoverySettle:     2 * time.Second,
+		observerShards:     1024,
+		observerStatus:     100,
+		observerEvents:     100,
+		observerInterval:   time.Second,
+		observerPhase:      15 * time.Second,
+		observerFlapRate:   200,
+	}
+}
+
+// comparison is one section of the report.
+type comparison struct {
+	name  string
+	title string
+	run   func(cfg config, log io.Writer) (*section, error)
+}
+
+var comparisons = []comparison{
+	{"9p", "9P serving: shardfs vs diod", run9P},
+	{"memory", "Memory per idle shard: shardfs vs discordgo vs disgo", runMemory},
+	{"dispatch", "Dispatch throughput: shardfs vs discordgo vs disgo", runDispatch},
+	{"startup", "Startup pacing: shardfs (disgo beside it)", runStartup},
+	{"recovery", "Mass recovery: shardfs vs disgo", runRecovery},
+	{"observer", "Observer load: the core's event latency", runObserver},
+}
+
+func comparisonNames() []string {
+	var out []string
+	for _, c := range comparisons {
+		out = append(out, c.name)
+	}
+	return out
+}
+
+// run runs the comparisons cfg selects and returns the report. A
+// comparison that fails is reported as failed and the others still run.
+func run(cfg config, log io.Writer) (string, error) {
+	var sections []*section
+	var errs []error
+	for i, c := range comparisons {
+		if cfg.only != nil && !cfg.only[c.name] {
+			continue
+		}
+		fmt.Fprintf(log, "bench: %s ...\n", c.title)
+		start := time.Now()
+		s, err := c.run(cfg, log)
+		if s == nil {
+			s = &section{}
+		}
+		s.number, s.title = i+1, c.title
+		s.elapsed = time.Since(start)
+		if err != nil {
+			s.failed = err.Error()
+			errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+		}
+		fmt.Fprintf(log, "bench: %s done in %v\n", c.name, s.elapsed.Round(time.Second))
+		sections = append(sections, s)
+	}
+	return render(cfg, machineInfo(), sections), errors.Join(errs...)
+}
