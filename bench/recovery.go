@@ -239,7 +239,7 @@ func runRecovery(cfg config, log io.Writer) (*section, error) {
 			"After %v the simulator drops every connection at once (gatewaysim.Inject(AllShards, FaultDrop): the TCP connection closes without a close frame and every session stays resumable) "+
 			"and times, on its own side, until every shard has a session on a connection again after a resume or an identify. Traffic keeps flowing for %v more, then stops. "+
 			"Events lost: for every shard, the simulator's last sequence of the session minus the sequences 1..last that the client recorded: for shardfs, the lines of each `N/dispatch` read over 9P; for disgo, the sequences its handler saw. "+
-			"shardfs uses core.DefaultBackoff, which retries the first failure of a resumable session after Resume × rand, Resume = 1 s, so its recovery is spread over about a second on purpose; disgo reconnects at once.",
+			"shardfs uses core.DefaultBackoff, which retries the first failure of a resumable session after Resume × rand, Resume = 100 ms, and its transport dials at most 64 connections at once; disgo reconnects at once.",
 			cfg.recoveryShards, cfg.recoveryTraffic, cfg.recoverySettle, cfg.recoverySettle),
 	}
 	sec.extra = append(sec.extra, fmt.Sprintf("What bounds shardfs here is its backoff policy, not its speed: the largest reconnect delay the policy chose was %.3f s (median of runs) and every shard was READY %.0f ms after it. "+

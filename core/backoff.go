@@ -21,8 +21,9 @@ type BackoffPolicy interface {
 // With Resume set, the first failure of a resumable session waits Resume×r
 // instead (full jitter): a resume costs no identify budget, the gateway
 // keeps the session only for a few minutes (Fluxer: 60 s), and a mass drop
-// of thousands of shards is still spread over Resume. Later failures back
-// off exponentially as usual.
+// of thousands of shards is still spread over Resume (the transport also
+// bounds how many dial at once). Later failures back off exponentially as
+// usual.
 type Exponential struct {
 	First, Max time.Duration
 	Jitter     float64
@@ -30,9 +31,11 @@ type Exponential struct {
 }
 
 // DefaultBackoff is the policy of DESIGN.md section 2, 5 s doubling to
-// 10 min, ±50%, plus a first resume within 1 s. The cap keeps a day-long
+// 10 min, ±50%, plus a first resume within 100 ms: about what a
+// gateway library does (they resume at once), spread just enough that a
+// node's shards do not all dial in the same instant. The cap keeps a day-long
 // outage well under Discord's 1,000 identifies a day.
-var DefaultBackoff = Exponential{First: 5 * time.Second, Max: 10 * time.Minute, Jitter: 0.5, Resume: time.Second}
+var DefaultBackoff = Exponential{First: 5 * time.Second, Max: 10 * time.Minute, Jitter: 0.5, Resume: 100 * time.Millisecond}
 
 // Delay implements BackoffPolicy.
 func (e Exponential) Delay(failures int, resumable bool, r float64) time.Duration {

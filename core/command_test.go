@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/core/coretest"
@@ -214,4 +215,31 @@ func FuzzParseCommand(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A refused command shows in the events clipped to its first 128 bytes, on
+// a rune boundary: a 64 KiB write is not copied into every log.
+func TestRejectedCommandClipped(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	e.startAll()
+	line := "frobnicate " + strings.Repeat("é", 40000)
+	if err := e.node.ExecShard(1, line); !errors.Is(err, core.ErrUsage) {
+		t.Fatalf("exec of a long unknown command = %v; want ErrUsage", err)
+	}
+	logged := e.events(1)
+	i := strings.Index(logged, "event=rejected cmd=")
+	if i < 0 {
+		t.Fatalf("no rejection in the events:\n%.300s", logged)
+	}
+	rest := logged[i:]
+	rest = rest[:strings.IndexByte(rest, '\n')]
+	if len(rest) > 400 || !strings.Contains(rest, "frobnicate "+strings.Repeat("é", 58)+"...") || !utf8.ValidString(rest) {
+		t.Errorf("rejected line not clipped to 128 bytes on a rune boundary (%d bytes): %.300s", len(rest), rest)
+	}
+	if err := e.node.Send(1, []byte(`{"op":8,"d":"`+strings.Repeat("x", 5000)+`"}`)); !errors.Is(err, core.ErrTooLarge) {
+		t.Fatalf("oversized send = %v; want ErrTooLarge", err)
+	}
+	if l := e.events(1); strings.Contains(l, strings.Repeat("x", 200)) {
+		t.Error("a refused send's payload is logged whole")
+	}
 }

@@ -37,6 +37,11 @@
 // of a shard in BACKOFF cuts the wait short without counting another
 // reconnect; identify does not count as a reconnect, since nothing failed;
 // the default backoff retries the first failure of a resumable session
-// within a second (see Exponential), because a resume costs no identify
-// budget and sessions expire within minutes.
+// within 100 ms (see Exponential), because a resume costs no identify
+// budget and sessions expire within minutes; a request to reconnect at once
+// (op 7) is honoured at once only from a shard READY for ImmediateAfter
+// (5 s), so that a gateway repeating it cannot drive a busy loop; the
+// operator's start, retry and identify start the failure count again; each
+// lease command runs alone, from the backend's answer to the shards; a
+// refused command is logged clipped to 128 bytes.
 package core

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/journal"
@@ -69,6 +71,8 @@ type Node struct {
 	order  []*shard       // by shard ID
 	events *journal.Log
 	closed atomic.Bool
+	// leaseMu makes each lease command atomic (see applyLease).
+	leaseMu sync.Mutex
 }
 
 // New validates the plan and returns a node whose shards are all ASSIGNED.
@@ -229,13 +233,29 @@ func (n *Node) ExecShard(id int, line string) error {
 	return err
 }
 
+// maxLoggedCommand is how much of a refused command its events line shows:
+// enough to recognise it, never a 64 KiB write copied into every log.
+const maxLoggedCommand = 128
+
+// clip shortens s to at most n bytes, on a rune boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}
+
+// reject logs a refused command, clipped, with the reason.
 func (n *Node) reject(s *shard, line string, err error) {
 	id := -1
 	if s != nil {
 		id = s.id
 	}
 	now := n.clock.Now()
-	e := newEventLine(now, id, "rejected", slog.LevelWarn, n.log).str("cmd", line).err(err)
+	e := newEventLine(now, id, "rejected", slog.LevelWarn, n.log).str("cmd", clip(line, maxLoggedCommand)).err(err)
 	b := e.finish(n.log)
 	if s != nil {
 		s.events.Append(b, now)
@@ -285,6 +305,11 @@ func (n *Node) applyLease(c Command, targets []*shard) error {
 	if n.lease == nil {
 		return fmt.Errorf("%w: lease commands are not available", ErrNoLease)
 	}
+	// One lease command at a time, from the backend's answer to the
+	// shards: two writers racing would otherwise leave shards holding the
+	// grant the backend replaced.
+	n.leaseMu.Lock()
+	defer n.leaseMu.Unlock()
 	ids := make([]int, len(targets))
 	for i, s := range targets {
 		ids[i] = s.id
@@ -325,11 +350,7 @@ func (n *Node) Send(id int, payload []byte) error {
 		return err
 	}
 	if err := n.checkAndSend(s, payload); err != nil {
-		cmd := string(payload)
-		if len(cmd) > 64 {
-			cmd = cmd[:64] + "..."
-		}
-		n.reject(s, "send "+cmd, err)
+		n.reject(s, "send "+string(payload[:min(len(payload), 2*maxLoggedCommand)]), err)
 		return err
 	}
 	return nil

@@ -94,7 +94,8 @@ func TestRuleBackoffEntryLogsBeforeReset(t *testing.T) {
 }
 
 // Rule: a zero reconnect deadline means "schedule the normal backoff now";
-// a deadline of now reconnects at once.
+// a deadline of now reconnects at once, once the shard has been READY for
+// core.ImmediateAfter, and gets the policy's delay sooner (an op 7 storm).
 func TestRuleZeroDeadlineMeansPolicy(t *testing.T) {
 	e := newEnv(t, core.Config{Backoff: core.Fixed(7 * time.Second)})
 	e.startAll()
@@ -106,9 +107,14 @@ func TestRuleZeroDeadlineMeansPolicy(t *testing.T) {
 	if d := e.diag(1); d.RetryIn != 2*time.Second {
 		t.Fatalf("explicit deadline: retry in %v; want 2s", d.RetryIn)
 	}
+	e.conn(3).Link.Fail(core.Failure{Class: core.Transient, Err: errors.New("op 7"), Deadline: e.clk.Now()})
+	if d := e.diag(3); d.State != core.Backoff || d.RetryIn != 7*time.Second {
+		t.Fatalf("deadline now, READY for 0s: %v, retry in %v; want BACKOFF for the policy's 7s", d.State, d.RetryIn)
+	}
+	e.clk.Advance(core.ImmediateAfter)
 	e.conn(2).Link.Fail(core.Failure{Class: core.Transient, Err: errors.New("op 7"), Deadline: e.clk.Now()})
 	if d := e.diag(2); d.State != core.Starting || d.Reconnects != 1 {
-		t.Fatalf("deadline now: %v after %d reconnects; want STARTING after 1", d.State, d.Reconnects)
+		t.Fatalf("deadline now after %v READY: %v after %d reconnects; want STARTING after 1", core.ImmediateAfter, d.State, d.Reconnects)
 	}
 }
 
@@ -283,7 +289,7 @@ func TestRuleLeaseGating(t *testing.T) {
 
 // The default policy doubles from 5 s to 10 min with ±50% jitter, and the
 // failure count starts again after 60 s in READY. The first failure of a
-// resumable session retries within a second.
+// resumable session retries within 100 ms.
 func TestRuleBackoffPolicy(t *testing.T) {
 	p := core.DefaultBackoff
 	for _, tc := range []struct {
@@ -294,7 +300,7 @@ func TestRuleBackoffPolicy(t *testing.T) {
 	}{
 		{1, false, 0.5, 5 * time.Second}, {2, false, 0.5, 10 * time.Second}, {3, true, 0.5, 20 * time.Second},
 		{1, false, 0, 2500 * time.Millisecond}, {1, false, 0.999999, 7499995 * time.Microsecond},
-		{1, true, 0.5, 500 * time.Millisecond}, {1, true, 0, 0}, {1, true, 0.999, 999 * time.Millisecond},
+		{1, true, 0.5, 50 * time.Millisecond}, {1, true, 0, 0}, {1, true, 0.999, 99900 * time.Microsecond},
 		{8, false, 0.5, 10 * time.Minute}, {40, false, 0.5, 10 * time.Minute}, {40, true, 0.999, 10 * time.Minute}, {40, false, 0, 5 * time.Minute},
 	} {
 		if got := p.Delay(tc.failures, tc.resumable, tc.r); got.Round(time.Microsecond) != tc.want {
@@ -313,8 +319,8 @@ func TestRuleBackoffPolicy(t *testing.T) {
 		e.clk.Advance(d)
 		return d
 	}
-	if a, b, c := fail(), fail(), fail(); a != 500*time.Millisecond || b != 10*time.Second || c != 20*time.Second {
-		t.Fatalf("consecutive delays %v %v %v; want 500ms (first resume) 10s 20s", a, b, c)
+	if a, b, c := fail(), fail(), fail(); a != 50*time.Millisecond || b != 10*time.Second || c != 20*time.Second {
+		t.Fatalf("consecutive delays %v %v %v; want 50ms (first resume) 10s 20s", a, b, c)
 	}
 	e.conn(0).Link.Resumed(1)
 	e.clk.Advance(59 * time.Second)
@@ -323,13 +329,26 @@ func TestRuleBackoffPolicy(t *testing.T) {
 	}
 	e.conn(0).Link.Resumed(1)
 	e.clk.Advance(60 * time.Second)
-	if d := fail(); d != 500*time.Millisecond {
-		t.Fatalf("after 60 s READY the delay is %v; want 500ms (count reset, resumable)", d)
+	if d := fail(); d != 50*time.Millisecond {
+		t.Fatalf("after 60 s READY the delay is %v; want 50ms (count reset, resumable)", d)
 	}
-	e.exec(0, "identify")
-	e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-	if d := e.diag(0).RetryIn; d != 10*time.Second {
-		t.Fatalf("a failing identify after a failed resume waits %v; want 10s", d)
+	fail() // 10 s: the count goes on
+	// An operator's identify, start or retry starts the count again: a
+	// failure after it waits the first step.
+	for _, cmd := range []string{"identify", "stop", "start"} {
+		before := e.tr.Last(0)
+		e.exec(0, cmd)
+		if cmd == "stop" {
+			continue
+		}
+		e.clk.Advance(core.DiscordWindow) // the identify slot
+		if e.tr.Last(0) == before {
+			t.Fatalf("the operator's %s opened no connection", cmd)
+		}
+		e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+		if d := e.diag(0).RetryIn; d != 5*time.Second {
+			t.Fatalf("a failure after the operator's %s waits %v; want 5s (first step, no session)", cmd, d)
+		}
 	}
 }
 

@@ -368,9 +368,21 @@ func (s *shard) failLocked(f Failure) {
 		s.sessionValid = false
 		s.enterBackoffLocked(now, f.Deadline, 1000)
 	default:
-		s.enterBackoffLocked(now, f.Deadline, 4000)
+		deadline := f.Deadline
+		if !deadline.IsZero() && !deadline.After(now) && !(s.state == Ready && now.Sub(s.readySince) >= ImmediateAfter) {
+			// A gateway asking to reconnect at once (op 7) again and
+			// again, before the shard has settled, gets the policy's
+			// delay: a storm of requests must not become a busy loop.
+			deadline = time.Time{}
+		}
+		s.enterBackoffLocked(now, deadline, 4000)
 	}
 }
+
+// ImmediateAfter is how long a shard must have been READY for a request to
+// reconnect at once (op 7) to be honoured at once; sooner, the backoff
+// policy decides, as for any transient failure.
+const ImmediateAfter = 5 * time.Second
 
 // enterBackoffLocked follows the order of DESIGN.md: state, reconnects,
 // deadline, then the log of the error and transport states, before any
@@ -561,13 +573,13 @@ func (s *shard) apply(v Verb) {
 		s.stopLocked(now, StoppedByOperator, 4000)
 	case VerbStart, VerbRetry:
 		s.emit(s.line(now, v.String(), slog.LevelInfo).str("state", s.state.String()))
-		s.recovery, s.attempt = false, 0
+		s.recovery, s.attempt, s.failures = false, 0, 0
 		s.resetAndStartLocked(now)
 	case VerbIdentify:
 		s.emit(s.line(now, "identify", slog.LevelInfo).str("state", s.state.String()))
 		s.closeConnLocked(1000)
 		s.sessionValid = false
-		s.recovery, s.attempt = false, 0
+		s.recovery, s.attempt, s.failures = false, 0, 0
 		s.resetAndStartLocked(now)
 	}
 }

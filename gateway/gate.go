@@ -36,9 +36,10 @@ type identifyGate struct {
 	off            bool
 	clock          clock.Clock
 
-	mu   sync.Mutex
-	mc   int               // 0: unknown, no gating
-	last map[int]time.Time // bucket → when its latest identify goes out
+	mu      sync.Mutex
+	stopped bool              // the transport is closed: arm no timer
+	mc      int               // 0: unknown, no gating
+	last    map[int]time.Time // bucket → when its latest identify goes out
 	// forget empties last once its newest entry is a window and a margin
 	// old: none can hold an identify back any more, and a node whose
 	// shards all identified keeps no entry per bucket.
@@ -82,7 +83,9 @@ func (g *identifyGate) reserve(shard int, now time.Time) gateTicket {
 		}
 	}
 	g.last[t.key] = t.at
-	if d := t.at.Add(g.window + g.margin).Sub(now); g.forget == nil {
+	if d := t.at.Add(g.window + g.margin).Sub(now); g.stopped {
+		// no timer after Transport.Close
+	} else if g.forget == nil {
 		g.forget = g.clock.AfterFunc(d, g.forgetAll)
 	} else {
 		g.forget.Reset(d)
@@ -94,13 +97,20 @@ func (g *identifyGate) forgetAll() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.clock.Now()
+	var newest time.Time
 	for key, at := range g.last {
 		if !at.Add(g.window + g.margin).After(now) {
 			delete(g.last, key)
+		} else if at.After(newest) {
+			newest = at
 		}
 	}
 	if len(g.last) == 0 {
 		g.last = nil
+	} else if !g.stopped {
+		// A later reservation in another bucket may have moved the timer
+		// before this entry's end.
+		g.forget.Reset(newest.Add(g.window + g.margin).Sub(now))
 	}
 }
 
@@ -108,6 +118,7 @@ func (g *identifyGate) forgetAll() {
 func (g *identifyGate) stop() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.stopped = true
 	if g.forget != nil {
 		g.forget.Stop()
 	}

@@ -124,7 +124,7 @@ func (p *idler) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	if p.started {
+	if p.started && p.stop[1] >= 0 {
 		_, _ = syscall.Write(p.stop[1], []byte{0})
 	}
 }
@@ -136,7 +136,8 @@ func (p *idler) loop() {
 		syscall.Close(p.epfd)
 		syscall.Close(p.stop[0])
 		syscall.Close(p.stop[1])
-		p.epfd = -1
+		// The numbers may belong to other files from now on.
+		p.epfd, p.stop = -1, [2]int{-1, -1}
 		p.mu.Unlock()
 	}()
 	p.mu.Lock()

@@ -18,7 +18,15 @@ func TestIdleConnectionsPark(t *testing.T) {
 	e := newEnv(t, envConfig{shards: n})
 	e.start()
 	readers := func() int { return goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume") }
-	// After READY and its burst, a connection parks at its first wait.
+	// After READY and its burst, a connection parks at its first wait. A
+	// burst whose tail arrives just after that wakes it at once, and a
+	// reader woken at once waits a second before it parks again: one event
+	// a second later settles both cases.
+	e.clk.Advance(2 * parkAfter)
+	for id := range n {
+		e.publish(id, 1)
+		e.synced(id)
+	}
 	e.waitParked(n)
 	if got := readers(); got != 0 {
 		t.Errorf("%d reader goroutines with every connection parked after READY; want 0", got)
@@ -54,12 +62,21 @@ func TestIdleConnectionsPark(t *testing.T) {
 		e.publish(id, 1)
 		e.synced(id)
 	}
+	// A heartbeat due during those 2 s may still wait for its ACK: the
+	// next tick would find the connection a zombie.
+	e.waitAcked()
 	e.waitParked(n)
 	// Two heartbeats each: a second one after an ACK the parked reader
 	// missed would find the connection a zombie.
+	// The simulator, on the same clock, closes 4009 1.5 intervals after a
+	// heartbeat it has read: the clock moves in steps short enough that it
+	// reads each heartbeat before its deadline can pass.
 	before := e.sim.Totals().Heartbeats
 	for k := int64(1); k <= 2; k++ {
-		e.clk.Advance(time.Hour)
+		for range 6 {
+			e.clk.Advance(10 * time.Minute)
+			e.waitAcked()
+		}
 		e.simWait("a heartbeat from every shard", func() bool { return e.sim.Totals().Heartbeats >= before+k*n })
 		e.waitAcked()
 		e.waitParked(n)

@@ -56,6 +56,16 @@ type Config struct {
 	ObserveEvent func(kind string, d time.Duration)
 }
 
+// Format hides the token from every fmt verb.
+func (c Config) Format(f fmt.State, _ rune) {
+	fmt.Fprintf(f, "supervisor.Config{Flavor:%v Token:redacted Total:%d Local:%d Intents:%d Compression:%q GatewayURL:%q}", c.Flavor, c.Plan.Total, len(c.Plan.Local), c.Intents, c.Compression, c.GatewayURL)
+}
+
+// LogValue hides the token from slog.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("flavor", c.Flavor.String()), slog.String("compression", string(c.Compression)), slog.String("token", "redacted"))
+}
+
 // Supervisor is an assembled node.
 type Supervisor struct {
 	Transport *gateway.Transport
