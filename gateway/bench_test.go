@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"os"
 	"runtime"
@@ -102,7 +103,8 @@ func BenchmarkDispatch(b *testing.B) {
 }
 
 // BenchmarkIdleShards brings N idle shards (default 1024, or
-// SHARDFS_IDLE_SHARDS; compression from SHARDFS_IDLE_COMPRESS) to READY against a simulator in another process and
+// SHARDFS_IDLE_SHARDS; compression from SHARDFS_IDLE_COMPRESS; wss:// with
+// SHARDFS_IDLE_TLS=1, as against the real gateways) to READY against a simulator in another process and
 // reports what each costs the process: live heap, goroutine stacks and
 // resident memory, core included, and goroutines. It measures once,
 // whatever b.N; run it with -benchtime=1x.
@@ -114,22 +116,33 @@ func BenchmarkIdleShards(b *testing.B) {
 	if s, err := strconv.Atoi(os.Getenv("SHARDFS_IDLE_SHARDS")); err == nil && s > 0 {
 		n = s
 	}
-	child := startChildSim(b, core.Discord, n)
+	wss := os.Getenv("SHARDFS_IDLE_TLS") == "1"
+	child := startChildSimTLS(b, core.Discord, n, wss)
 	defer child.close()
 	pacer := core.NewDiscordPacer(nil, 1)
 	compress, err := ParseCompression(os.Getenv("SHARDFS_IDLE_COMPRESS"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr, err := New(Config{Flavor: core.Discord, Token: testToken, API: child.api, Intents: 1, OnStartLimit: pacer.SetStartLimit, Compression: compress})
+	cfg := Config{Flavor: core.Discord, Token: testToken, API: child.api, Intents: 1, OnStartLimit: pacer.SetStartLimit, Compression: compress}
+	if wss {
+		// No discovery: its URL is the plain one. Every bucket at once,
+		// as discovery would have said.
+		cfg.GatewayURL, cfg.TLSConfig = child.wss, &tls.Config{RootCAs: child.roots}
+		pacer = core.NewDiscordPacer(nil, n)
+		cfg.OnStartLimit = nil
+	}
+	tr, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer tr.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	if _, err := tr.Discover(ctx); err != nil {
-		b.Fatal(err)
+	if !wss {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if _, err := tr.Discover(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 	before := measure()
 	node, err := core.New(core.Config{Plan: core.Range(n, 0, n-1), Transport: tr, Pacer: pacer})

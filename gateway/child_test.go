@@ -2,8 +2,12 @@ package gateway
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -22,6 +26,9 @@ const childSimEnv = "SHARDFS_GATEWAY_CHILD_SIM"
 
 // runChildSim serves a simulator on real time. It prints "ready API" and
 // then obeys lines on stdin: "flood SHARD N" (answered "ok"); EOF ends it.
+// With childSimEnv_TLS=1 the gateway speaks wss:// on a certificate of its
+// own: the line is then "ready API wss://ADDR/ CERT", CERT the certificate
+// in base64 DER.
 func runChildSim() int {
 	shards, _ := strconv.Atoi(os.Getenv(childSimEnv + "_SHARDS"))
 	cfg := gatewaysim.Config{
@@ -33,13 +40,24 @@ func runChildSim() int {
 	if os.Getenv(childSimEnv) == "fluxer" {
 		cfg.Flavor = gatewaysim.Fluxer
 	}
+	var tlsInfo string
+	if os.Getenv(childSimEnv+"_TLS") == "1" {
+		cert, _ := selfSigned(childTB{})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		cfg.Listener = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
+		tlsInfo = " wss://" + ln.Addr().String() + "/ " + base64.StdEncoding.EncodeToString(cert.Certificate[0])
+	}
 	srv, err := gatewaysim.New(cfg)
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
 	}
 	defer srv.Close()
-	fmt.Println("ready", srv.APIURL())
+	fmt.Println("ready " + srv.APIURL() + tlsInfo)
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -52,18 +70,39 @@ func runChildSim() int {
 	return 0
 }
 
+// childTB lets selfSigned run in the child simulator, where a failure
+// ends the process.
+type childTB struct{ testing.TB }
+
+func (childTB) Helper() {}
+func (childTB) Fatal(args ...any) {
+	fmt.Println(append([]any{"error"}, args...)...)
+	os.Exit(1)
+}
+
 // childSim is a simulator running in a child process.
 type childSim struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	out   *bufio.Scanner
 	api   string
+	// wss and roots, for a simulator started with TLS: its gateway URL and
+	// a pool that trusts its certificate.
+	wss   string
+	roots *x509.CertPool
 }
 
 func startChildSim(tb testing.TB, flavor core.Flavor, shards int) *childSim {
+	return startChildSimTLS(tb, flavor, shards, false)
+}
+
+func startChildSimTLS(tb testing.TB, flavor core.Flavor, shards int, wss bool) *childSim {
 	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childSimEnv+"="+flavor.String(), childSimEnv+"_SHARDS="+strconv.Itoa(shards))
+	if wss {
+		cmd.Env = append(cmd.Env, childSimEnv+"_TLS=1")
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -84,6 +123,21 @@ func startChildSim(tb testing.TB, flavor core.Flavor, shards int) *childSim {
 		tb.Fatalf("child simulator: %q", line)
 	}
 	c.api = api
+	if wss {
+		f := strings.Fields(api)
+		if len(f) != 3 {
+			c.close()
+			tb.Fatalf("child simulator with TLS: %q", line)
+		}
+		der, err := base64.StdEncoding.DecodeString(f[2])
+		cert, err2 := x509.ParseCertificate(der)
+		if err != nil || err2 != nil {
+			c.close()
+			tb.Fatalf("child simulator's certificate: %v %v", err, err2)
+		}
+		c.api, c.wss, c.roots = f[0], f[1], x509.NewCertPool()
+		c.roots.AddCert(cert)
+	}
 	return c
 }
 

@@ -172,7 +172,7 @@ func TestDiscoveryRefresh(t *testing.T) {
 
 // selfSigned returns a server certificate for 127.0.0.1 and a pool that
 // trusts it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
