@@ -486,6 +486,7 @@ func (c *conn) dialPlain(ctx context.Context, network, addr string) (net.Conn, e
 	if err != nil {
 		return nil, err
 	}
+	c.idle = nil // a connection that failed before this one may have set it
 	if c.t.cfg.Compression == NoCompression {
 		nc = newIdleConn(nc)
 		c.idle, _ = nc.(*idleConn)
@@ -511,18 +512,30 @@ func (c *conn) dialTLS(ctx context.Context, network, addr string) (net.Conn, err
 	if cfg.ServerName == "" {
 		cfg.ServerName, _, _ = net.SplitHostPort(addr)
 	}
-	tc := tls.Client(nc, cfg)
+	// Uncompressed, the connection can park as a plain one does (see
+	// recordConn).
+	under, rec := nc, (*recordConn)(nil)
+	if c.t.cfg.Compression == NoCompression && canWaitReadable {
+		rec = &recordConn{Conn: nc}
+		under = rec
+	}
+	tc := tls.Client(under, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		_ = nc.Close()
 		c.layers(func(cs *core.ConnState) { cs.TLS = core.LayerFailed })
 		return nil, transient(faultTLS, fmt.Errorf("tls: %w", err))
 	}
+	var out net.Conn = tc
+	if rec != nil {
+		out = newTLSIdleConn(tc, rec)
+	}
+	c.idle, _ = out.(*idleConn)
 	c.mu.Lock()
-	c.raw = tc
+	c.raw = out
 	c.mu.Unlock()
 	c.layers(func(cs *core.ConnState) { cs.TLS = core.LayerOK })
 	c.upgrading()
-	return tc, nil
+	return out, nil
 }
 
 func (c *conn) upgrading() {

@@ -60,17 +60,19 @@
 // injected clock; network deadlines (dial, TLS, upgrade, writes) are real
 // time.
 //
-// Parking. On Linux, a plain-TCP, uncompressed connection whose reader has
-// read everything (gorilla holds no unread byte) and whose last wait for a
-// byte lasted a second or more, or that just finished its READY or RESUMED
-// burst, is parked: its reader goroutine ends and the transport's one idler
-// goroutine watches its socket with epoll, starting a new reader when a
-// byte arrives or Close needs the close frame sent. A connection woken
-// again within the second keeps its reader, so busy shards never pay for
-// parking. An idle shard (a heartbeat ACK every 41 s) thus has no
-// goroutine and no stack. TLS connections cannot park (crypto/tls may hold
-// decrypted bytes the socket no longer shows), nor compressed ones (their
-// decompressor holds state mid-stream); they keep their reader.
+// Parking. On Linux, an uncompressed connection (ws:// or wss://) whose
+// reader has read everything (gorilla holds no unread byte) and whose last
+// wait for a byte lasted a second or more, or that just finished its READY
+// or RESUMED burst, is parked: its reader goroutine ends and the
+// transport's one idler goroutine watches its socket with epoll, starting a
+// new reader when a byte arrives or Close needs the close frame sent. A
+// connection woken again within the second keeps its reader, so busy
+// shards never pay for parking. An idle shard (a heartbeat ACK every
+// 41 s) thus has no goroutine and no stack. TLS connections park too:
+// under crypto/tls a recordConn hands it one record at a time, and above
+// it reads take room for a whole record, so crypto/tls never holds a byte
+// the socket no longer shows. Compressed connections cannot park (their decompressor
+// holds state mid-stream); they keep their reader.
 //
 // Identify gate. Identifies of one of Discord's buckets go out at least 5 s
 // plus IdentifyMargin (50 ms) apart, counted between their writes, not
@@ -119,14 +121,19 @@
 // state (hundreds of KiB) per connection for a few small commands a minute.
 //
 // Memory. gorilla reads through its smallest buffer (125 bytes) and
-// borrows its write buffer from a shared pool; on a plain-TCP, uncompressed
-// connection idleConn reads ahead for it, up to 4 KiB a read, into a
-// pooled buffer that goes back once gorilla has every byte. Payload buffers
-// come from a pool when a message arrives and go back after the sink. So
-// an idle connection holds no buffer. Measured with 4,096 idle READY shards
-// against the simulator in another process (bench/): about 7.5 KB of
-// resident memory per shard for the whole node (gateway, core, tree and
-// its logs), no goroutine.
+// borrows its write buffer from a shared pool; on an uncompressed
+// connection idleConn reads ahead for it (up to 4 KiB a read, or a TLS
+// record's 16 KiB) into a pooled buffer that goes back once gorilla has
+// every byte, and recordConn does the same under crypto/tls. Payload
+// buffers come from a pool when a message arrives and go back after the
+// sink. So an idle connection holds no buffer of ours. Measured with 4,096
+// idle READY shards against the simulator in another process (bench/):
+// about 7.5 KB of resident memory per shard for the whole node (gateway,
+// core, tree and its logs), no goroutine. Over wss:// (BenchmarkIdleShards
+// with SHARDFS_IDLE_TLS=1, 1,024 shards, gateway and core): about 21 KB,
+// no goroutine; crypto/tls's own state (its record buffer, about 3 KB, the
+// AES-GCM keys, the Conn) is most of the difference, against 29 KB and a
+// goroutine per shard before TLS connections parked.
 //
 // Secrets. The token goes into identify, resume and the discovery request
 // only; Config hides it from fmt and slog, and no error quotes it. Session

@@ -15,9 +15,10 @@ import (
 // frames on its stack, and the runtime only halves a stack whose use (plus
 // 800 bytes of slack) is under a quarter of it, so every idle shard would
 // keep an 8 KiB stack. Parked in waitReadable instead, the stack shrinks
-// to 4 KiB: a third of an idle shard's cost. TLS connections cannot do
-// this (crypto/tls may hold decrypted bytes the socket no longer shows),
-// and compressed ones park inside their decompressor; both read as usual.
+// to 4 KiB: a third of an idle shard's cost. TLS connections do the same
+// over a recordConn, which keeps crypto/tls from holding bytes the socket
+// no longer shows; compressed ones park inside their decompressor and read
+// as usual.
 //
 // It also reads ahead for gorilla, whose own buffer is kept at its minimum
 // (readBufferSize): a read of the socket takes up to readAhead bytes into
@@ -31,6 +32,13 @@ type idleConn struct {
 	ready func(fd uintptr) bool // allocated once: rc.Read takes a func
 	peek  [1]byte
 	t     frameTracker
+
+	// Read-ahead buffers come from pool and hold size bytes: readPool, or
+	// tlsReadPool over crypto/tls, whose Read must be able to take a whole
+	// record's plaintext (see recordConn).
+	pool *sync.Pool
+	size int
+	rec  *recordConn // under crypto/tls; nil on plain TCP
 
 	ahead    *[]byte // bytes read ahead, [aheadOff:aheadLen] not taken yet; nil when none
 	aheadOff int
@@ -56,7 +64,11 @@ func newIdleConn(nc net.Conn) net.Conn {
 	if err != nil {
 		return nc
 	}
-	c := &idleConn{Conn: nc, rc: rc, fd: -1}
+	return newIdle(nc, rc, &readPool, readAhead, nil)
+}
+
+func newIdle(nc net.Conn, rc syscall.RawConn, pool *sync.Pool, size int, rec *recordConn) *idleConn {
+	c := &idleConn{Conn: nc, rc: rc, fd: -1, pool: pool, size: size, rec: rec}
 	c.ready = c.readable
 	_ = rc.Control(func(fd uintptr) { c.fd = int(fd) })
 	return c
@@ -68,15 +80,15 @@ func (c *idleConn) Read(p []byte) (int, error) {
 			c.aheadErr = nil
 			return 0, err
 		}
-		if len(p) >= readAhead {
+		if len(p) >= c.size {
 			n, err := c.Conn.Read(p)
 			c.t.feed(p[:n])
 			return n, err
 		}
-		b := readPool.Get().(*[]byte)
+		b := c.pool.Get().(*[]byte)
 		n, err := c.Conn.Read(*b)
 		if n == 0 {
-			readPool.Put(b)
+			c.pool.Put(b)
 			return 0, err
 		}
 		c.ahead, c.aheadOff, c.aheadLen, c.aheadErr = b, 0, n, err
@@ -84,7 +96,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	n := copy(p, (*c.ahead)[c.aheadOff:c.aheadLen])
 	c.aheadOff += n
 	if c.aheadOff == c.aheadLen {
-		readPool.Put(c.ahead)
+		c.pool.Put(c.ahead)
 		c.ahead = nil
 	}
 	c.t.feed(p[:n])
@@ -92,8 +104,11 @@ func (c *idleConn) Read(p []byte) (int, error) {
 }
 
 // buffered reports whether bytes (or an error) read from the socket wait
-// for gorilla: then there is no need to wait for the socket.
-func (c *idleConn) buffered() bool { return c.ahead != nil || c.aheadErr != nil }
+// for gorilla, here or under crypto/tls: then there is no need to wait for
+// the socket.
+func (c *idleConn) buffered() bool {
+	return c.ahead != nil || c.aheadErr != nil || (c.rec != nil && c.rec.buffered())
+}
 
 // waitReadable returns once the socket has a byte to read, has failed, or
 // its read deadline (Close sets one) has passed.

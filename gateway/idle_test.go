@@ -114,3 +114,64 @@ func TestIdleConnReadAhead(t *testing.T) {
 		t.Errorf("tracker saw %d messages, quiet=%v; want 20 and quiet", c.t.messages, c.t.quiet(20))
 	}
 }
+
+// recordConn hands crypto/tls the bytes of the socket in order, never past
+// the end of the current record's header or body, and holds no buffer once
+// they are taken.
+func TestRecordConnStopsAtRecords(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	var stream []byte
+	var bounds []int // offsets where a header or a body ends
+	for range 200 {
+		n := rnd.IntN(maxPlaintext + 300)
+		if rnd.IntN(8) == 0 {
+			n = rnd.IntN(3) // empty and tiny records too
+		}
+		stream = append(stream, 23, 3, 3, byte(n>>8), byte(n))
+		bounds = append(bounds, len(stream))
+		for range n {
+			stream = append(stream, byte(rnd.Uint32()))
+		}
+		bounds = append(bounds, len(stream))
+	}
+	client, server := net.Pipe()
+	defer client.Close()
+	go func() {
+		wrnd := rand.New(rand.NewPCG(5, 6)) // rnd is the reader's
+		rest := stream
+		for len(rest) > 0 {
+			k := min(len(rest), 1+wrnd.IntN(40000))
+			server.Write(rest[:k])
+			rest = rest[k:]
+		}
+		server.Close()
+	}()
+	r := &recordConn{Conn: client}
+	var got []byte
+	next := 0 // index into bounds of the next boundary
+	for {
+		p := make([]byte, 1+rnd.IntN(20000))
+		n, err := r.Read(p)
+		if n > 0 {
+			for next < len(bounds) && bounds[next] <= len(got) {
+				next++
+			}
+			if next < len(bounds) && len(got)+n > bounds[next] {
+				t.Fatalf("a read of %d bytes at %d crosses the record boundary at %d", n, len(got), bounds[next])
+			}
+			got = append(got, p[:n]...)
+		}
+		if err != nil {
+			if err != io.EOF {
+				t.Fatalf("Read: %v", err)
+			}
+			break
+		}
+	}
+	if !bytes.Equal(got, stream) {
+		t.Fatalf("read %d bytes that differ from the %d sent", len(got), len(stream))
+	}
+	if r.buffered() {
+		t.Error("a buffer is held after every byte was taken")
+	}
+}

@@ -214,6 +214,29 @@ func TestTLS(t *testing.T) {
 	if cs := e.diag(0).Conn; cs != (core.ConnState{TCP: core.LayerOK, TLS: core.LayerOK, WS: core.LayerOK}) {
 		t.Errorf("Diag().Conn = %+v; want every layer ok", cs)
 	}
+	if canPark {
+		// An idle TLS connection parks like a plain one, and events of
+		// every size, a record or many, still arrive whole and in order.
+		e.clk.Advance(2 * parkAfter)
+		e.publish(0, 1)
+		e.synced(0)
+		e.waitParked(1)
+		for _, size := range []int{10, 3000, 16 << 10, 70 << 10, 5} {
+			e.clk.Advance(2 * parkAfter)
+			d := fmt.Sprintf(`{"content":%q}`, strings.Repeat("x", size))
+			if _, err := e.sim.Publish(0, gatewaysim.Event{Name: "MESSAGE_CREATE", Data: []byte(d)}); err != nil {
+				t.Fatal(err)
+			}
+			e.synced(0)
+			e.waitParked(1)
+		}
+		if got := goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume"); got != 0 {
+			t.Errorf("%d reader goroutines with the TLS connection parked; want 0", got)
+		}
+		if d := e.diag(0); d.Reconnects != 0 || d.State != core.Ready {
+			t.Errorf("after parked reads over TLS: %v, %d reconnects; want READY, none", d.State, d.Reconnects)
+		}
+	}
 	m := e.mark(0)
 	e.sim.Inject(0, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
 	e.waitBackoff(0, m)
