@@ -516,7 +516,7 @@ func (c *conn) dialTLS(ctx context.Context, network, addr string) (net.Conn, err
 	// recordConn).
 	under, rec := nc, (*recordConn)(nil)
 	if c.t.cfg.Compression == NoCompression && canWaitReadable {
-		rec = &recordConn{Conn: nc}
+		rec = newRecordConn(nc)
 		under = rec
 	}
 	tc := tls.Client(under, cfg)

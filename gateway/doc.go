@@ -120,9 +120,8 @@
 // zstd frame of raw blocks: valid for the server's decoder, and no encoder
 // state (hundreds of KiB) per connection for a few small commands a minute.
 //
-// Memory. gorilla reads through its smallest buffer (125 bytes) and
-// borrows its write buffer from a shared pool; on an uncompressed
-// connection idleConn reads ahead for it (up to 4 KiB a read, or a TLS
+// Memory. gorilla reads through a 512-byte buffer and borrows its write
+// buffer from a shared pool; over TLS idleConn reads ahead for it (a
 // record's 16 KiB) into a pooled buffer that goes back once gorilla has
 // every byte, and recordConn does the same under crypto/tls. Payload
 // buffers come from a pool when a message arrives and go back after the

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -20,30 +21,29 @@ import (
 // no longer shows; compressed ones park inside their decompressor and read
 // as usual.
 //
-// It also reads ahead for gorilla, whose own buffer is kept at its minimum
-// (readBufferSize): a read of the socket takes up to readAhead bytes into
-// a pooled buffer, which goes back to the pool once gorilla has taken
-// every byte. Under load one read brings several messages; an idle
-// connection holds no buffer at all.
+// Over TLS it also reads ahead for gorilla: a read of crypto/tls takes a
+// whole record's plaintext into a pooled buffer, which goes back to the
+// pool once gorilla has taken every byte, so that crypto/tls holds none.
+// On plain TCP gorilla's own buffer reads ahead, and only the bytes
+// waitReadable took from the socket wait here. An idle connection holds
+// no buffer of ours.
 type idleConn struct {
 	net.Conn
 	fd    int // the socket, for the idler; -1 when unknown
 	rc    syscall.RawConn
 	ready func(fd uintptr) bool // allocated once: rc.Read takes a func
-	peek  [1]byte
 	t     frameTracker
 
-	// Read-ahead buffers come from pool and hold size bytes: readPool, or
-	// tlsReadPool over crypto/tls, whose Read must be able to take a whole
-	// record's plaintext (see recordConn).
-	pool *sync.Pool
+	// in holds bytes read ahead for gorilla: from readPool on plain TCP,
+	// from tlsReadPool over crypto/tls, whose Read must be able to take a
+	// whole record's plaintext (see recordConn). size is its buffers'
+	// size: a read at least that large goes straight through.
+	in   aheadBuf
 	size int
 	rec  *recordConn // under crypto/tls; nil on plain TCP
-
-	ahead    *[]byte // bytes read ahead, [aheadOff:aheadLen] not taken yet; nil when none
-	aheadOff int
-	aheadLen int
-	aheadErr error // what the socket said after the bytes read ahead
+	// sock is where waitReadable puts what the socket has: in, or the
+	// recordConn's buffer under crypto/tls.
+	sock *aheadBuf
 }
 
 // readAhead is the most one read of the socket takes when gorilla asks for
@@ -64,53 +64,90 @@ func newIdleConn(nc net.Conn) net.Conn {
 	if err != nil {
 		return nc
 	}
-	return newIdle(nc, rc, &readPool, readAhead, nil)
+	// Plain TCP reads go straight to the socket: gorilla's own buffer does
+	// the reading ahead (reading ahead here as well cost twice the CPU per
+	// event under a flood, BenchmarkDispatch). Only what waitReadable
+	// takes from the socket is held here.
+	return newIdle(nc, rc, &readPool, 0, nil)
 }
 
 func newIdle(nc net.Conn, rc syscall.RawConn, pool *sync.Pool, size int, rec *recordConn) *idleConn {
-	c := &idleConn{Conn: nc, rc: rc, fd: -1, pool: pool, size: size, rec: rec}
+	c := &idleConn{Conn: nc, rc: rc, fd: -1, in: aheadBuf{pool: pool}, size: size, rec: rec}
+	c.sock = &c.in
+	if rec != nil {
+		c.sock = &rec.in
+	}
 	c.ready = c.readable
 	_ = rc.Control(func(fd uintptr) { c.fd = int(fd) })
 	return c
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
-	if c.ahead == nil {
-		if err := c.aheadErr; err != nil {
-			c.aheadErr = nil
-			return 0, err
-		}
+	if !c.in.buffered() {
 		if len(p) >= c.size {
 			n, err := c.Conn.Read(p)
 			c.t.feed(p[:n])
 			return n, err
 		}
-		b := c.pool.Get().(*[]byte)
-		n, err := c.Conn.Read(*b)
-		if n == 0 {
-			c.pool.Put(b)
-			return 0, err
-		}
-		c.ahead, c.aheadOff, c.aheadLen, c.aheadErr = b, 0, n, err
+		c.in.fill(c.Conn)
 	}
-	n := copy(p, (*c.ahead)[c.aheadOff:c.aheadLen])
-	c.aheadOff += n
-	if c.aheadOff == c.aheadLen {
-		c.pool.Put(c.ahead)
-		c.ahead = nil
-	}
+	n, err := c.in.take(p)
 	c.t.feed(p[:n])
-	return n, nil
+	return n, err
 }
 
 // buffered reports whether bytes (or an error) read from the socket wait
 // for gorilla, here or under crypto/tls: then there is no need to wait for
 // the socket.
 func (c *idleConn) buffered() bool {
-	return c.ahead != nil || c.aheadErr != nil || (c.rec != nil && c.rec.buffered())
+	return c.in.buffered() || (c.rec != nil && c.rec.in.buffered())
 }
 
-// waitReadable returns once the socket has a byte to read, has failed, or
+// aheadBuf holds bytes read from a socket before their reader asked for
+// them, in a buffer from pool that goes back once the last byte is taken.
+type aheadBuf struct {
+	pool   *sync.Pool
+	b      *[]byte // [off:n] not taken yet; nil when empty
+	off, n int
+	err    error // what the socket said after those bytes
+}
+
+func (a *aheadBuf) buffered() bool { return a.b != nil || a.err != nil }
+
+// fill reads r once into a pooled buffer; a is empty.
+func (a *aheadBuf) fill(r io.Reader) {
+	b := a.pool.Get().(*[]byte)
+	n, err := r.Read(*b)
+	a.set(b, n, err)
+}
+
+func (a *aheadBuf) set(b *[]byte, n int, err error) {
+	if n == 0 {
+		a.pool.Put(b)
+		b = nil
+	}
+	a.b, a.off, a.n, a.err = b, 0, n, err
+}
+
+// take copies buffered bytes into p, or returns the error that followed
+// them once they are all taken.
+func (a *aheadBuf) take(p []byte) (int, error) {
+	if a.b == nil {
+		err := a.err
+		a.err = nil
+		return 0, err
+	}
+	n := copy(p, (*a.b)[a.off:a.n])
+	a.off += n
+	if a.off == a.n {
+		a.pool.Put(a.b)
+		a.b = nil
+	}
+	return n, nil
+}
+
+// waitReadable returns once the socket has given what it has to the
+// read-ahead buffer (one system call, as a read would be), has failed, or
 // its read deadline (Close sets one) has passed.
 func (c *idleConn) waitReadable() {
 	_ = c.rc.Read(c.ready)
@@ -219,8 +256,7 @@ func (t *frameTracker) frameDone() {
 	t.hn, t.inFrame = 0, false
 }
 
-// readBufferSize is gorilla's read buffer per connection: the smallest it
-// takes (a control frame's payload). idleConn reads ahead for it from a
-// pool, so a larger one would hold memory for the connection's whole life
-// and save no read.
-const readBufferSize = 125
+// readBufferSize is gorilla's read buffer per connection. Over TLS
+// idleConn reads ahead for it from a pool, and a smaller one would do; on
+// plain TCP it is what reads ahead.
+const readBufferSize = 512

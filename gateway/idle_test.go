@@ -83,7 +83,7 @@ func TestFrameTracker(t *testing.T) {
 func TestIdleConnReadAhead(t *testing.T) {
 	client, server := net.Pipe()
 	defer client.Close()
-	c := &idleConn{Conn: client, fd: -1}
+	c := &idleConn{Conn: client, fd: -1, in: aheadBuf{pool: &readPool}, size: readAhead}
 	stream := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
 	for i := range 20 {
 		stream = append(stream, serverFrame(1, true, bytes.Repeat([]byte{byte('a' + i)}, 50+37*i))...)
@@ -107,7 +107,7 @@ func TestIdleConnReadAhead(t *testing.T) {
 	if !bytes.Equal(got, stream) {
 		t.Fatalf("read %d bytes that differ from the %d sent", len(got), len(stream))
 	}
-	if c.buffered() || c.ahead != nil {
+	if c.buffered() || c.in.b != nil {
 		t.Error("a buffer is held after every byte was taken")
 	}
 	if c.t.messages != 20 || !c.t.quiet(20) {
@@ -146,7 +146,7 @@ func TestRecordConnStopsAtRecords(t *testing.T) {
 		}
 		server.Close()
 	}()
-	r := &recordConn{Conn: client}
+	r := newRecordConn(client)
 	var got []byte
 	next := 0 // index into bounds of the next boundary
 	for {
@@ -171,7 +171,7 @@ func TestRecordConnStopsAtRecords(t *testing.T) {
 	if !bytes.Equal(got, stream) {
 		t.Fatalf("read %d bytes that differ from the %d sent", len(got), len(stream))
 	}
-	if r.buffered() {
+	if r.in.buffered() {
 		t.Error("a buffer is held after every byte was taken")
 	}
 }

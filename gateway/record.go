@@ -25,11 +25,7 @@ type recordConn struct {
 	hdr  [recordHeader]byte
 	hn   int // header bytes handed over of the current record
 	rest int // body bytes of the current record not handed over yet
-
-	ahead    *[]byte // bytes read ahead, [aheadOff:aheadLen] not taken yet; nil when none
-	aheadOff int
-	aheadLen int
-	aheadErr error // what the socket said after the bytes read ahead
+	in   aheadBuf
 }
 
 const (
@@ -48,24 +44,14 @@ func (r *recordConn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if r.ahead == nil {
-		if err := r.aheadErr; err != nil {
-			r.aheadErr = nil
-			return 0, err
-		}
-		b := recordPool.Get().(*[]byte)
-		n, err := r.Conn.Read(*b)
-		if n == 0 {
-			recordPool.Put(b)
-			return 0, err
-		}
-		r.ahead, r.aheadOff, r.aheadLen, r.aheadErr = b, 0, n, err
+	if !r.in.buffered() {
+		r.in.fill(r.Conn)
 	}
 	limit := r.rest
 	if limit == 0 {
 		limit = recordHeader - r.hn
 	}
-	n := copy(p[:min(len(p), limit)], (*r.ahead)[r.aheadOff:r.aheadLen])
+	n, err := r.in.take(p[:min(len(p), limit)])
 	if r.rest > 0 {
 		r.rest -= n
 	} else {
@@ -74,17 +60,12 @@ func (r *recordConn) Read(p []byte) (int, error) {
 			r.hn, r.rest = 0, int(r.hdr[3])<<8|int(r.hdr[4])
 		}
 	}
-	r.aheadOff += n
-	if r.aheadOff == r.aheadLen {
-		recordPool.Put(r.ahead)
-		r.ahead = nil
-	}
-	return n, nil
+	return n, err
 }
 
-// buffered reports whether bytes (or an error) read from the socket wait
-// for crypto/tls.
-func (r *recordConn) buffered() bool { return r.ahead != nil || r.aheadErr != nil }
+func newRecordConn(nc net.Conn) *recordConn {
+	return &recordConn{Conn: nc, in: aheadBuf{pool: &recordPool}}
+}
 
 // newTLSIdleConn returns tc, a client over rec, as a connection that can
 // wait for its socket and park, or tc itself where that cannot be done.
