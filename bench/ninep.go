@@ -157,8 +157,9 @@ func run9P(cfg config, log io.Writer) (*section, error) {
 		rtt, len(rtts), cfg.ninepDuration, num(1e6/(4*rtt), 0), perTrip(sideShardfs), perTrip(sideDiod), perTrip(sideDiod)/1.25, 100*perTrip(sideDiod)/1.25/rtt)
 	if len(measures) > 2 {
 		one := measures[2].values
-		text += fmt.Sprintf("diodload is a C client, whose side of a round trip costs less than a Go process's, so both servers go past that echo: one getattr round trip took %.1f µs with shardfs and %.1f µs with diod. ",
-			1e6/median(one[sideShardfs]), 1e6/median(one[sideDiod]))
+		text += fmt.Sprintf("diodload is a C client, whose side of a round trip costs less than a Go process's: one getattr round trip took %.1f µs with shardfs and %.1f µs with diod, against the Go echo's %.1f µs; "+
+			"there the server's own wake-up counts, and diod's (a C thread blocked in read) is cheaper than the Go runtime's. ",
+			1e6/median(one[sideShardfs]), 1e6/median(one[sideDiod]), rtt)
 	}
 	text += "A CPU profile of the node during this comparison (pprof, taken while tuning) puts about two thirds of its samples in the write and read system calls, " +
 		"whose cost is the kernel handing the bytes over and waking the other side; the 9P code (hugelgupf/p9 and fsrv) is under a tenth. " +
