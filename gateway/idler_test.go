@@ -18,50 +18,43 @@ func TestIdleConnectionsPark(t *testing.T) {
 	e := newEnv(t, envConfig{shards: n})
 	e.start()
 	readers := func() int { return goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume") }
+	// events sends k events to every shard and waits until each has them.
+	events := func(k int) {
+		for id := range n {
+			e.publish(id, k)
+			e.synced(id)
+		}
+	}
+	wantParked := func() {
+		t.Helper()
+		e.waitParked(n)
+		if got := readers(); got != 0 {
+			t.Errorf("%d reader goroutines with every connection parked; want 0", got)
+		}
+	}
 	// After READY and its burst, a connection parks at its first wait. A
 	// burst whose tail arrives just after that wakes it at once, and a
 	// reader woken at once waits a second before it parks again: one event
 	// a second later settles both cases.
 	e.clk.Advance(2 * parkAfter)
-	for id := range n {
-		e.publish(id, 1)
-		e.synced(id)
-	}
-	e.waitParked(n)
-	if got := readers(); got != 0 {
-		t.Errorf("%d reader goroutines with every connection parked after READY; want 0", got)
-	}
+	events(1)
+	wantParked()
 	// Woken at once, they keep their reader; a reader that then waited a
 	// second (of the connection's clock) for its last byte parks at its
 	// next wait.
-	for id := range n {
-		e.publish(id, 1)
-		e.synced(id)
-	}
+	events(1)
 	e.waitParked(0)
 	e.clk.Advance(2 * parkAfter)
-	for id := range n {
-		e.publish(id, 1)
-		e.synced(id)
-	}
-	e.waitParked(n)
-	if got := readers(); got != 0 {
-		t.Errorf("%d reader goroutines with every connection parked; want 0", got)
-	}
+	events(1)
+	wantParked()
 
 	// Events wake them; woken at once, they keep their reader.
-	for id := range n {
-		e.publish(id, 3)
-		e.synced(id)
-	}
+	events(3)
 	e.waitParked(0)
 
 	// Heartbeats go out and their ACKs come back while parked.
 	e.clk.Advance(2 * parkAfter)
-	for id := range n {
-		e.publish(id, 1)
-		e.synced(id)
-	}
+	events(1)
 	// A heartbeat due during those 2 s may still wait for its ACK: the
 	// next tick would find the connection a zombie.
 	e.waitAcked()
