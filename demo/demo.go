@@ -142,6 +142,25 @@ func (d *Demo) injectChaos(ctx context.Context) {
 	d.mu.Unlock()
 }
 
+// Wait returns once cond holds, looking again at every line of the node's
+// events log and at every dispatch, or ctx's error once ctx ends.
+func (d *Demo) Wait(ctx context.Context, cond func() bool) error {
+	for {
+		// Take the channels before looking, so that no change slips
+		// between the look and the wait.
+		events, dispatch := d.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-events:
+		case <-dispatch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Close stops the chaos, the node and the simulator.
 func (d *Demo) Close() error {
 	if d.cancel != nil {

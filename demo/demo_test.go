@@ -16,20 +16,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // log and at every dispatch, for at most 30 s.
 func waitFor(t *testing.T, d *Demo, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		// Take the channels before looking, so that no change slips
-		// between the look and the wait.
-		events, dispatch := d.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
-		if cond() {
-			return
-		}
-		select {
-		case <-events:
-		case <-dispatch:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.Wait(ctx, cond); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
 	}
 }
 

@@ -83,14 +83,20 @@ func (g *identifyGate) reserve(shard int, now time.Time) gateTicket {
 		}
 	}
 	g.last[t.key] = t.at
-	if d := t.at.Add(g.window + g.margin).Sub(now); g.stopped {
-		// no timer after Transport.Close
-	} else if g.forget == nil {
+	g.armLocked(t.at.Add(g.window + g.margin).Sub(now))
+	return t
+}
+
+// armLocked points the forget timer d from now; after Transport.Close it
+// arms nothing.
+func (g *identifyGate) armLocked(d time.Duration) {
+	switch {
+	case g.stopped:
+	case g.forget == nil:
 		g.forget = g.clock.AfterFunc(d, g.forgetAll)
-	} else {
+	default:
 		g.forget.Reset(d)
 	}
-	return t
 }
 
 func (g *identifyGate) forgetAll() {
@@ -107,10 +113,10 @@ func (g *identifyGate) forgetAll() {
 	}
 	if len(g.last) == 0 {
 		g.last = nil
-	} else if !g.stopped {
+	} else {
 		// A later reservation in another bucket may have moved the timer
 		// before this entry's end.
-		g.forget.Reset(newest.Add(g.window + g.margin).Sub(now))
+		g.armLocked(newest.Add(g.window + g.margin).Sub(now))
 	}
 }
 

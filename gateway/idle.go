@@ -34,10 +34,11 @@ type idleConn struct {
 	ready func(fd uintptr) bool // allocated once: rc.Read takes a func
 	t     frameTracker
 
-	// in holds bytes read ahead for gorilla: from readPool on plain TCP,
-	// from tlsReadPool over crypto/tls, whose Read must be able to take a
-	// whole record's plaintext (see recordConn). size is its buffers'
-	// size: a read at least that large goes straight through.
+	// in holds bytes read ahead for gorilla: what waitReadable took from
+	// a plain socket (readPool), or reads of crypto/tls (tlsReadPool),
+	// whose Read must be able to take a whole record's plaintext (see
+	// recordConn). A read of at least size bytes goes straight through:
+	// 0 on plain TCP, where gorilla's own buffer reads ahead.
 	in   aheadBuf
 	size int
 	rec  *recordConn // under crypto/tls; nil on plain TCP
@@ -46,8 +47,7 @@ type idleConn struct {
 	sock *aheadBuf
 }
 
-// readAhead is the most one read of the socket takes when gorilla asks for
-// less.
+// readAhead is the most waitReadable takes from a plain socket at once.
 const readAhead = 4096
 
 var readPool = sync.Pool{New: func() any {

@@ -78,8 +78,9 @@ func TestFrameTracker(t *testing.T) {
 	}
 }
 
-// idleConn reads ahead into a pooled buffer for gorilla's small reads,
-// hands the bytes over in order, and holds no buffer once they are taken.
+// Configured to read ahead (as over crypto/tls), idleConn reads into a
+// pooled buffer for gorilla's small reads, hands the bytes over in order,
+// and holds no buffer once they are taken.
 func TestIdleConnReadAhead(t *testing.T) {
 	client, server := net.Pipe()
 	defer client.Close()

@@ -10,7 +10,11 @@ import (
 
 var t0 = time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC)
 
-func readAll(l *Log, off int64, bufSize int) ([]byte, int64) {
+// readAll reads a Log or a Merged from off to its end in bufSize reads,
+// and returns the bytes and the offset the first read started at.
+func readAll(l interface {
+	ReadAt(p []byte, off int64) (int, int64)
+}, off int64, bufSize int) ([]byte, int64) {
 	var out []byte
 	buf := make([]byte, bufSize)
 	first := int64(-1)

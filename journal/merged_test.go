@@ -30,7 +30,7 @@ func TestMergedReadsLikeALog(t *testing.T) {
 	}
 	for _, off := range []int64{0, 1, 17, 18, 500, int64(len(all)) - 1, int64(len(all)), int64(len(all)) + 10} {
 		for _, bufSize := range []int{1, 7, 64, 4096} {
-			got, start := readAllMerged(m, off, bufSize)
+			got, start := readAll(m, off, bufSize)
 			want := []byte{}
 			if off < int64(len(all)) {
 				want = all[off:]
@@ -53,7 +53,7 @@ func TestMergedRetentionKeepsWholeLines(t *testing.T) {
 	if h := m.Held(); h < 1024 || h > 1024+64 {
 		t.Errorf("Held = %d; want between the retention and one line more", h)
 	}
-	got, start := readAllMerged(m, 0, 100)
+	got, start := readAll(m, 0, 100)
 	if start != oldest || !bytes.Equal(got, all[oldest:]) {
 		t.Errorf("read from 0 starts at %d with %d bytes; want %d with %d", start, len(got), oldest, len(all)-int(oldest))
 	}
@@ -109,23 +109,6 @@ func TestMergedConcurrentReaders(t *testing.T) {
 		m.Add(line, t0)
 	}
 	wg.Wait()
-}
-
-func readAllMerged(m *Merged, off int64, bufSize int) ([]byte, int64) {
-	var out []byte
-	buf := make([]byte, bufSize)
-	first := int64(-1)
-	for {
-		n, start := m.ReadAt(buf, off)
-		if first < 0 {
-			first = start
-		}
-		if n == 0 {
-			return out, first
-		}
-		out = append(out, buf[:n]...)
-		off = start + int64(n)
-	}
 }
 
 func BenchmarkMergedAdd(b *testing.B) {

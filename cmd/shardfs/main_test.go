@@ -334,18 +334,10 @@ func TestExamplesAgainstDemo(t *testing.T) {
 // lifecycle event and dispatch, for at most 30 s.
 func waitDemo(t *testing.T, d *demo.Demo, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		events, dispatch := d.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
-		if cond() {
-			return
-		}
-		select {
-		case <-events:
-		case <-dispatch:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.Wait(ctx, cond); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
 	}
 }
 
