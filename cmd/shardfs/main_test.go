@@ -415,3 +415,97 @@ func TestServeAgainstGateway(t *testing.T) {
 		t.Errorf("serve in a pipe logged no startup progress:\n%s", stderr.String())
 	}
 }
+
+// startServe runs `serve` against sim with env added and waits, at most
+// 30 s, for it to log its TCP listener; it returns the 9P2000.L root there.
+func startServe(t *testing.T, dir string, sim *gatewaysim.Server, env []string, args ...string) (*exec.Cmd, *syncBuffer, p9.File) {
+	t.Helper()
+	cmd := command(t, dir, append([]string{"serve", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto", "--listen", "tcp!127.0.0.1!0"}, args...)...)
+	cmd.Env = append(cmd.Env, env...)
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	var addr string
+	eventually(t, "serve listening", func() (bool, string) {
+		s := stderr.String()
+		if i := strings.Index(s, "addr=tcp!"); i >= 0 {
+			addr = strings.Fields(s[i+len("addr="):])[0]
+			return true, addr
+		}
+		return false, s
+	})
+	parts := strings.Split(addr, "!")
+	return cmd, stderr, dotlRoot(t, net.JoinHostPort(parts[1], parts[2]))
+}
+
+// A token from SHARDFS_TOKEN reaches the gateway (the shards come READY)
+// but is gone from /proc/PID/environ of the serving process, which is
+// still the process that was started: SIGTERM reaches it and its exit
+// status comes back.
+func TestServeTokenLeavesEnviron(t *testing.T) {
+	const token = "ENVIRON-TOKEN-must-vanish-5678"
+	dir := binDir(t)
+	for _, how := range []string{"env", "file"} {
+		t.Run(how, func(t *testing.T) {
+			// A simulator each: one bucket identifies once in 5 s.
+			sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 2, MaxConcurrency: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sim.Close()
+			var env, args []string
+			if how == "env" {
+				env = []string{"SHARDFS_TOKEN=" + token}
+			} else {
+				f := filepath.Join(t.TempDir(), "token")
+				if err := os.WriteFile(f, []byte(token+"\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = []string{"--token-file", f}
+			}
+			cmd, stderr, root := startServe(t, dir, sim, env, args...)
+			eventually(t, "both shards READY", func() (bool, string) {
+				s, err := dotlRead(root, "status")
+				return err == nil && strings.Count(s, " READY ") == 2, s
+			})
+			environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, kv := range strings.Split(string(environ), "\x00") {
+				if strings.Contains(kv, token) || strings.HasPrefix(kv, "SHARDFS_TOKEN=") {
+					t.Errorf("/proc/%d/environ of serve holds %q", cmd.Process.Pid, kv)
+				}
+			}
+			cmd.Process.Signal(syscall.SIGTERM)
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("serve exited with %v after SIGTERM:\n%s", err, stderr)
+			}
+			if !strings.Contains(stderr.String(), "shutting down") {
+				t.Errorf("serve did not shut down cleanly on SIGTERM:\n%s", stderr)
+			}
+		})
+	}
+}
+
+// A serve that fails after the re-exec still reports its failure as its
+// exit status.
+func TestServeReexecExitStatus(t *testing.T) {
+	cmd := command(t, binDir(t), "serve", "--flavor", "discord", "--gateway", "ws://127.0.0.1:1/", "--total", "1", "--listen", "unix!"+filepath.Join(t.TempDir(), "no", "such", "dir", "s.sock"))
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN=EXIT-TOKEN-1234")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("serve with an unusable listener = %v; want exit status 1\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "shardfs: listen unix!") || strings.Contains(string(out), "EXIT-TOKEN") {
+		t.Errorf("serve said %q; want the listen error and no token", out)
+	}
+}

@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -137,25 +135,4 @@ func planFor(total int, shards string) (core.Plan, error) {
 		return plan, fmt.Errorf("plan: %w", err)
 	}
 	return plan, nil
-}
-
-// readToken reads the token from a file or SHARDFS_TOKEN, and removes it
-// from the environment so that no child process inherits it.
-func readToken(file string) (string, error) {
-	var tok string
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
-		}
-		tok = string(b)
-	} else {
-		tok = os.Getenv("SHARDFS_TOKEN")
-	}
-	os.Unsetenv("SHARDFS_TOKEN")
-	tok = strings.TrimSpace(tok)
-	if tok == "" {
-		return "", fmt.Errorf("no token: set SHARDFS_TOKEN or pass --token-file FILE")
-	}
-	return tok, nil
 }
