@@ -53,24 +53,24 @@ func Discover(ctx context.Context, client *http.Client, flavor core.Flavor, api,
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(api, "/")+"/gateway/bot", nil)
 	if err != nil {
-		return Discovery{}, fmt.Errorf("gateway: discovery: %w", err)
+		return Discovery{}, &discoveryError{err}
 	}
 	if req.URL.Scheme != "https" && !(req.URL.Scheme == "http" && plainOK(req.URL.Hostname())) {
-		return Discovery{}, fmt.Errorf("gateway: discovery: refusing to send the token to %s://%s; use https", req.URL.Scheme, req.URL.Host)
+		return Discovery{}, &discoveryError{fmt.Errorf("refusing to send the token to %s://%s; use https", req.URL.Scheme, req.URL.Host)}
 	}
 	req.Header.Set("Authorization", "Bot "+bareToken(token))
 	req.Header.Set("User-Agent", userAgent)
 	resp, err := client.Do(req)
 	if err != nil {
-		return Discovery{}, fmt.Errorf("gateway: discovery: %w", err)
+		return Discovery{}, &discoveryError{err}
 	}
 	defer resp.Body.Close()
 	body := io.LimitReader(resp.Body, 64<<10)
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return Discovery{}, fmt.Errorf("%w: discovery answered %s", ErrUnauthorized, resp.Status)
+		return Discovery{}, &discoveryError{fmt.Errorf("answered %s: %w", resp.Status, ErrUnauthorized)}
 	case resp.StatusCode != http.StatusOK:
-		return Discovery{}, fmt.Errorf("gateway: discovery answered %s", resp.Status)
+		return Discovery{}, &discoveryError{fmt.Errorf("answered %s", resp.Status)}
 	}
 	var v struct {
 		URL               string `json:"url"`
@@ -83,10 +83,10 @@ func Discover(ctx context.Context, client *http.Client, flavor core.Flavor, api,
 		} `json:"session_start_limit"`
 	}
 	if err := json.NewDecoder(body).Decode(&v); err != nil {
-		return Discovery{}, fmt.Errorf("gateway: discovery: malformed answer: %w", err)
+		return Discovery{}, &discoveryError{fmt.Errorf("malformed answer: %w", err)}
 	}
 	if !strings.HasPrefix(v.URL, "ws://") && !strings.HasPrefix(v.URL, "wss://") {
-		return Discovery{}, errors.New("gateway: discovery: the answer has no ws:// or wss:// url")
+		return Discovery{}, &discoveryError{errors.New("the answer has no ws:// or wss:// url")}
 	}
 	l := v.SessionStartLimit
 	return Discovery{
@@ -99,6 +99,14 @@ func Discover(ctx context.Context, client *http.Client, flavor core.Flavor, api,
 		},
 	}, nil
 }
+
+// discoveryError is a failed discovery. Its text says "gateway:
+// discovery:" once; a shard's connection, whose error says "discovery:"
+// itself, reports only the reason (gatewayURL unwraps it).
+type discoveryError struct{ err error }
+
+func (e *discoveryError) Error() string { return "gateway: discovery: " + e.err.Error() }
+func (e *discoveryError) Unwrap() error { return e.err }
 
 // bareToken drops an HTTP "Bot " prefix: identify and resume send the raw
 // token, the HTTP API the prefixed one.
@@ -161,6 +169,9 @@ func (t *Transport) gatewayURL(ctx context.Context) (string, error) {
 		t.dmu.Unlock()
 
 		_, err := t.Discover(ctx)
+		if de, ok := err.(*discoveryError); ok {
+			err = de.err
+		}
 		t.dmu.Lock()
 		t.discovering, t.discoverErr = nil, err
 		u := t.url

@@ -26,7 +26,7 @@ func (w *blockingWriter) Write(p []byte) (int, error) {
 // dropped and counted, and the rest come out in order once it drains.
 func TestAsyncLogNeverBlocks(t *testing.T) {
 	w := &blockingWriter{release: make(chan struct{})}
-	h, stop := newAsyncHandler(slog.NewTextHandler(w, nil), 4)
+	h, stop := newAsyncHandler(slog.NewTextHandler(w, nil), 4, nil)
 	log := slog.New(h).With("component", "core")
 	for i := range 100 {
 		log.Info("event", "n", i) // would hang here if Handle waited

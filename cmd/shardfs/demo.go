@@ -51,7 +51,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	log, stopLog := newLogger(stderr, *debug)
+	log, _, stopLog := newLogger(stderr, *debug)
 	defer stopLog()
 	d, err := demo.Start(ctx, demo.Config{Flavor: flavor, Shards: *shards, Traffic: *traffic, Chaos: *chaos, Compression: comp, Backoff: core.Fixed(2 * time.Second), Logger: log})
 	if err != nil {

@@ -7,6 +7,19 @@
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
 //	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
 //	shardfs version
+//
+// Decisions. When serve takes its token from SHARDFS_TOKEN it re-executes
+// itself in place (same PID, so signals and the exit status are
+// unchanged) without the variable, handing the token over on a pipe
+// (token.go); Unsetenv alone leaves it in /proc/PID/environ. On a
+// terminal, one goroutine (the log queue's writer) owns stderr: the
+// startup progress line goes through the same queue as the log lines, and
+// each log line erases it and draws it again below itself (console in
+// asynclog.go); a terminal progress library would bring its own render
+// loop and a second writer to keep in step with the queue, for one line.
+// A burst of log lines with the same long err (shards that shared one
+// failed discovery) prints it whole once and "same as shard N" after; the
+// tree's events keep every shard's full text.
 package main
 
 import (

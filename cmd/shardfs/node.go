@@ -70,14 +70,24 @@ func addrString(l net.Listener) string {
 }
 
 // newLogger logs to w without ever waiting for it (see asyncHandler); stop
-// flushes it.
-func newLogger(w io.Writer, debug bool) (log *slog.Logger, stop func()) {
+// flushes it. On a terminal, status draws a line that stays below the log
+// (see console); elsewhere status is nil.
+func newLogger(w io.Writer, debug bool) (log *slog.Logger, status func(line string, final bool), stop func()) {
 	level := slog.LevelInfo
 	if debug {
 		level = slog.LevelDebug
 	}
-	h, stop := newAsyncHandler(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}), 8192)
-	return slog.New(h), stop
+	var con *console
+	out := w
+	if isTerminal(w) {
+		con = &console{w: w}
+		out = con
+	}
+	h, stop := newAsyncHandler(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}), 8192, con)
+	if con != nil {
+		status = h.(*asyncHandler).q.status
+	}
+	return slog.New(h), status, stop
 }
 
 // runNode serves the node until ctx ends, then shuts it down cleanly.
@@ -110,10 +120,12 @@ func isTerminal(w io.Writer) bool {
 }
 
 // progress reports startup: shards READY out of the local total, the next
-// identify slot and an estimate of the time left. On a terminal it redraws
-// one line; elsewhere it logs every 10 s. It looks again at every lifecycle
-// event and returns once every shard is READY (or FATAL), or ctx ends.
-func progress(ctx context.Context, sup *supervisor.Supervisor, w io.Writer, log *slog.Logger, tty bool) {
+// identify slot and an estimate of the time left. On a terminal (status
+// not nil) it redraws one status line; elsewhere it logs every 10 s. It
+// looks again at every lifecycle event and returns once every shard is
+// READY (or FATAL), or ctx ends.
+func progress(ctx context.Context, sup *supervisor.Supervisor, log *slog.Logger, status func(line string, final bool)) {
+	tty := status != nil
 	interval := 10 * time.Second
 	if tty {
 		interval = 500 * time.Millisecond
@@ -123,6 +135,7 @@ func progress(ctx context.Context, sup *supervisor.Supervisor, w io.Writer, log 
 	start := time.Now()
 	diags := make([]core.Diag, 0, len(sup.Node.Plan().Local))
 	events := sup.Node.Events()
+	var line string
 	for {
 		diags = sup.Node.Snapshot(diags[:0])
 		ready, fatal := 0, 0
@@ -142,9 +155,11 @@ func progress(ctx context.Context, sup *supervisor.Supervisor, w io.Writer, log 
 		}
 		done := ready+fatal == len(diags)
 		if tty {
-			fmt.Fprintf(w, "\r\033[Kstartup: %d/%d READY, %d FATAL, %d waiting to identify, next slot in %s, about %s left", ready, len(diags), fatal, waiting, nextIn, left)
+			line = fmt.Sprintf("startup: %d/%d READY, %d FATAL, %d waiting to identify, next slot in %s, about %s left", ready, len(diags), fatal, waiting, nextIn, left)
 			if done {
-				fmt.Fprintf(w, "\nstartup done in %s\n", time.Since(start).Round(time.Second))
+				status(fmt.Sprintf("startup done in %s: %d READY, %d FATAL", time.Since(start).Round(time.Second), ready, fatal), true)
+			} else {
+				status(line, false)
 			}
 		} else if done {
 			log.Info("startup done", "ready", ready, "fatal", fatal, "took", time.Since(start).Round(time.Second))
@@ -158,7 +173,7 @@ func progress(ctx context.Context, sup *supervisor.Supervisor, w io.Writer, log 
 			select {
 			case <-ctx.Done():
 				if tty {
-					fmt.Fprintln(w)
+					status(line, true)
 				}
 				return
 			case <-tick.C:

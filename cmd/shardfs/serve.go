@@ -67,7 +67,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	log, stopLog := newLogger(stderr, *debug)
+	log, status, stopLog := newLogger(stderr, *debug)
 	defer stopLog()
 
 	var limit *core.StartLimit
@@ -109,7 +109,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	sup.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { progress(pctx, sup, stderr, log, isTerminal(stderr)) })
+	wg.Go(func() { progress(pctx, sup, log, status) })
 	err = runNode(ctx, sup, ls, log)
 	stopProgress()
 	wg.Wait()
