@@ -44,6 +44,13 @@
 // # Listening
 //
 // Listen takes tcp!host!port, host:port, unix!path or a path (see
-// ParseAddr). Server.Serve serves a listener, Server.ServeConn one
-// connection; Close or the context ends both.
+// ParseAddr), then options after commas (see ParseListenAddr). ",ro"
+// makes a read-only listener: its connections may open nothing for
+// writing, truncate, write, create, remove or change attributes (EACCES,
+// "permission denied: ..."), files show no write bits, and nodes marked
+// Private are absent from listings, walks and attaches. Plain TCP on an
+// address that is not loopback is refused unless ",insecure" says
+// otherwise; the error names tls!HOST!PORT. An unknown option is an
+// error. Server.Serve serves a listener, Server.ServeConn one connection
+// (read-write); Close or the context ends both.
 package fsrv

@@ -33,7 +33,7 @@ const dotlOTrunc = 01000
 var errNoAuth = fmt.Errorf("%w: no authentication required", fs.ErrNotExist)
 
 // dotlAttacher hands out the root of one connection's tree.
-type dotlAttacher struct{ s *Server }
+type dotlAttacher struct{ s *session }
 
 func (a dotlAttacher) Attach() (p9.File, error) {
 	return &dotlFile{s: a.s, node: a.s.Root}, nil
@@ -62,7 +62,7 @@ func (a dotlAttacher) attachQID(aname string) (q p9.QID, ok bool) {
 type dotlFile struct {
 	noMutation
 
-	s    *Server
+	s    *session
 	node Node
 	h    atomic.Pointer[handle] // set by Open
 }
@@ -125,7 +125,7 @@ func (f *dotlFile) walk(names []string) (*dotlFile, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, nodeName(n))
 		}
-		if n = d.lookup(name); n == nil {
+		if n = f.s.lookup(d, name); n == nil {
 			return nil, fs.ErrNotExist
 		}
 	}
@@ -173,14 +173,15 @@ func (f *dotlFile) GetAttr(p9.AttrMask) (qid p9.QID, mask p9.AttrMask, at p9.Att
 
 // SetAttr implements p9.File. Truncation to zero of a writable file is
 // accepted and ignored (Linux sends it for `echo x > ctl`), as are times,
-// which are derived; everything else is refused.
+// which are derived; everything else is refused, and on a read-only
+// connection every change is.
 func (f *dotlFile) SetAttr(valid p9.SetAttrMask, at p9.SetAttr) error {
-	writable := perm(f.node)&permWrite != 0
+	writable := f.s.perm(f.node)&permWrite != 0
 	switch {
 	case valid.Permissions || valid.UID || valid.GID:
 		return dotlError(fmt.Errorf("%w: attributes are fixed", fs.ErrPermission))
-	case valid.Size && !writable:
-		return dotlError(fmt.Errorf("%w: %s is read-only", fs.ErrPermission, nodeName(f.node)))
+	case valid.Size && !writable, f.s.ro && !valid.Empty():
+		return dotlError(fmt.Errorf("%w: %s", fs.ErrPermission, f.s.readOnly(f.node)))
 	case valid.Size && at.Size != 0:
 		return dotlError(fmt.Errorf("%w: only truncation to zero", fs.ErrInvalid))
 	}

@@ -53,12 +53,14 @@ func isDir(n Node) bool {
 }
 
 // stat computes a node's attributes, calling its callbacks.
-func (s *Server) stat(n Node) attr {
+func (s *session) stat(n Node) attr {
 	e := n.base()
-	a := attr{path: e.qidPath(), perm: perm(n)}
+	a := attr{path: e.qidPath(), perm: s.perm(n)}
 	switch n := n.(type) {
 	case *Dir:
 		a.dir = true
+		// The digest covers private entries too: the version is shared
+		// by every connection and must not flip between views.
 		a.vers, a.mtime = e.observe(dirDigest(n.list()), s.now)
 	case *Text:
 		a = s.statText(n, n.content())
@@ -80,7 +82,7 @@ func (s *Server) stat(n Node) attr {
 	return a
 }
 
-func (s *Server) statText(t *Text, c []byte) attr {
+func (s *session) statText(t *Text, c []byte) attr {
 	a := attr{path: t.qidPath(), perm: permRead, size: uint64(len(c))}
 	a.vers, a.mtime = t.observe(digest(c), s.now)
 	return a
@@ -88,7 +90,7 @@ func (s *Server) statText(t *Text, c []byte) attr {
 
 // statOpen is stat for a file just opened, reusing the content the open
 // took rather than computing it again.
-func (s *Server) statOpen(h *handle) attr {
+func (s *session) statOpen(h *handle) attr {
 	if t, ok := h.node.(*Text); ok {
 		return s.statText(t, h.text)
 	}
@@ -132,6 +134,8 @@ type handle struct {
 	node Node
 	text []byte // Text content or Ctl usage, fixed at open
 	dir  []Node // Dir entries, fixed at open
+	// write is set when the file was opened for writing.
+	write bool
 	// shift is how far a Log read was moved forward because the data it
 	// asked for had been dropped; later reads of this open apply it.
 	shift atomic.Int64
@@ -139,20 +143,20 @@ type handle struct {
 
 // open checks m against n's permissions and takes the snapshot reads of
 // this open will see.
-func (s *Server) open(n Node, m openMode) (*handle, error) {
-	p := perm(n)
+func (s *session) open(n Node, m openMode) (*handle, error) {
+	p := s.perm(n)
 	switch {
 	case m.read && p&permRead == 0:
 		return nil, fmt.Errorf("%w: %s is write-only", fs.ErrPermission, nodeName(n))
 	case (m.write || m.trunc) && p&permWrite == 0:
-		return nil, fmt.Errorf("%w: %s is read-only", fs.ErrPermission, nodeName(n))
+		return nil, fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
 	case m.exec && p&permExec == 0:
 		return nil, fmt.Errorf("%w: %s is not executable", fs.ErrPermission, nodeName(n))
 	}
-	h := &handle{node: n}
+	h := &handle{node: n, write: m.write}
 	switch n := n.(type) {
 	case *Dir:
-		h.dir = n.list()
+		h.dir = s.list(n)
 	case *Text:
 		h.text = n.content()
 	case *Ctl:
@@ -190,10 +194,10 @@ func (h *handle) read(p []byte, off int64) int {
 }
 
 // write applies a write to an open Ctl.
-func (s *Server) write(h *handle, p []byte) (int, error) {
+func (s *session) write(h *handle, p []byte) (int, error) {
 	c, ok := h.node.(*Ctl)
-	if !ok || c.Handle == nil {
-		return 0, fmt.Errorf("%w: %s is read-only", fs.ErrPermission, nodeName(h.node))
+	if !ok || c.Handle == nil || !h.write || s.ro {
+		return 0, fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(h.node))
 	}
 	if len(p) > MaxCtlWrite {
 		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(p), MaxCtlWrite)

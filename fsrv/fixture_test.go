@@ -21,7 +21,7 @@ var _ LogSource = (*journal.Log)(nil)
 //
 //	/ctl     rw  commands: stop, start, lease D; "busy" fails with ErrBusy,
 //	             "explode" panics, anything else is an unknown command
-//	/send    w   records every line
+//	/send    w   records every line; private
 //	/status  r   settable text, "READY\n" at first
 //	/events  r   a journal with a small retention
 //	/1/state r   "STARTING\n"
@@ -58,7 +58,7 @@ func newFixture() *fixture {
 		},
 		Usage: func() string { return "stop\nstart\nlease DURATION\n" },
 	}
-	send := &Ctl{Name: "send", Handle: func(line string) error {
+	send := &Ctl{Name: "send", Private: true, Handle: func(line string) error {
 		f.mu.Lock()
 		f.handled = append(f.handled, "send "+line)
 		f.mu.Unlock()

@@ -1,6 +1,7 @@
 package fsrv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,12 +15,56 @@ import (
 // DefaultAddr is the address Listen uses for "".
 const DefaultAddr = "tcp!127.0.0.1!5640"
 
+// ListenAddr is a listen address taken apart: where to listen, and the
+// options written after it.
+type ListenAddr struct {
+	Network, Address string
+	// ReadOnly (",ro"): the listener's connections may write nothing
+	// and do not see private nodes.
+	ReadOnly bool
+	// Insecure (",insecure"): plain TCP on an address that is not
+	// loopback is allowed.
+	Insecure bool
+}
+
+// ParseListenAddr parses a listen address: a dial string as ParseAddr
+// takes, then options, each after a comma: ",ro" and ",insecure". An
+// unknown option is an error. The first comma starts the options, so a
+// unix socket path cannot contain one.
+func ParseListenAddr(addr string) (ListenAddr, error) {
+	base, opts, _ := strings.Cut(addr, ",")
+	var la ListenAddr
+	if opts != "" || strings.HasSuffix(addr, ",") {
+		for _, o := range strings.Split(opts, ",") {
+			switch o {
+			case "ro":
+				la.ReadOnly = true
+			case "insecure":
+				la.Insecure = true
+			default:
+				return ListenAddr{}, fmt.Errorf("%w: %q: unknown listener option %q (known: ro, insecure)", fs.ErrInvalid, addr, o)
+			}
+		}
+	}
+	var err error
+	if la.Network, la.Address, err = parseAddr(base); err != nil {
+		return ListenAddr{}, err
+	}
+	return la, nil
+}
+
 // ParseAddr turns a listen address into a network and an address for
 // net.Listen. It accepts Plan 9 dial strings (tcp!host!port, unix!path,
 // with * or an empty host for every interface), host:port, and a bare path
 // (anything with a '/' or without a ':'), which is a unix socket. "" is
-// DefaultAddr.
+// DefaultAddr. Listener options (see ParseListenAddr) are checked and
+// left out.
 func ParseAddr(addr string) (network, address string, err error) {
+	la, err := ParseListenAddr(addr)
+	return la.Network, la.Address, err
+}
+
+func parseAddr(addr string) (network, address string, err error) {
 	if addr == "" {
 		addr = DefaultAddr
 	}
@@ -52,18 +97,88 @@ func ParseAddr(addr string) (network, address string, err error) {
 	return "tcp", addr, nil
 }
 
-// Listen listens on addr (see ParseAddr). A unix socket is created with
-// mode 0600, replacing a stale socket file left by a server that is gone;
-// it is removed when the listener is closed.
+// ErrInsecure is returned by Listen for plain TCP on an address that is
+// not loopback without ",insecure".
+var ErrInsecure = errors.New("plain TCP beyond loopback")
+
+// Listen listens on addr (see ParseListenAddr). A unix socket is created
+// with mode 0600, replacing a stale socket file left by a server that is
+// gone; it is removed when the listener is closed. Plain TCP is refused
+// on an address that is not loopback (every interface included) unless
+// addr says ",insecure": 9P has no encryption, and the tree takes
+// commands. With ",ro" the listener is ReadOnly.
 func Listen(addr string) (net.Listener, error) {
-	network, address, err := ParseAddr(addr)
+	la, err := ParseListenAddr(addr)
 	if err != nil {
 		return nil, err
 	}
-	if network != "unix" {
-		return net.Listen(network, address)
+	var l net.Listener
+	if la.Network == "unix" {
+		l, err = listenUnix(la.Address)
+	} else {
+		if !la.Insecure {
+			if err := checkLoopback(la.Address); err != nil {
+				return nil, err
+			}
+		}
+		l, err = net.Listen(la.Network, la.Address)
 	}
-	return listenUnix(address)
+	if err != nil {
+		return nil, err
+	}
+	if la.ReadOnly {
+		l = ReadOnly(l)
+	}
+	return l, nil
+}
+
+// checkLoopback refuses a TCP address that may be reached from another
+// machine: any host that does not resolve to loopback addresses only.
+func checkLoopback(address string) error {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	refuse := func() error {
+		h := host
+		if h == "" {
+			h = "*"
+		}
+		return fmt.Errorf("fsrv: listen tcp!%s!%s: %w: 9P is not encrypted and the tree takes commands; use tls!%s!%s, or add ,insecure to serve plain TCP anyway", h, port, ErrInsecure, h, port)
+	}
+	if host == "" {
+		return refuse()
+	}
+	ips := []net.IP{net.ParseIP(host)}
+	if ips[0] == nil {
+		addrs, err := net.DefaultResolver.LookupIPAddr(context.Background(), host)
+		if err != nil {
+			return fmt.Errorf("fsrv: listen %s: %w", address, err)
+		}
+		ips = ips[:0]
+		for _, a := range addrs {
+			ips = append(ips, a.IP)
+		}
+	}
+	for _, ip := range ips {
+		if ip == nil || !ip.IsLoopback() {
+			return refuse()
+		}
+	}
+	return nil
+}
+
+// ReadOnly returns a listener whose connections Server.Serve serves
+// read-only: every write, truncation or attribute change is refused with
+// permission denied (EACCES), and private nodes are absent from listings
+// and walks.
+func ReadOnly(l net.Listener) net.Listener { return readOnlyListener{l} }
+
+type readOnlyListener struct{ net.Listener }
+
+func isReadOnly(l net.Listener) bool {
+	_, ok := l.(readOnlyListener)
+	return ok
 }
 
 func listenUnix(path string) (net.Listener, error) {

@@ -42,6 +42,11 @@ type Dir struct {
 	// expensive, for example a directory with an entry per shard.
 	Lookup func(name string) Node
 
+	// Private hides the directory from read-only connections (see
+	// Server.Serve and Listen's ,ro option): it is absent from their
+	// listings and walks.
+	Private bool
+
 	entry
 }
 
@@ -62,6 +67,9 @@ type Text struct {
 	// is Content's job, fsrv does not add it. Content must not block, may be
 	// called concurrently, and must not modify a slice it has returned.
 	Content func() []byte
+
+	// Private hides the file from read-only connections.
+	Private bool
 
 	entry
 }
@@ -96,6 +104,9 @@ type Ctl struct {
 	// with permission denied.
 	Usage func() string
 
+	// Private hides the file from read-only connections.
+	Private bool
+
 	entry
 }
 
@@ -126,6 +137,9 @@ type LogSource interface {
 type Log struct {
 	Name   string
 	Source LogSource
+
+	// Private hides the file from read-only connections.
+	Private bool
 
 	entry
 }
@@ -226,6 +240,21 @@ func nodeName(n Node) string {
 		return n.Name
 	}
 	return ""
+}
+
+// isPrivate reports whether n is hidden from read-only connections.
+func isPrivate(n Node) bool {
+	switch n := n.(type) {
+	case *Dir:
+		return n.Private
+	case *Text:
+		return n.Private
+	case *Ctl:
+		return n.Private
+	case *Log:
+		return n.Private
+	}
+	return false
 }
 
 // lookup finds the entry called name in d.

@@ -68,7 +68,7 @@ func (g *gate) close() {
 }
 
 // plan9Server builds the srv9p callbacks for one connection.
-func (s *Server) plan9Server(g *gate, msize uint32) *srv9p.Server {
+func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 	// call runs a callback inside the gate, turns a panic into an I/O error
 	// and converts the error: the one way out of this engine.
 	call := func(name string, f func() error) (err error) {
@@ -227,14 +227,17 @@ func (s *Server) plan9Server(g *gate, msize uint32) *srv9p.Server {
 
 // wstat accepts what shells and 9pfuse send before a write (length 0, and
 // times, which are derived) and refuses every other change.
-func (s *Server) wstat(n Node, d *plan9.Dir) error {
+func (s *session) wstat(n Node, d *plan9.Dir) error {
 	switch {
+	case s.ro:
+		// srv9p passes only a wstat that changes something.
+		return fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
 	case d.Name != "" && d.Name != nodeName(n):
 		return errFixedTree
 	case d.Mode != ^plan9.Perm(0) || d.Uid != "" || d.Gid != "":
 		return fmt.Errorf("%w: attributes are fixed", fs.ErrPermission)
-	case d.Length != ^uint64(0) && perm(n)&permWrite == 0:
-		return fmt.Errorf("%w: %s is read-only", fs.ErrPermission, nodeName(n))
+	case d.Length != ^uint64(0) && s.perm(n)&permWrite == 0:
+		return fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
 	case d.Length != ^uint64(0) && d.Length != 0:
 		return fmt.Errorf("%w: only truncation to zero", fs.ErrInvalid)
 	}
@@ -244,7 +247,7 @@ func (s *Server) wstat(n Node, d *plan9.Dir) error {
 // walk9 walks names from f. It returns the fid state after walking all of
 // them, or how many it could walk when one is missing (k < len(names)); err
 // is set only when the first one is missing.
-func (s *Server) walk9(f *plan9Fid, names []string) (*plan9Fid, int, error) {
+func (s *session) walk9(f *plan9Fid, names []string) (*plan9Fid, int, error) {
 	up := f.up
 	n := f.node
 	for k, name := range names {
@@ -261,7 +264,7 @@ func (s *Server) walk9(f *plan9Fid, names []string) (*plan9Fid, int, error) {
 			}
 			continue
 		}
-		c := d.lookup(name)
+		c := s.lookup(d, name)
 		if c == nil {
 			if k == 0 {
 				return nil, 0, fs.ErrNotExist
@@ -285,7 +288,7 @@ func (s *Server) qid9(a attr) plan9.Qid {
 
 // dir9 is a node's stat in 9P2000 form. Files are owned by whoever attached:
 // fsrv has no users, and 9pfuse shows the name.
-func (s *Server) dir9(n Node, uname string) plan9.Dir {
+func (s *session) dir9(n Node, uname string) plan9.Dir {
 	a := s.stat(n)
 	if uname == "" {
 		uname = "none"

@@ -88,7 +88,8 @@ func (s *Server) versionTimeout() time.Duration {
 // Serve accepts connections on l and serves each until ctx is done or
 // Close is called; then it closes l and every connection it accepted, waits
 // for their goroutines, and returns nil. It returns l's error if accepting
-// fails for another reason (after the same cleanup).
+// fails for another reason (after the same cleanup). The connections of a
+// ReadOnly listener (Listen's ",ro") are served read-only.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
@@ -102,6 +103,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
 
+	ro := isReadOnly(l)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -138,7 +140,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		delay = 0
 		wg.Go(func() {
-			if err := s.ServeConn(ctx, c); err != nil {
+			if err := s.serveConn(ctx, c, ro); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		})
@@ -191,11 +193,15 @@ func (s *Server) Close() error {
 // error says why the connection was refused during version negotiation; it
 // is nil once a session was served.
 func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
+	return s.serveConn(ctx, rwc, false)
+}
+
+func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool) error {
 	if s.Root == nil {
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
 	}
-	c := &conn{s: s, rwc: rwc}
+	c := &conn{s: s, sess: &session{Server: s, ro: ro}, rwc: rwc}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -222,8 +228,9 @@ func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 
 // conn is one client connection.
 type conn struct {
-	s   *Server
-	rwc io.ReadWriteCloser
+	s    *Server
+	sess *session
+	rwc  io.ReadWriteCloser
 
 	closeOnce sync.Once
 }
@@ -276,14 +283,14 @@ func (c *conn) serve() error {
 	switch neg.dialect {
 	case dialectDotL:
 		log.Debug("fsrv: 9P2000.L session", "msize", neg.msize)
-		attacher := dotlAttacher{c.s}
+		attacher := dotlAttacher{c.sess}
 		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
 		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
 		srv.Handle(st, st)
 	default:
 		log.Debug("fsrv: 9P2000 session", "msize", neg.msize)
 		var g gate
-		srv := c.s.plan9Server(&g, c.s.maxMsize())
+		srv := c.sess.plan9Server(&g, c.s.maxMsize())
 		in := io.MultiReader(bytes.NewReader(neg.first), rest)
 		srv.Serve(readWriteCloser{in, c.rwc, c.rwc}, c.rwc)
 		// srv9p returns when its reader fails, without waiting for the

@@ -87,7 +87,7 @@ func New(cfg Config) *Tree {
 		&fsrv.Text{Name: "plan", Content: t.plan},
 		&fsrv.Text{Name: "lease", Content: t.lease},
 		&fsrv.Text{Name: "metrics", Content: t.metrics},
-		&fsrv.Log{Name: "dispatch", Source: t.dispatch},
+		&fsrv.Log{Name: "dispatch", Source: t.dispatch, Private: true},
 	}
 	t.root = &fsrv.Dir{Name: "/", List: t.list, Lookup: t.lookup}
 	return t
@@ -155,8 +155,8 @@ func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {
 			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecShard(id, line)) }, Usage: func() string { return core.ShardUsage }},
 			&fsrv.Log{Name: "events", Source: events},
 			&fsrv.Text{Name: "diag", Content: func() []byte { return t.diag(id) }},
-			&fsrv.Log{Name: "dispatch", Source: sf.dispatch},
-			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return fsError(t.node.Send(id, []byte(line))) }},
+			&fsrv.Log{Name: "dispatch", Source: sf.dispatch, Private: true},
+			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return fsError(t.node.Send(id, []byte(line))) }, Private: true},
 		)
 	})
 	return sf.dir

@@ -1,0 +1,55 @@
+package fsrv
+
+// session is one connection's view of the server's tree: a read-only
+// connection sees no private node and may write nothing.
+type session struct {
+	*Server
+	ro bool
+}
+
+// lookup finds the entry called name in d, as this session sees it.
+func (s *session) lookup(d *Dir, name string) Node {
+	n := d.lookup(name)
+	if n != nil && s.ro && isPrivate(n) {
+		return nil
+	}
+	return n
+}
+
+// list returns d's entries as this session sees them.
+func (s *session) list(d *Dir) []Node {
+	list := d.list()
+	if !s.ro {
+		return list
+	}
+	for i, n := range list {
+		if isPrivate(n) {
+			out := make([]Node, 0, len(list)-1)
+			out = append(out, list[:i]...)
+			for _, n := range list[i+1:] {
+				if !isPrivate(n) {
+					out = append(out, n)
+				}
+			}
+			return out
+		}
+	}
+	return list
+}
+
+// perm returns a node's permission bits as this session sees them.
+func (s *session) perm(n Node) uint32 {
+	p := perm(n)
+	if s.ro {
+		p &^= permWrite
+	}
+	return p
+}
+
+// readOnly names why a write is refused.
+func (s *session) readOnly(n Node) string {
+	if s.ro && perm(n)&permWrite != 0 {
+		return nodeName(n) + " is read-only on this listener"
+	}
+	return nodeName(n) + " is read-only"
+}
