@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
 	"net"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/fsrv"
@@ -21,7 +24,7 @@ import (
 func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	addr := fl.String("addr", fsrv.DefaultAddr, "the tree's 9P address: tcp!host!port, host:port, unix!path or a path")
+	addr := fl.String("addr", defaultClientAddr(), "the tree's 9P address: unix!path, a path, tcp!host!port or host:port (default: serve's unix socket when it exists, else "+fsrv.DefaultAddr+")")
 	lines := fl.Int("n", 10, "tail: lines to print before following")
 	once := fl.Bool("once", false, "tail: print the last lines and exit instead of following")
 	if err := fl.Parse(args); err != nil {
@@ -56,6 +59,9 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 			return err
 		}
 		err := write(root, path, text)
+		if errors.Is(err, linux.EACCES) {
+			return fmt.Errorf("%w (a read-only listener: serve's %s is ,ro by default; write through its unix socket, --addr unix!%s)", err, fsrv.DefaultAddr, defaultSocket())
+		}
 		if err != nil && strings.HasSuffix(strings.TrimSuffix(path, "/"), "ctl") {
 			// 9P2000.L carries only the errno; the reason is in the events
 			// log next to the ctl file.
@@ -66,6 +72,16 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 		return err
 	}
 	return tail(ctx, root, path, *lines, *once, stdout)
+}
+
+// defaultClientAddr is where a client finds the tree read-write: serve's
+// unix socket when it is there, else loopback TCP (read-only under serve,
+// read-write under demo).
+func defaultClientAddr() string {
+	if fi, err := os.Stat(defaultSocket()); err == nil && fi.Mode().Type() == fs.ModeSocket {
+		return "unix!" + defaultSocket()
+	}
+	return fsrv.DefaultAddr
 }
 
 func dial(ctx context.Context, addr string) (p9.File, func(), error) {

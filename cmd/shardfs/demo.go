@@ -5,12 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/demo"
+	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
 )
 
@@ -26,7 +26,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	compress := fl.String("compress", "none", "transport compression: none, zlib-stream or zstd-stream")
 	debug := fl.Bool("debug", false, "log at debug level")
 	var listens listenFlag
-	fl.Var(&listens, "listen", "9P listener: tcp!host!port, host:port, unix!path or a path (repeatable)")
+	fl.Var(&listens, "listen", "9P listener: tcp!host!port, host:port, unix!path or a path, with ,ro or ,insecure after it (repeatable; default: "+fsrv.DefaultAddr+" and unix!"+defaultSocket()+", both read-write)")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return flagErr(fl, "--compress: %v", err)
 	}
-	ls, err := listen(listens)
+	ls, err := listen(listens, demoListeners())
 	if err != nil {
 		return err
 	}
@@ -55,19 +55,21 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer stopLog()
 	d, err := demo.Start(ctx, demo.Config{Flavor: flavor, Shards: *shards, Traffic: *traffic, Chaos: *chaos, Compression: comp, Backoff: core.Fixed(2 * time.Second), Logger: log})
 	if err != nil {
-		for _, l := range ls {
-			l.Close()
-		}
+		closeListeners(ls)
 		return err
 	}
 	printHowTo(stdout, flavor, *shards, *chaos, ls)
-	return runNode(ctx, d.Supervisor, ls, log)
+	return runNode(ctx, d.Supervisor, netListeners(ls), log)
 }
 
-func printHowTo(w io.Writer, flavor core.Flavor, shards int, chaos time.Duration, ls []net.Listener) {
+func printHowTo(w io.Writer, flavor core.Flavor, shards int, chaos time.Duration, ls []listener) {
+	// The how-to writes to ctl: it names read-write listeners only.
 	var tcp, unixAddr string
 	for _, l := range ls {
-		switch a := addrString(l); {
+		if l.ro {
+			continue
+		}
+		switch a := addrString(l.l); {
 		case strings.HasPrefix(a, "tcp!") && tcp == "":
 			tcp = a
 		case strings.HasPrefix(a, "unix!") && unixAddr == "":
@@ -80,7 +82,15 @@ func printHowTo(w io.Writer, flavor core.Flavor, shards int, chaos time.Duration
 	}
 	fmt.Fprintln(w)
 	for _, l := range ls {
-		fmt.Fprintf(w, "serving 9P on %s\n", addrString(l))
+		if l.ro {
+			fmt.Fprintf(w, "serving 9P on %s (read-only)\n", addrString(l.l))
+		} else {
+			fmt.Fprintf(w, "serving 9P on %s\n", addrString(l.l))
+		}
+	}
+	if tcp == "" && unixAddr == "" {
+		fmt.Fprintln(w, "every listener is read-only: cat and tail work, writes to ctl are refused")
+		return
 	}
 	addr := tcp
 	if addr == "" {

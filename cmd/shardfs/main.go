@@ -3,8 +3,9 @@
 //
 //	shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
 //	shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
-//	               [--shards 0-3,7] [--intents N] [--listen ADDR]...
+//	               [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
+//	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
 //	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
 //	shardfs version
 //
@@ -48,8 +49,9 @@ func main() {
 const usage = `usage:
   shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
   shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
-                 [--shards 0-3,7] [--intents N] [--listen ADDR]...
-                 (token from SHARDFS_TOKEN or --token-file FILE)
+                 [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
+                 (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
+                 on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
   shardfs ls     [--addr ADDR] PATH
   shardfs cat    [--addr ADDR] PATH
   shardfs write  [--addr ADDR] PATH [TEXT]     (TEXT or standard input)

@@ -25,37 +25,87 @@ type listenFlag []string
 func (l *listenFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listenFlag) Set(s string) error { *l = append(*l, s); return nil }
 
-// defaultListeners are DESIGN.md's defaults: TCP on loopback and a unix
-// socket only its owner can use.
-func defaultListeners() []string {
+// defaultSocket is the unix socket serve and demo listen on by default.
+func defaultSocket() string {
+	if os.Getuid() == 0 {
+		return "/run/shardfs.sock"
+	}
 	dir := os.Getenv("XDG_RUNTIME_DIR")
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	sock := fmt.Sprintf("%s/shardfs-%d.sock", dir, os.Getuid())
-	if os.Getuid() == 0 {
-		sock = "/run/shardfs.sock"
-	}
-	return []string{fsrv.DefaultAddr, "unix!" + sock}
+	return fmt.Sprintf("%s/shardfs-%d.sock", dir, os.Getuid())
 }
 
-// listen opens every address; on failure it closes those already open.
-func listen(addrs []string) ([]net.Listener, error) {
+// serveListeners are DESIGN.md's defaults (section 7.7): read-write on a
+// unix socket only its owner can use (mode 0600), read-only on loopback
+// TCP, whose port any local user can reach.
+func serveListeners() []string {
+	return []string{"unix!" + defaultSocket(), fsrv.DefaultAddr + ",ro"}
+}
+
+// demoListeners keep loopback TCP read-write: the demo holds no token and
+// drives a simulator, and its how-to mounts over TCP.
+func demoListeners() []string {
+	return []string{fsrv.DefaultAddr, "unix!" + defaultSocket()}
+}
+
+// listener is an open listener and how it was asked for.
+type listener struct {
+	l  net.Listener // as fsrv.Listen made it: Server.Serve reads its options
+	ro bool
+}
+
+// listen opens every address (defaults when addrs is empty); on failure it
+// closes those already open. Every address is parsed before any is opened.
+func listen(addrs, defaults []string) ([]listener, error) {
 	if len(addrs) == 0 {
-		addrs = defaultListeners()
+		addrs = defaults
 	}
-	var ls []net.Listener
+	ls := make([]listener, 0, len(addrs))
 	for _, a := range addrs {
+		la, err := fsrv.ParseListenAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("--listen: %w", err) // it quotes the address
+		}
+		ls = append(ls, listener{ro: la.ReadOnly})
+	}
+	for i, a := range addrs {
 		l, err := fsrv.Listen(a)
 		if err != nil {
-			for _, o := range ls {
-				o.Close()
+			closeListeners(ls[:i])
+			if errors.Is(err, fsrv.ErrInsecure) {
+				return nil, err // it names the address and the TLS alternative
 			}
 			return nil, fmt.Errorf("listen %s: %w", a, err)
 		}
-		ls = append(ls, l)
+		ls[i].l = l
 	}
 	return ls, nil
+}
+
+func closeListeners(ls []listener) {
+	for _, l := range ls {
+		if l.l != nil {
+			l.l.Close()
+		}
+	}
+}
+
+func netListeners(ls []listener) []net.Listener {
+	out := make([]net.Listener, len(ls))
+	for i, l := range ls {
+		out[i] = l.l
+	}
+	return out
+}
+
+// access names a listener's mode in log lines.
+func (l listener) access() string {
+	if l.ro {
+		return "read-only"
+	}
+	return "read-write"
 }
 
 // addrString writes a listener's address in the tree's own syntax, the

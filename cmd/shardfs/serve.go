@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/supervisor"
 )
@@ -32,7 +33,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
 	debug := fl.Bool("debug", false, "log at debug level")
 	var listens listenFlag
-	fl.Var(&listens, "listen", "9P listener: tcp!host!port, host:port, unix!path or a path (repeatable)")
+	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro)")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -67,6 +68,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	// Listeners open first, so that a refused one fails serve before
+	// discovery spends a request.
+	ls, err := listen(listens, serveListeners())
+	if err != nil {
+		return err
+	}
 	log, status, stopLog := newLogger(stderr, *debug)
 	defer stopLog()
 
@@ -76,6 +83,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		disc, err := gateway.Discover(dctx, nil, flavor, *api, token)
 		cancel()
 		if err != nil {
+			closeListeners(ls)
 			return fmt.Errorf("--total auto: %w", err)
 		}
 		total = disc.Shards
@@ -84,6 +92,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	plan, err := planFor(total, *shards)
 	if err != nil {
+		closeListeners(ls)
 		return flagErr(fl, "%v", err)
 	}
 
@@ -93,24 +102,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		MaxConcurrency: *maxConc,
 	})
 	if err != nil {
+		closeListeners(ls)
 		return err
 	}
 	if limit != nil && flavor == core.Discord {
 		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
 	}
-	ls, err := listen(listens)
-	if err != nil {
-		sup.Close()
-		return err
-	}
 	for _, l := range ls {
-		log.Info("serving the tree over 9P", "addr", addrString(l))
+		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
 	}
 	sup.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { progress(pctx, sup, log, status) })
-	err = runNode(ctx, sup, ls, log)
+	err = runNode(ctx, sup, netListeners(ls), log)
 	stopProgress()
 	wg.Wait()
 	return err
