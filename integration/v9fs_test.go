@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,7 +32,11 @@ var guestModules = []string{
 
 // guestPorts are the guest's virtio-serial ports: ctl steers the guest,
 // and each of the others carries one mount (testdata/init.sh).
-var guestPorts = []string{"ctl", "dotl", "legacy", "dotu", "aname", "aname9p"}
+var guestPorts = []string{"ctl", "dotl", "legacy", "dotu", "aname", "aname9p", "readonly"}
+
+// readOnlyPorts are served as a ",ro" listener serves (DESIGN.md section
+// 7.7; serve's default TCP listener).
+var readOnlyPorts = map[string]bool{"readonly": true}
 
 const shards = 4
 
@@ -139,6 +144,11 @@ func TestV9fs(t *testing.T) {
 	// and QEMU then tells the guest that nobody is connected to the port.
 	serve := func(port string) {
 		c := traced(t, port, m.Ports[port])
+		if readOnlyPorts[port] {
+			l := fsrv.ReadOnly(newConnListener(c))
+			serving.Go(func() { node.Server.Serve(ctx, l) })
+			return
+		}
 		serving.Go(func() { node.Server.ServeConn(ctx, c) })
 	}
 	g := &guest{m: m, node: node, serve: serve}
@@ -372,6 +382,63 @@ func checkListing(t *testing.T, r *result, name string, want map[string]string) 
 	}
 }
 
+// connListener is a listener that accepts one connection it was given,
+// so that a port is served the way a listener's connections are.
+type connListener struct {
+	c    chan net.Conn
+	addr net.Addr
+	done chan struct{}
+	once sync.Once
+}
+
+func newConnListener(c net.Conn) *connListener {
+	l := &connListener{c: make(chan net.Conn, 1), addr: c.LocalAddr(), done: make(chan struct{})}
+	l.c <- c
+	return l
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.c:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return l.addr }
+
+// without returns the modes in m less the names given.
+func without(m map[string]string, names ...string) map[string]string {
+	out := map[string]string{}
+	for n, mode := range m {
+		if !slices.Contains(names, n) {
+			out[n] = mode
+		}
+	}
+	return out
+}
+
+// readOnly is what a read-only listener shows of modes: no write bits.
+func readOnly(m map[string]string) map[string]string {
+	out := map[string]string{}
+	for n, mode := range m {
+		switch mode {
+		case rw:
+			mode = ro
+		case wo:
+			mode = "----------"
+		}
+		out[n] = mode
+	}
+	return out
+}
+
 // checkShard compares the guest's reads of a shard's files (the shows
 // state, sequence, reconnects and diag) with the node's snapshots taken
 // before and after them.
@@ -597,6 +664,26 @@ var scenarios = []scenario{
 				}
 			}
 			checkReconnects(t, r.word(t, "reconnects"), r.before[3], r.after[3])
+		},
+	},
+	{
+		name:  "readonly",
+		ports: []string{"readonly"},
+		check: func(t *testing.T, r *result) {
+			checkListing(t, r, "ls-root", readOnly(without(rootModes(), "dispatch")))
+			checkListing(t, r, "ls-shard", readOnly(without(shardModes, "dispatch", "send")))
+			if got, want := r.word(t, "state"), r.after[0].State.String(); got != want {
+				t.Errorf("guest: 0/state over the read-only port = %q; the node says %s", got, want)
+			}
+			for show, want := range map[string]string{"reset": "Permission denied", "dispatch": "No such file or directory"} {
+				if out := strings.Join(r.out[show], "\n"); r.rc[show] == 0 || !strings.Contains(out, want) {
+					t.Errorf("guest: %s over the read-only port exited %d with %q; want %q", show, r.rc[show], out, want)
+				}
+			}
+			if b, a := r.before[0].Reconnects, r.after[0].Reconnects; a != b {
+				t.Errorf("node: shard 0 reconnects %d -> %d after a refused reset; want no change", b, a)
+			}
+			checkReconnects(t, r.word(t, "reconnects"), r.before[0], r.after[0])
 		},
 	},
 	{name: "examples", check: checkExamples},

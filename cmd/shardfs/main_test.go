@@ -22,6 +22,7 @@ import (
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/demo"
+	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 )
 
@@ -280,9 +281,13 @@ func TestExamplesAgainstDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rl, err := fsrv.Listen("tcp!127.0.0.1!0,ro")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, l) }()
+	go func() { served <- d.Serve(ctx, l, rl) }()
 	defer func() {
 		cancel()
 		<-served
@@ -301,6 +306,15 @@ func TestExamplesAgainstDemo(t *testing.T) {
 		return string(out)
 	}
 	run(nil, "wait-ready.sh", tree, "60")
+	// Read-only, as serve's TCP listener is: scripts that read work, a
+	// script that writes fails and says why.
+	roTree := "9p!" + addrString(rl)
+	run(nil, "wait-ready.sh", roTree, "60")
+	cmd := exec.Command("sh", filepath.Join(examples, "keep-lease.sh"), roTree, "30s", "1", "true")
+	cmd.Env = append(os.Environ(), "ROUNDS=1", "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "read-only listener") {
+		t.Errorf("keep-lease.sh on a read-only listener = %v, %q; want a failure that names the read-only listener", err, out)
+	}
 	if out := run(nil, "watch-states.sh", tree, "0.2", "2"); strings.Count(out, "none -> READY") != 2 {
 		t.Errorf("watch-states printed %q; want both shards going READY", out)
 	}

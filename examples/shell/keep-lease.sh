@@ -5,6 +5,7 @@
 # fails, it stops renewing: the lease runs out and the shards stop, so a
 # sick node cannot keep shards that another node could run. Set ROUNDS to
 # stop after that many checks (0, the default, runs forever).
+# It writes ctl: TREE must be a read-write listener (see lib.sh).
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 TREE=${1:?usage: keep-lease.sh TREE LEASE INTERVAL CHECK...}

@@ -3,9 +3,12 @@
 # mounting is impossible, through the built-in client.
 #
 # TREE is either the directory where the tree is mounted
-# (mount -t 9p -o trans=tcp,port=5640 127.0.0.1 /mnt/shardfs) or 9p!ADDR,
-# for example 9p!tcp!127.0.0.1!5640, to go through `shardfs cat` and
-# `shardfs write` instead. POSIX sh: it runs under busybox too.
+# (mount -t 9p -o trans=unix,version=9p2000.L,access=UID SOCKET /mnt/shardfs)
+# or 9p!ADDR, for example 9p!unix!/run/shardfs.sock, to go through
+# `shardfs cat` and `shardfs write` instead. serve's TCP listener
+# (tcp!127.0.0.1!5640) is read-only: the scripts that only read work there,
+# those that write (keep-lease.sh, reset-stuck.sh) need the unix socket or
+# another read-write listener. POSIX sh: it runs under busybox too.
 
 tree_read() {
 	case $TREE in

@@ -3,6 +3,7 @@
 # Resets every shard that has been in BACKOFF for longer than SECONDS, and
 # prints the IDs it reset. A reset reconnects at once, resuming when the
 # session allows.
+# It writes ctl: TREE must be a read-write listener (see lib.sh).
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 TREE=${1:?usage: reset-stuck.sh TREE SECONDS}

@@ -187,6 +187,19 @@ s_aname() {
 	show state-9p cat /mnt/shard3-9p/state
 }
 
+# s_readonly mounts a port served as a ,ro listener (serve's default TCP):
+# reads work, writes are refused, dispatch and send are not there.
+s_readonly() {
+	# access=UID, as the README mounts: only that user may use the mount.
+	mount9p readonly /mnt/ro version=9p2000.L,access=0 || die "mount of the read-only port failed"
+	show ls-root ls -l /mnt/ro
+	show ls-shard ls -l /mnt/ro/0
+	show state cat /mnt/ro/0/state
+	show reset put /mnt/ro/0/ctl reset
+	show dispatch cat /mnt/ro/0/dispatch
+	show reconnects cat /mnt/ro/0/reconnects
+}
+
 # /etc/examples has a line per script: its name, a tab, a command line.
 s_examples() {
 	while IFS='	' read -r name cmd; do
