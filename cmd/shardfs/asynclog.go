@@ -141,7 +141,11 @@ func (a *asyncHandler) WithGroup(name string) slog.Handler {
 // and draws it again after itself, in one write, so that log lines scroll
 // above it and never share its line. Only the queue's goroutine writes.
 type console struct {
-	w      io.Writer
+	w io.Writer
+	// width, when set, is the terminal's width: a status line that
+	// wrapped would leave its first rows behind at every redraw, since
+	// ESC[K erases only the row the cursor is on.
+	width  func() int
 	buf    []byte
 	status string // the status line on the screen, without its newline
 
@@ -166,6 +170,11 @@ func (c *console) Write(p []byte) (int, error) {
 }
 
 func (c *console) draw(line string, final bool) {
+	if c.width != nil && !final {
+		if w := c.width(); w > 1 && len(line) >= w {
+			line = line[:w-1] // ASCII: progress writes no other
+		}
+	}
 	c.buf = append(append(c.buf[:0], eraseLine...), line...)
 	c.status = line
 	if final {

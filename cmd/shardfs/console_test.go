@@ -206,11 +206,11 @@ func TestDiscoveryFailureSaidOnce(t *testing.T) {
 // order in which the queue's writer sees them.
 func TestConsoleKeepsStatusBelow(t *testing.T) {
 	var b strings.Builder
-	con := &console{w: &b}
+	con := &console{w: &b, width: func() int { return 14 }}
 	h, stop := newAsyncHandler(slog.NewTextHandler(con, nil), 16, con)
 	log, status := slog.New(h), h.(*asyncHandler).q.status
 	log.Info("before")
-	status("startup: 0/2", false)
+	status("startup: 0/2 READY", false) // wider than the terminal: clipped
 	log.Info("first")
 	status("startup: 1/2", false)
 	log.Info("second")
@@ -219,6 +219,9 @@ func TestConsoleKeepsStatusBelow(t *testing.T) {
 	stop()
 	out := b.String()
 	checkConsole(t, out)
+	if strings.Contains(out, "startup: 0/2 R") || !strings.Contains(out, eraseLine+"startup: 0/2 "+eraseLine) {
+		t.Errorf("a status line wider than the 14-column terminal was not clipped to 13 columns: %q", out)
+	}
 	var msgs []string
 	for _, l := range screen(out) {
 		if _, m, ok := strings.Cut(l, "msg="); ok {

@@ -130,7 +130,14 @@ func newLogger(w io.Writer, debug bool) (log *slog.Logger, status func(line stri
 	var con *console
 	out := w
 	if isTerminal(w) {
-		con = &console{w: w}
+		fd := int(w.(*os.File).Fd())
+		con = &console{w: w, width: func() int {
+			ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
+			if err != nil {
+				return 0
+			}
+			return int(ws.Col)
+		}}
 		out = con
 	}
 	h, stop := newAsyncHandler(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}), 8192, con)
