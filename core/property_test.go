@@ -207,7 +207,7 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 					if rapid.IntRange(0, 3).Draw(t, "op7") == 0 {
 						deadline = clk.Now()
 					}
-					if live && class == core.NewSession {
+					if live && class != core.Transient {
 						models[id].sessValid = false
 					}
 					if live && class != core.FatalFailure {

@@ -130,7 +130,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 		return
 	}
 	s := l.s
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	s.enter(Ready, now)
 	s.phase, s.readySince = PhaseReady, now
@@ -150,7 +150,7 @@ func (l *Link) Resumed(seq int64) {
 		return
 	}
 	s := l.s
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if !s.resuming {
 		return
 	}
@@ -169,7 +169,7 @@ func (l *Link) Fail(f Failure) {
 	if !l.lockCurrent() {
 		return
 	}
-	defer l.s.mu.Unlock()
+	defer l.s.unlock()
 	l.s.failLocked(f)
 }
 
@@ -182,7 +182,7 @@ func (l *Link) Invalidated() {
 		return
 	}
 	s := l.s
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	s.sessionValid, s.seqValid, s.seq = false, false, 0
 	s.enter(Starting, now)
@@ -196,31 +196,99 @@ func (l *Link) Invalidated() {
 // a transient failure of that shard alone, with the stack in its events.
 func (l *Link) Recover() {
 	if r := recover(); r != nil {
-		l.s.panicked(l, r)
-	}
-}
-
-func (s *shard) panicked(l *Link, r any) {
-	now := s.node.clock.Now()
-	e := s.line(now, "panic", slog.LevelError).str("panic", fmt.Sprint(r)).str("stack", string(debug.Stack()))
-	s.emit(e)
-	if l != nil {
+		l.s.logPanic(r, debug.Stack())
 		l.Fail(Failure{Class: Transient, Err: fmt.Errorf("panic: %v", r)})
 	}
 }
 
-// guard runs a core callback of this shard, turning a panic into a
-// transient failure of its current connection.
-func (s *shard) guard(f func()) {
+// logPanic writes a recovered panic and its stack to the shard's events.
+func (s *shard) logPanic(r any, stack []byte) {
+	s.emit(s.line(s.node.clock.Now(), "panic", slog.LevelError).str("panic", fmt.Sprint(r)).str("stack", string(stack)))
+}
+
+// unlock, deferred right after s.mu.Lock() in every entry into the shard,
+// releases the lock; a panic on the way is recovered first and leaves the
+// shard in a state it recovers from.
+func (s *shard) unlock() {
+	if r := recover(); r != nil {
+		s.recoverLocked(r, debug.Stack())
+	}
+	s.mu.Unlock()
+}
+
+// recoverLocked handles a panic that reached the end of an entry into the
+// shard like a transport failure of the shard, whether or not it has a
+// connection at the moment.
+func (s *shard) recoverLocked(r any, stack []byte) {
+	err := fmt.Errorf("panic: %v", r)
+	defer func() {
+		if recover() != nil {
+			s.lastResortLocked(err)
+		}
+	}()
+	s.logPanic(r, stack)
+	s.panicFailLocked(err)
+}
+
+// callout runs f, code the core does not own (the transport, the pacer, a
+// connection), and returns the panic it raised as an error, its stack
+// logged to the shard's events.
+func (s *shard) callout(f func()) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.mu.Lock()
-			l := s.link
-			s.mu.Unlock()
-			s.panicked(l, r)
+			s.logPanic(r, debug.Stack())
+			err = fmt.Errorf("panic: %v", r)
 		}
 	}()
 	f()
+	return nil
+}
+
+// panicFailLocked handles a recovered panic like a transient failure, with
+// one difference: the shard never reconnects from within it, even when the
+// policy's delay is zero, so that a transport that panics on every Connect
+// meets a timer rather than a recursion.
+func (s *shard) panicFailLocked(err error) {
+	now := s.node.clock.Now()
+	switch {
+	case s.state == Fatal || s.state == Stopped:
+		s.closeConnLocked(4000)
+		s.cancelPendingLocked()
+		return
+	case s.node.closed.Load():
+		s.stopLocked(now, StoppedByShutdown, 4000)
+		return
+	}
+	s.lastErr, s.lastCode = err, 0
+	s.enterBackoffLocked(now, time.Time{}, 4000, false)
+}
+
+// lastResortDelay is the wait after a panic that even the failure handling
+// of a panic could not get past (a logger or a backoff policy that panics).
+const lastResortDelay = 5 * time.Second
+
+// lastResortLocked puts the shard in BACKOFF, or STOPPED after Close,
+// calling nothing the core does not own.
+func (s *shard) lastResortLocked(err error) {
+	s.link, s.conn, s.slotCancel = nil, nil, nil
+	s.slotSeq++
+	if s.state == Fatal || s.state == Stopped {
+		return
+	}
+	now := s.node.clock.Now()
+	s.lastErr = err
+	if s.node.closed.Load() {
+		s.state, s.since, s.stopReason, s.phase = Stopped, now, StoppedByShutdown, PhaseStopped
+		return
+	}
+	s.state, s.since, s.phase = Backoff, now, PhaseBackoff
+	s.reconnects++
+	s.deadline = now.Add(lastResortDelay)
+	if s.timer == nil {
+		s.timer = s.node.clock.AfterFunc(lastResortDelay, s.backoffDue)
+	} else {
+		s.timer.Reset(lastResortDelay)
+	}
 }
 
 func (s *shard) line(now time.Time, event string, level slog.Level) *eventLine {
@@ -268,14 +336,19 @@ func (s *shard) startLocked(now time.Time) {
 }
 
 func (s *shard) requestSlotLocked() {
-	if s.slotCancel != nil {
-		s.slotCancel()
+	if cancel := s.slotCancel; cancel != nil {
 		s.slotCancel = nil
+		s.callout(cancel)
 	}
 	s.phase = PhaseWaitSlot
 	s.slotSeq++
 	seq := s.slotSeq
-	granted, cancel := s.node.pacer.Request(s.id, func() { s.guard(func() { s.slotGranted(seq) }) })
+	var granted bool
+	var cancel func()
+	if err := s.callout(func() { granted, cancel = s.node.pacer.Request(s.id, func() { s.slotGranted(seq) }) }); err != nil {
+		s.panicFailLocked(err)
+		return
+	}
 	if granted {
 		s.identifyNowLocked()
 		return
@@ -286,7 +359,7 @@ func (s *shard) requestSlotLocked() {
 func (s *shard) slotGranted(seq uint64) {
 	defer s.node.observe(EventIdentifySlot).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if seq != s.slotSeq || s.slotCancel == nil || s.state != Starting {
 		return
 	}
@@ -299,31 +372,42 @@ func (s *shard) identifyNowLocked() {
 		s.socketID = false
 		s.phase = PhaseIdentify
 		s.attempt++
+		c := s.conn
+		if err := s.callout(c.Identify); err != nil {
+			s.panicFailLocked(err)
+			return
+		}
 		s.identifies++
-		s.conn.Identify()
 		return
 	}
 	s.socketID = false
 	s.connectLocked(false)
 }
 
-// connectLocked binds a new connection to the shard.
+// connectLocked binds a new connection to the shard. The connection
+// becomes the shard's only once Connect has returned it: a Connect that
+// panics leaves no half-bound link behind.
 func (s *shard) connectLocked(resume bool) {
 	l := &Link{s: s}
-	s.link, s.resuming = l, resume
 	s.attempt++
 	s.phase = PhaseDial
 	s.connState = ConnState{}
+	a := Attempt{
+		Shard: s.id, Total: s.node.plan.Total,
+		Resume: resume, Session: s.session, Sequence: s.seq,
+		LeaseGeneration: s.lease.Generation,
+	}
+	var c Conn
+	if err := s.callout(func() { c = s.node.transport.Connect(l, a) }); err != nil {
+		s.panicFailLocked(err)
+		return
+	}
+	s.conn, s.link, s.resuming = c, l, resume
 	if resume {
 		s.resumes++
 	} else {
 		s.identifies++
 	}
-	s.conn = s.node.transport.Connect(l, Attempt{
-		Shard: s.id, Total: s.node.plan.Total,
-		Resume: resume, Session: s.session, Sequence: s.seq,
-		LeaseGeneration: s.lease.Generation,
-	})
 }
 
 // closeConnLocked closes the current connection, if any, and makes its
@@ -332,7 +416,8 @@ func (s *shard) closeConnLocked(code int) {
 	s.link = nil
 	if c := s.conn; c != nil {
 		s.conn = nil
-		c.Close(code)
+		// A Close that panics still leaves the connection dropped.
+		s.callout(func() { c.Close(code) })
 	}
 }
 
@@ -342,9 +427,9 @@ func (s *shard) cancelPendingLocked() {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-	if s.slotCancel != nil {
-		s.slotCancel()
+	if cancel := s.slotCancel; cancel != nil {
 		s.slotCancel = nil
+		s.callout(cancel)
 	}
 	s.slotSeq++
 	if s.sendTimer != nil {
@@ -359,6 +444,9 @@ func (s *shard) failLocked(f Failure) {
 	s.lastErr, s.lastCode = f.Err, f.Code
 	switch f.Class {
 	case FatalFailure:
+		// The gateway ended the session with the close: retry must
+		// identify, not resume a session that no longer exists.
+		s.sessionValid = false
 		s.closeConnLocked(4000)
 		s.cancelPendingLocked()
 		s.enter(Fatal, now)
@@ -366,7 +454,7 @@ func (s *shard) failLocked(f Failure) {
 		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.connState))
 	case NewSession:
 		s.sessionValid = false
-		s.enterBackoffLocked(now, f.Deadline, 1000)
+		s.enterBackoffLocked(now, f.Deadline, 1000, true)
 	default:
 		deadline := f.Deadline
 		if !deadline.IsZero() && !deadline.After(now) && !(s.state == Ready && now.Sub(s.readySince) >= ImmediateAfter) {
@@ -375,7 +463,7 @@ func (s *shard) failLocked(f Failure) {
 			// delay: a storm of requests must not become a busy loop.
 			deadline = time.Time{}
 		}
-		s.enterBackoffLocked(now, deadline, 4000)
+		s.enterBackoffLocked(now, deadline, 4000, true)
 	}
 }
 
@@ -386,8 +474,9 @@ const ImmediateAfter = 5 * time.Second
 
 // enterBackoffLocked follows the order of DESIGN.md: state, reconnects,
 // deadline, then the log of the error and transport states, before any
-// reset can wipe them.
-func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int) {
+// reset can wipe them. A deadline already due reconnects at once, unless
+// restart is false.
+func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int, restart bool) {
 	wasReady := s.state == Ready
 	s.enter(Backoff, now)
 	s.reconnects++
@@ -407,21 +496,21 @@ func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int) {
 	if wasReady {
 		s.recovery, s.attempt = true, 0
 	}
-	if !deadline.After(now) {
+	if restart && !deadline.After(now) {
 		s.resetAndStartLocked(now)
 		return
 	}
 	if s.timer == nil {
-		s.timer = s.node.clock.AfterFunc(deadline.Sub(now), func() { s.guard(s.backoffDue) })
+		s.timer = s.node.clock.AfterFunc(max(deadline.Sub(now), 0), s.backoffDue)
 	} else {
-		s.timer.Reset(deadline.Sub(now))
+		s.timer.Reset(max(deadline.Sub(now), 0))
 	}
 }
 
 func (s *shard) backoffDue() {
 	defer s.node.observe(EventBackoffTimer).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	if s.state != Backoff || now.Before(s.deadline) {
 		return // stale: the shard moved on or the deadline moved
@@ -473,7 +562,7 @@ func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
 
 func (s *shard) startAssigned() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.state != Assigned {
 		return
 	}
@@ -484,7 +573,7 @@ func (s *shard) startAssigned() {
 
 func (s *shard) shutdown() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.leaseTimer != nil {
 		s.leaseTimer.Stop()
 	}
@@ -502,7 +591,7 @@ var errNoop = errors.New("nothing to do")
 // ErrBusy error naming the shard and its state.
 func (s *shard) check(v Verb) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	return s.checkLocked(v, s.node.clock.Now())
 }
 
@@ -550,7 +639,7 @@ func (s *shard) checkLocked(v Verb, now time.Time) error {
 // apply carries out verb if it applies to the shard's state now.
 func (s *shard) apply(v Verb) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	if s.checkLocked(v, now) != nil {
 		return
@@ -563,7 +652,7 @@ func (s *shard) apply(v Verb) {
 			return
 		}
 		s.lastErr, s.lastCode = errOperatorReset, 4000
-		s.enterBackoffLocked(now, now, 4000)
+		s.enterBackoffLocked(now, now, 4000, true)
 	case VerbStop:
 		if s.state == Stopped { // stopped by lease: the operator takes over
 			s.stopReason = StoppedByOperator
@@ -586,7 +675,7 @@ func (s *shard) apply(v Verb) {
 
 func (s *shard) setLease(g LeaseGrant) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	renewal := g.Generation == s.lease.Generation && !g.Deadline.IsZero() && !s.lease.Deadline.IsZero()
 	s.lease = g
@@ -600,7 +689,7 @@ func (s *shard) setLease(g LeaseGrant) {
 			s.leaseTimer.Stop()
 		}
 	} else if s.leaseTimer == nil {
-		s.leaseTimer = s.node.clock.AfterFunc(g.Deadline.Sub(now), func() { s.guard(s.leaseDue) })
+		s.leaseTimer = s.node.clock.AfterFunc(g.Deadline.Sub(now), s.leaseDue)
 	} else {
 		s.leaseTimer.Reset(g.Deadline.Sub(now))
 	}
@@ -621,7 +710,7 @@ func (s *shard) setLease(g LeaseGrant) {
 func (s *shard) leaseDue() {
 	defer s.node.observe(EventLeaseTimer).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	s.leaseDueLocked(s.node.clock.Now())
 }
 
@@ -643,7 +732,7 @@ func (s *shard) leaseDueLocked(now time.Time) {
 
 func (s *shard) sendCommand(p []byte) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.state != Ready || s.conn == nil {
 		return fmt.Errorf("%w: shard %d is %s; commands go only to READY shards", ErrBusy, s.id, s.state)
 	}
@@ -664,7 +753,7 @@ func (s *shard) sendCommand(p []byte) error {
 func (s *shard) armSendLocked(now time.Time) {
 	d := s.sends.allowAt(now, s.node.send).Sub(now)
 	if s.sendTimer == nil {
-		s.sendTimer = s.node.clock.AfterFunc(d, func() { s.guard(s.sendDue) })
+		s.sendTimer = s.node.clock.AfterFunc(d, s.sendDue)
 	} else {
 		s.sendTimer.Reset(d)
 	}
@@ -673,7 +762,7 @@ func (s *shard) armSendLocked(now time.Time) {
 func (s *shard) sendDue() {
 	defer s.node.observe(EventSendTimer).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.state != Ready || s.conn == nil {
 		return
 	}
