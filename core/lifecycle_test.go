@@ -1,7 +1,9 @@
 package core_test
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/shardfs/shardfs/core"
 )
@@ -24,5 +26,35 @@ func TestFatalCloseEndsSession(t *testing.T) {
 		if d := e.diag(0); d.State != core.Starting || d.SequenceValid {
 			t.Fatalf("retry after close %d: %v with sequence %d valid=%v; want STARTING with sequence none", code, d.State, d.Sequence, d.SequenceValid)
 		}
+	}
+}
+
+// Nothing connects after Close: not a lease grant that arrives late (an
+// etcd answer, a lease command in flight), not Start, not a timer.
+func TestNothingConnectsAfterClose(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	e.startAll()
+	e.exec(-1, "lease 10s")
+	e.conn(1).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+	e.clk.Advance(10 * time.Second)
+	for id := range 4 {
+		e.wantState(id, core.Stopped)
+	}
+	e.node.Close()
+	n := len(e.tr.Conns())
+	for id := range 4 {
+		e.node.SetLease(core.LeaseGrant{Shard: id, Deadline: e.clk.Now().Add(time.Hour), Generation: 2})
+	}
+	e.node.SetLease(core.LeaseGrant{Shard: 0, Generation: 3}) // off
+	e.node.Start()
+	e.clk.Advance(time.Hour)
+	if got := len(e.tr.Conns()); got != n {
+		t.Fatalf("%d connections after Close; want none", got-n)
+	}
+	for id := range 4 {
+		e.wantState(id, core.Stopped)
+	}
+	if err := e.node.ExecNode("start all"); !errors.Is(err, core.ErrBusy) {
+		t.Fatalf("start all after Close = %v; want ErrBusy", err)
 	}
 }

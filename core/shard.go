@@ -319,9 +319,18 @@ func (s *shard) leaseBlocks(now time.Time) bool {
 }
 
 // startLocked moves the shard to STARTING: it resumes at once when it can,
-// and otherwise asks the pacer for an identify slot. An invalid lease stops
-// it instead.
+// and otherwise asks the pacer for an identify slot. An invalid lease or a
+// closed node stops it instead.
 func (s *shard) startLocked(now time.Time) {
+	if s.node.closed.Load() {
+		// Close has run, or runs after this and stops the shard again:
+		// nothing connects after Close, whatever asked (a late lease
+		// grant, a command or timer in flight).
+		if s.state != Stopped {
+			s.stopLocked(now, StoppedByShutdown, 4000)
+		}
+		return
+	}
 	if s.leaseBlocks(now) {
 		s.stopLocked(now, StoppedByLease, 4000)
 		return
