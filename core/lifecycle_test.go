@@ -58,3 +58,39 @@ func TestNothingConnectsAfterClose(t *testing.T) {
 		t.Fatalf("start all after Close = %v; want ErrBusy", err)
 	}
 }
+
+// The failure count starts again after 60 s in READY however the session
+// ends: a request to reconnect at once (op 7) honoured at once included,
+// so that the next drop backs off from the first step, not an old count.
+func TestFailureCountResetsAfterReadyWhateverEndsIt(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(e *env)
+	}{
+		{"op 7 at once", func(e *env) {
+			e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop, Deadline: e.clk.Now()})
+		}},
+		{"reset", func(e *env) { e.exec(0, "reset") }},
+		{"stop and start", func(e *env) { e.exec(0, "stop"); e.exec(0, "start") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, core.Config{Backoff: core.DefaultBackoff})
+			e.startAll()
+			for range 3 { // delays 50 ms, 10 s, 20 s: the count is 3
+				e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+				e.clk.Advance(e.diag(0).RetryIn)
+			}
+			e.conn(0).Link.Resumed(1)
+			e.clk.Advance(core.ReadyReset)
+			tc.end(e)
+			if d := e.diag(0); d.State != core.Starting || !e.conn(0).Attempt.Resume {
+				t.Fatalf("after the session ended: %v, resume=%v; want STARTING by resume", d.State, e.conn(0).Attempt.Resume)
+			}
+			e.conn(0).Link.Resumed(1)
+			e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+			if d := e.diag(0).RetryIn; d != 50*time.Millisecond {
+				t.Fatalf("the first drop after %v READY waits %v; want 50ms (count reset, resumable)", core.ReadyReset, d)
+			}
+		})
+	}
+}

@@ -304,11 +304,17 @@ func (s *shard) emit(e *eventLine) {
 	e.release()
 }
 
-// enter moves the shard to state st, noting when it changed.
+// enter moves the shard to state st, noting when it changed. A session
+// that stayed READY for ReadyReset starts the failure count again, however
+// it ends.
 func (s *shard) enter(st State, now time.Time) {
-	if s.state != st {
-		s.state, s.since = st, now
+	if s.state == st {
+		return
 	}
+	if s.state == Ready && now.Sub(s.readySince) >= ReadyReset {
+		s.failures = 0
+	}
+	s.state, s.since = st, now
 }
 
 func (s *shard) resumable() bool { return s.session.exists() && s.sessionValid && s.seqValid }
@@ -490,9 +496,6 @@ func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int, resta
 	s.enter(Backoff, now)
 	s.reconnects++
 	if deadline.IsZero() {
-		if wasReady && now.Sub(s.readySince) >= ReadyReset {
-			s.failures = 0
-		}
 		s.failures++
 		deadline = now.Add(s.node.backoff.Delay(s.failures, s.resumable(), s.node.rand()))
 	}
