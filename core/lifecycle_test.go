@@ -94,3 +94,34 @@ func TestFailureCountResetsAfterReadyWhateverEndsIt(t *testing.T) {
 		})
 	}
 }
+
+// Epochs are unique across the node: shards that reach READY in the same
+// millisecond get different epochs, and no epoch is handed out twice.
+func TestEpochsUniqueAcrossNode(t *testing.T) {
+	e := newEnv(t, core.Config{Plan: core.Range(8, 0, 7)})
+	e.startAll()
+	seen := map[uint64]int{}
+	note := func(step string) {
+		t.Helper()
+		for id := range 8 {
+			ep := e.diag(id).Epoch
+			if other, ok := seen[ep]; ok && other != id {
+				t.Fatalf("%s: shards %d and %d share epoch %d", step, other, id, ep)
+			}
+			seen[ep] = id
+		}
+	}
+	note("all READY at once")
+	if len(seen) != 8 {
+		t.Fatalf("%d epochs for 8 new sessions", len(seen))
+	}
+	e.exec(-1, "identify all")
+	e.clk.Advance(core.DiscordWindow)
+	for id := range 8 {
+		e.ready(id, 1)
+	}
+	note("all identified again")
+	if len(seen) != 16 {
+		t.Fatalf("%d epochs for 16 new sessions; one was reused", len(seen))
+	}
+}

@@ -137,7 +137,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s.session, s.sessionValid = sess, true
 	s.seq, s.seqValid = seq, true
 	s.dispatches++
-	s.epoch = max(s.epoch+1, uint64(now.UnixMilli()))
+	s.epoch = s.node.nextEpoch(s.epoch, now)
 	s.sends.clear()
 	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))
 }
