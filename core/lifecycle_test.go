@@ -78,7 +78,7 @@ func TestFailureCountResetsAfterReadyWhateverEndsIt(t *testing.T) {
 			e.startAll()
 			for range 3 { // delays 50 ms, 10 s, 20 s: the count is 3
 				e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-				e.clk.Advance(e.diag(0).RetryIn)
+				e.clk.Advance(e.diag(0).RetryDelay)
 			}
 			e.conn(0).Link.Resumed(1)
 			e.clk.Advance(core.ReadyReset)
@@ -88,7 +88,7 @@ func TestFailureCountResetsAfterReadyWhateverEndsIt(t *testing.T) {
 			}
 			e.conn(0).Link.Resumed(1)
 			e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-			if d := e.diag(0).RetryIn; d != 50*time.Millisecond {
+			if d := e.diag(0).RetryDelay; d != 50*time.Millisecond {
 				t.Fatalf("the first drop after %v READY waits %v; want 50ms (count reset, resumable)", core.ReadyReset, d)
 			}
 		})

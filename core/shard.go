@@ -33,8 +33,10 @@ type shard struct {
 	phase     Phase
 	lastErr   error
 	lastCode  int
-	deadline  time.Time // reconnect deadline in BACKOFF
+	deadline  time.Time     // reconnect deadline in BACKOFF
+	delay     time.Duration // the wait scheduled on entering BACKOFF
 	latency   time.Duration
+	hbMisses  uint64 // unacknowledged heartbeats on this connection
 	sendQ     [][]byte
 	socketID  bool // the next identify slot is used on the open socket
 	resuming  bool // the current connection was opened to resume
@@ -47,16 +49,17 @@ type shard struct {
 	epoch        uint64
 	sends        sendHistory
 
-	reconnects  uint64
-	failures    int // consecutive, for the backoff policy
-	readySince  time.Time
-	attempt     int  // connection attempts in this startup or recovery
-	recovery    bool // the current episode follows a READY session
-	identifies  uint64
-	resumes     uint64
-	dispatches  uint64
-	lease       LeaseGrant
-	leaseExpire bool
+	reconnects    uint64
+	hbMissesTotal uint64
+	failures      int // consecutive, for the backoff policy
+	readySince    time.Time
+	attempt       int  // attempts to get a session, one running count
+	recovery      bool // a READY session has ended: every attempt now recovers
+	identifies    uint64
+	resumes       uint64
+	dispatches    uint64
+	lease         LeaseGrant
+	leaseExpire   bool
 
 	timer      clock.Timer // reconnect deadline
 	sendTimer  clock.Timer
@@ -106,6 +109,18 @@ func (l *Link) Transport(cs ConnState) {
 func (l *Link) Heartbeat(latency time.Duration) {
 	if l.lockCurrent() {
 		l.s.latency = latency
+		l.s.mu.Unlock()
+	}
+}
+
+// HeartbeatMissed records a heartbeat that the gateway did not acknowledge
+// in time. It only counts, for diagnostics: the transport decides, and
+// reports with Fail, when missed acknowledgements make a connection a
+// zombie.
+func (l *Link) HeartbeatMissed() {
+	if l.lockCurrent() {
+		l.s.hbMisses++
+		l.s.hbMissesTotal++
 		l.s.mu.Unlock()
 	}
 }
@@ -187,6 +202,7 @@ func (l *Link) Invalidated() {
 	s.sessionValid, s.seqValid, s.seq = false, false, 0
 	s.enter(Starting, now)
 	s.resuming = false
+	s.attempt++
 	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
 	s.socketID = true
 	s.requestSlotLocked()
@@ -283,7 +299,7 @@ func (s *shard) lastResortLocked(err error) {
 	}
 	s.state, s.since, s.phase = Backoff, now, PhaseBackoff
 	s.reconnects++
-	s.deadline = now.Add(lastResortDelay)
+	s.deadline, s.delay = now.Add(lastResortDelay), lastResortDelay
 	if s.timer == nil {
 		s.timer = s.node.clock.AfterFunc(lastResortDelay, s.backoffDue)
 	} else {
@@ -311,8 +327,11 @@ func (s *shard) enter(st State, now time.Time) {
 	if s.state == st {
 		return
 	}
-	if s.state == Ready && now.Sub(s.readySince) >= ReadyReset {
-		s.failures = 0
+	if s.state == Ready {
+		s.recovery = true
+		if now.Sub(s.readySince) >= ReadyReset {
+			s.failures = 0
+		}
 	}
 	s.state, s.since = st, now
 }
@@ -343,6 +362,7 @@ func (s *shard) startLocked(now time.Time) {
 	}
 	s.enter(Starting, now)
 	s.stopReason = NotStopped
+	s.attempt++
 	if s.resumable() {
 		s.connectLocked(true)
 		return
@@ -386,7 +406,6 @@ func (s *shard) identifyNowLocked() {
 	if s.socketID && s.conn != nil {
 		s.socketID = false
 		s.phase = PhaseIdentify
-		s.attempt++
 		c := s.conn
 		if err := s.callout(c.Identify); err != nil {
 			s.panicFailLocked(err)
@@ -404,7 +423,6 @@ func (s *shard) identifyNowLocked() {
 // panics leaves no half-bound link behind.
 func (s *shard) connectLocked(resume bool) {
 	l := &Link{s: s}
-	s.attempt++
 	s.phase = PhaseDial
 	s.connState = ConnState{}
 	a := Attempt{
@@ -412,6 +430,7 @@ func (s *shard) connectLocked(resume bool) {
 		Resume: resume, Session: s.session, Sequence: s.seq,
 		LeaseGeneration: s.lease.Generation,
 	}
+	s.hbMisses = 0
 	var c Conn
 	if err := s.callout(func() { c = s.node.transport.Connect(l, a) }); err != nil {
 		s.panicFailLocked(err)
@@ -492,22 +511,18 @@ const ImmediateAfter = 5 * time.Second
 // reset can wipe them. A deadline already due reconnects at once, unless
 // restart is false.
 func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int, restart bool) {
-	wasReady := s.state == Ready
 	s.enter(Backoff, now)
 	s.reconnects++
 	if deadline.IsZero() {
 		s.failures++
 		deadline = now.Add(s.node.backoff.Delay(s.failures, s.resumable(), s.node.rand()))
 	}
-	s.deadline = deadline
+	s.deadline, s.delay = deadline, max(deadline.Sub(now), 0)
 	s.emit(s.line(now, "backoff", slog.LevelWarn).str("state", s.state.String()).int("reconnects", int64(s.reconnects)).
 		err(s.lastErr).int("code", int64(s.lastCode)).conn(s.connState).int("retry_ms", deadline.Sub(now).Milliseconds()))
 	s.closeConnLocked(closeCode)
 	s.cancelPendingLocked()
 	s.phase = PhaseBackoff
-	if wasReady {
-		s.recovery, s.attempt = true, 0
-	}
 	if restart && !deadline.After(now) {
 		s.resetAndStartLocked(now)
 		return
@@ -540,7 +555,7 @@ func (s *shard) resetAndStartLocked(now time.Time) {
 	s.connState, s.phase = ConnState{}, PhaseNone
 	s.lastErr, s.lastCode = nil, 0
 	s.deadline = time.Time{}
-	s.latency = 0
+	s.latency, s.hbMisses = 0, 0
 	s.seq, s.seqValid = 0, false
 
 	if s.session.exists() && s.sessionValid && savedValid {
@@ -674,13 +689,13 @@ func (s *shard) apply(v Verb) {
 		s.stopLocked(now, StoppedByOperator, 4000)
 	case VerbStart, VerbRetry:
 		s.emit(s.line(now, v.String(), slog.LevelInfo).str("state", s.state.String()))
-		s.recovery, s.attempt, s.failures = false, 0, 0
+		s.failures = 0
 		s.resetAndStartLocked(now)
 	case VerbIdentify:
 		s.emit(s.line(now, "identify", slog.LevelInfo).str("state", s.state.String()))
 		s.closeConnLocked(1000)
 		s.sessionValid = false
-		s.recovery, s.attempt, s.failures = false, 0, 0
+		s.failures = 0
 		s.resetAndStartLocked(now)
 	}
 }
