@@ -2,6 +2,8 @@ package core_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,5 +125,43 @@ func TestEpochsUniqueAcrossNode(t *testing.T) {
 	note("all identified again")
 	if len(seen) != 16 {
 		t.Fatalf("%d epochs for 16 new sessions; one was reused", len(seen))
+	}
+}
+
+// reset is logged like any failure in every state that accepts it: one
+// backoff line with err="operator reset", one reconnect, then the retry.
+func TestResetAlwaysLogsOperatorReset(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mc    int
+		setup func(e *env)
+		want  core.State
+	}{
+		{"READY", 16, (*env).startAll, core.Ready},
+		{"STARTING, connecting", 16, func(e *env) { e.node.Start() }, core.Starting},
+		{"STARTING, waiting for a slot", 1, func(e *env) { e.node.Start() }, core.Starting},
+		{"BACKOFF", 16, func(e *env) {
+			e.startAll()
+			e.conn(1).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+		}, core.Backoff},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, core.Config{}, maxConcurrency(tc.mc))
+			tc.setup(e)
+			e.wantState(1, tc.want)
+			before := e.diag(1)
+			size := len(e.events(1))
+			e.exec(1, "reset")
+			added := e.events(1)[size:]
+			if n := strings.Count(added, `event=backoff state=BACKOFF reconnects=`+fmt.Sprint(before.Reconnects+1)+` err="operator reset"`); n != 1 {
+				t.Errorf("reset from %v logged %d backoff lines with the operator's reset; want 1:\n%s", tc.want, n, added)
+			}
+			if !strings.Contains(added, "event=retry state=STARTING") {
+				t.Errorf("reset from %v logged no retry:\n%s", tc.want, added)
+			}
+			if d := e.diag(1); d.Reconnects != before.Reconnects+1 || d.State != core.Starting {
+				t.Errorf("reset from %v: %v after %d reconnects; want STARTING after %d", tc.want, d.State, d.Reconnects, before.Reconnects+1)
+			}
+		})
 	}
 }

@@ -282,7 +282,7 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 				}
 				if verb == "reset" && err == nil {
 					for _, id := range targets {
-						if s := prev[indexOf(local, id)].State; s == core.Starting || s == core.Ready {
+						if s := prev[indexOf(local, id)].State; s == core.Starting || s == core.Ready || s == core.Backoff {
 							models[id].reconnects++
 						}
 					}

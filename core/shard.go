@@ -673,11 +673,8 @@ func (s *shard) apply(v Verb) {
 	}
 	switch v {
 	case VerbReset:
-		if s.state == Backoff {
-			s.emit(s.line(now, "reset", slog.LevelInfo).str("state", s.state.String()))
-			s.resetAndStartLocked(now)
-			return
-		}
+		// From BACKOFF too: the operator's reset is one more failure,
+		// logged and counted like any other, that cuts the wait short.
 		s.lastErr, s.lastCode = errOperatorReset, 4000
 		s.enterBackoffLocked(now, now, 4000, true)
 	case VerbStop:
