@@ -165,3 +165,50 @@ func TestResetAlwaysLogsOperatorReset(t *testing.T) {
 		})
 	}
 }
+
+// A failure that repeats on every resume (a replay larger than the frame
+// limit) does not keep the shard resuming forever: after
+// core.MaxFailedResumes resumes in a row that the gateway took and that
+// failed, the shard starts a new session and says why. A connection that
+// failed before its Resume went out is not a failed resume, and a RESUMED
+// starts the count again.
+func TestRepeatedResumeFailureStartsNewSession(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	e.startAll()
+	e.conn(0).Link.Dispatch(5)
+	drop := func() {
+		e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop, Code: 1009})
+		e.clk.Advance(5 * time.Second)
+	}
+	failResume := func(step string) {
+		t.Helper()
+		c := e.conn(0)
+		if !c.Attempt.Resume {
+			t.Fatalf("%s: the shard identified; want a resume", step)
+		}
+		c.Link.Phase(core.PhaseResume)
+		drop()
+	}
+	drop() // the session drops: the shard resumes
+	failResume("first resume")
+	e.conn(0).Link.Resumed(6) // a success starts the count again
+	drop()
+	for i := 1; i < core.MaxFailedResumes; i++ {
+		failResume(fmt.Sprint("resume ", i))
+	}
+	drop() // never reached the gateway: not a failed resume
+	if strings.Contains(e.events(0), "event=new-session") {
+		t.Fatalf("new session after %d failed resumes:\n%s", core.MaxFailedResumes-1, e.events(0))
+	}
+	failResume(fmt.Sprint("resume ", core.MaxFailedResumes))
+	if a := e.conn(0).Attempt; a.Resume {
+		t.Fatalf("after %d failed resumes in a row the shard resumed again: %+v", core.MaxFailedResumes, a)
+	}
+	want := fmt.Sprintf(`event=new-session reason="%d resumes in a row failed"`, core.MaxFailedResumes)
+	if ev := e.events(0); strings.Count(ev, want) != 1 {
+		t.Fatalf("events do not say once why the shard identified (%q):\n%s", want, ev)
+	}
+	if d := e.diag(0); d.Session != "invalid" || d.SequenceValid {
+		t.Fatalf("after giving up the session: session %s, sequence valid %v; want invalid, none", d.Session, d.SequenceValid)
+	}
+}

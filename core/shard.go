@@ -47,7 +47,10 @@ type shard struct {
 	seq          int64
 	seqValid     bool
 	epoch        uint64
-	sends        sendHistory
+	// failedResumes counts resumes in a row that failed after their
+	// Resume went out.
+	failedResumes int
+	sends         sendHistory
 
 	reconnects    uint64
 	hbMissesTotal uint64
@@ -151,6 +154,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s.phase, s.readySince = PhaseReady, now
 	s.session, s.sessionValid = sess, true
 	s.seq, s.seqValid = seq, true
+	s.failedResumes = 0
 	s.dispatches++
 	s.epoch = s.node.nextEpoch(s.epoch, now)
 	s.sends.clear()
@@ -172,6 +176,7 @@ func (l *Link) Resumed(seq int64) {
 	now := s.node.clock.Now()
 	s.enter(Ready, now)
 	s.phase, s.readySince = PhaseReady, now
+	s.failedResumes = 0
 	if seq > 0 {
 		s.seq, s.seqValid = seq, true
 	}
@@ -476,6 +481,14 @@ func (s *shard) cancelPendingLocked() {
 func (s *shard) failLocked(f Failure) {
 	now := s.node.clock.Now()
 	s.lastErr, s.lastCode = f.Err, f.Code
+	if f.Class == Transient && s.state == Starting && s.resuming && s.phase == PhaseResume {
+		s.failedResumes++
+		if s.failedResumes >= MaxFailedResumes {
+			s.failedResumes = 0
+			s.sessionValid = false
+			s.emit(s.line(now, "new-session", slog.LevelWarn).str("reason", fmt.Sprintf("%d resumes in a row failed", MaxFailedResumes)).err(f.Err))
+		}
+	}
 	switch f.Class {
 	case FatalFailure:
 		// The gateway ended the session with the close: retry must
@@ -805,3 +818,9 @@ func (s *shard) sendDue() {
 		s.armSendLocked(now)
 	}
 }
+
+// MaxFailedResumes is how many resumes in a row may fail, each after its
+// Resume went out, before the shard gives the session up and identifies: a
+// failure that repeats on every resume (a replay larger than the frame
+// limit) would otherwise keep it resuming forever.
+const MaxFailedResumes = 3
