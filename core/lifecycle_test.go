@@ -49,6 +49,9 @@ func TestNothingConnectsAfterClose(t *testing.T) {
 	}
 	e.node.SetLease(core.LeaseGrant{Shard: 0, Generation: 3}) // off
 	e.node.Start()
+	if n := e.clk.Pending(); n != 0 {
+		t.Errorf("%d timers armed after Close", n)
+	}
 	e.clk.Advance(time.Hour)
 	if got := len(e.tr.Conns()); got != n {
 		t.Fatalf("%d connections after Close; want none", got-n)

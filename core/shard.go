@@ -721,7 +721,8 @@ func (s *shard) setLease(g LeaseGrant) {
 		return
 	}
 	s.leaseExpire = false
-	if g.Deadline.IsZero() {
+	if g.Deadline.IsZero() || s.node.closed.Load() {
+		// After Close the grant is recorded, but nothing is left running.
 		if s.leaseTimer != nil {
 			s.leaseTimer.Stop()
 		}
