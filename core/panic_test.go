@@ -169,3 +169,38 @@ func TestPanicInConnectOrPacerIsATransientFailure(t *testing.T) {
 		})
 	}
 }
+
+// A Transport that panics on every Connect, under a policy whose first
+// delay is zero (a resumable session, jitter drawn at 0), meets a timer
+// each time, not a recursion: each panic is one failure, one reconnect,
+// one step of the backoff.
+func TestPanicOnEveryConnectBacksOff(t *testing.T) {
+	f := &faults{shard: 1, connect: true}
+	clk := clock.NewFake()
+	tr := &coretest.Transport{}
+	n, err := core.New(core.Config{
+		Plan: core.Range(4, 0, 3), Transport: faultTransport{tr, f}, Clock: clk,
+		Pacer: core.NewDiscordPacer(clk, 16), Backoff: core.DefaultBackoff, Rand: func() float64 { return 0 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	f.arm(-1, false, false)
+	n.Start()
+	tr.Last(1).Link.Ready(core.Session{ID: secretSession}, 1)
+	f.arm(1, true, false)
+	// The reset reconnects at once; the panic is the first failure of a
+	// resumable session, whose delay is 0 here.
+	if err := n.ExecShard(1, "reset"); err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Duration{0, 5 * time.Second, 10 * time.Second, 20 * time.Second}
+	for i, w := range want {
+		d, _ := n.Diag(1)
+		if d.State != core.Backoff || d.Reconnects != uint64(i+2) || d.RetryDelay != w {
+			t.Fatalf("panic %d: %v after %d reconnects, waiting %v; want BACKOFF after %d, waiting %v", i+1, d.State, d.Reconnects, d.RetryDelay, i+2, w)
+		}
+		clk.Advance(d.RetryDelay)
+	}
+}
