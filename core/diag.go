@@ -20,17 +20,24 @@ type Diag struct {
 	Session    string
 	Epoch      uint64
 	Reconnects uint64
-	// Attempt counts connection attempts (1-based) of the current startup
-	// or recovery; Recovery tells which of the two it is.
+	// Attempt is one running count (1-based) of the shard's attempts to
+	// get a session, startup and every recovery; 0 only before the shard
+	// first starts. During a retry delay it names the attempt that ended.
+	// Recovery is set for every attempt after a READY session.
 	Attempt  int
 	Recovery bool
-	// RetryIn is the time left until the reconnect deadline; Waiting is
-	// false when the shard is not waiting for one.
-	RetryIn time.Duration
-	Waiting bool
-	Phase   Phase
-	Conn    ConnState
-	Latency time.Duration
+	// RetryDelay is the wait scheduled on entering BACKOFF, until
+	// ReconnectDeadline; Waiting is false when the shard is not waiting.
+	RetryDelay        time.Duration
+	ReconnectDeadline time.Time
+	Waiting           bool
+	Phase             Phase
+	Conn              ConnState
+	Latency           time.Duration
+	// HeartbeatMisses counts heartbeats the gateway did not acknowledge
+	// in time on the current connection, HeartbeatMissesTotal on every
+	// connection of the shard.
+	HeartbeatMisses, HeartbeatMissesTotal uint64
 	// LastError and LastCode describe the failure that the next reset will
 	// wipe.
 	LastError    error
@@ -53,6 +60,7 @@ func (s *shard) diag(now time.Time) Diag {
 		Session: "none", Epoch: s.epoch, Reconnects: s.reconnects,
 		Attempt: s.attempt, Recovery: s.recovery,
 		Phase: s.phase, Conn: s.connState, Latency: s.latency,
+		HeartbeatMisses: s.hbMisses, HeartbeatMissesTotal: s.hbMissesTotal,
 		LastError: s.lastErr, LastCode: s.lastCode,
 		Lease: s.lease, LeaseExpired: s.leaseExpire,
 		Identifies: s.identifies, Resumes: s.resumes, Dispatches: s.dispatches,
@@ -65,7 +73,7 @@ func (s *shard) diag(now time.Time) Diag {
 		}
 	}
 	if s.state == Backoff {
-		d.RetryIn, d.Waiting = max(s.deadline.Sub(now), 0), true
+		d.RetryDelay, d.ReconnectDeadline, d.Waiting = s.delay, s.deadline, true
 	}
 	if s.state == Ready {
 		d.ReadySince = s.readySince
@@ -103,6 +111,7 @@ func (d *Diag) AppendText(b []byte, now time.Time) []byte {
 	}
 	kv("session", d.Session)
 	num("epoch", int64(d.Epoch))
+	num("session_epoch", int64(d.Epoch))
 	num("reconnects", int64(d.Reconnects))
 	num("attempt", int64(d.Attempt))
 	if d.Recovery {
@@ -111,15 +120,19 @@ func (d *Diag) AppendText(b []byte, now time.Time) []byte {
 		kv("recovery_phase", "startup")
 	}
 	if d.Waiting {
-		num("retry_delay_ms", d.RetryIn.Milliseconds())
+		num("retry_delay_ms", d.RetryDelay.Milliseconds())
+		kv("reconnect_deadline", d.ReconnectDeadline.UTC().Format(time.RFC3339Nano))
 	} else {
 		kv("retry_delay_ms", "none")
+		kv("reconnect_deadline", "none")
 	}
 	kv("phase", d.Phase.String())
 	kv("tcp", d.Conn.TCP.String())
 	kv("tls", d.Conn.TLS.String())
 	kv("ws", d.Conn.WS.String())
 	num("latency_ms", d.Latency.Milliseconds())
+	num("heartbeat_misses", int64(d.HeartbeatMisses))
+	num("heartbeat_misses_total", int64(d.HeartbeatMissesTotal))
 	if d.LastError != nil {
 		b = append(b, "last_error "...)
 		b = strconv.AppendQuote(b, d.LastError.Error())

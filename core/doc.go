@@ -26,22 +26,60 @@
 //     or turning it off starts the shards that the expiry stopped.
 //   - Identifies wait for the IdentifyPacer; resumes never do.
 //   - The session epoch is 0 until the first new session and takes a new,
-//     larger value at every new session (never on a resume). It is the
-//     larger of the previous epoch plus one and the Unix time in
-//     milliseconds, so that it is not reused after a restart either.
+//     larger value at every new session (never on a resume). It comes from
+//     one count for the whole node, at least the Unix time in
+//     milliseconds, so that no two shards share one and a restart reuses
+//     none (the count runs ahead of the clock only while more than one new
+//     session a millisecond starts, far beyond what identify pacing allows).
+//   - A panic, in the core or in what it calls (the Transport, the pacer, a
+//     connection), is recovered whatever entered the shard (Start, a
+//     command, a lease grant, a timer, a link event) and handled like a
+//     transient failure, with or without a connection: BACKOFF, then a
+//     retry. The shard never reconnects from within that handling, even at
+//     a zero delay, so a Transport that panics on every Connect meets a
+//     timer, not a recursion. A connection becomes the shard's only once
+//     Connect has returned it.
+//   - Nothing connects after Close: a lease grant or a command that
+//     arrives later leaves the shard STOPPED.
 //
-// Decisions where DESIGN.md is silent: a command that does not apply to a
-// shard's state (reset of a FATAL shard, retry of a READY one) is refused
-// with ErrBusy when the shard was named, and skipped when "all" was; stop of
-// a stopped shard and start of a running one succeed and do nothing; reset
-// of a shard in BACKOFF cuts the wait short without counting another
-// reconnect; identify does not count as a reconnect, since nothing failed;
-// the default backoff retries the first failure of a resumable session
-// within 100 ms (see Exponential), because a resume costs no identify
-// budget and sessions expire within minutes; a request to reconnect at once
-// (op 7) is honoured at once only from a shard READY for ImmediateAfter
-// (5 s), so that a gateway repeating it cannot drive a busy loop; the
-// operator's start, retry and identify start the failure count again; each
-// lease command runs alone, from the backend's answer to the shards; a
-// refused command is logged clipped to 128 bytes.
+// What the commands do, where DESIGN.md is silent or the core departs from
+// it (README "Commands" says the same for operators):
+//
+//   - reset, accepted in STARTING, READY and BACKOFF, always enters
+//     BACKOFF with err="operator reset", counts one reconnect and
+//     reconnects at once (resuming when the resume rule allows); from
+//     BACKOFF it cuts the wait short. It does not touch the failure count.
+//   - identify (close 1000) is not a failure and counts no reconnect.
+//   - The operator's start, retry and identify start the failure count
+//     again.
+//   - A FATAL close ends the session: retry identifies.
+//   - A command that does not apply to a shard's state (reset of a FATAL
+//     shard, retry of a READY one) is refused with ErrBusy when the shard
+//     was named, and skipped when "all" was; stop of a stopped shard and
+//     start of a running one succeed and do nothing.
+//   - Departure: the default backoff retries the first failure of a
+//     resumable session within 100 ms (uniform, see Exponential), not after
+//     5 s, because a resume costs no identify budget and sessions expire
+//     within minutes; fixed:5s restores the bare-metal delay.
+//   - Departure: a request to reconnect at once (op 7) is honoured at once
+//     only from a shard READY for ImmediateAfter (5 s); sooner, the backoff
+//     policy decides, so that a gateway repeating it cannot drive a busy
+//     loop.
+//   - The failure count starts again when a session that was READY for
+//     ReadyReset (60 s) ends, however it ends (op 7 honoured at once, a
+//     reset, a stop included).
+//   - After MaxFailedResumes (3) resumes in a row fail once their Resume
+//     went out (the transport reported PhaseResume), the shard gives the
+//     session up and identifies, with an event=new-session line; a dial
+//     that fails before the Resume is not counted, so a network outage does
+//     not turn into identifies.
+//
+// Diagnostics: attempt counts every attempt to get a session over the
+// node's life (a start, a retry after BACKOFF, op 9), 1-based, never reset
+// by a command; during a retry delay it names the attempt that ended.
+// recovery_phase is recovery from the moment a READY session ends.
+// heartbeat_misses is the count on the current connection and
+// heartbeat_misses_total the count over the shard's run, from
+// Link.HeartbeatMissed. Each lease command runs alone, from the backend's
+// answer to the shards; a refused command is logged clipped to 128 bytes.
 package core

@@ -71,6 +71,8 @@ type Node struct {
 	order  []*shard       // by shard ID
 	events *journal.Log
 	closed atomic.Bool
+	// epoch is the last session epoch handed out to any shard.
+	epoch atomic.Uint64
 	// leaseMu makes each lease command atomic (see applyLease).
 	leaseMu sync.Mutex
 }
@@ -134,6 +136,21 @@ func orDefault(v, def int) int {
 		return v
 	}
 	return def
+}
+
+// nextEpoch returns a session epoch no shard of the node has had: larger
+// than the shard's previous one, than any the node handed out, and at least
+// the Unix time in milliseconds, so that a restart does not reuse one
+// either (the count runs ahead of the clock only while more than one new
+// session a millisecond starts, far beyond what identify pacing allows).
+func (n *Node) nextEpoch(prev uint64, now time.Time) uint64 {
+	for {
+		last := n.epoch.Load()
+		e := max(last+1, prev+1, uint64(now.UnixMilli()))
+		if n.epoch.CompareAndSwap(last, e) {
+			return e
+		}
+	}
 }
 
 // Plan returns the node's plan, local IDs in ascending order.

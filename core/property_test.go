@@ -24,6 +24,7 @@ type model struct {
 	seq                   int64
 	seqValid              bool
 	resuming              bool // the live connection was opened to resume
+	failedResumes         int  // resumes in a row that failed after Resume went out
 	// What the test expects from the inputs alone.
 	reconnects    uint64    // entries into BACKOFF the inputs caused
 	leaseDeadline time.Time // from the lease commands that succeeded
@@ -134,6 +135,20 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 		prev := node.Snapshot(nil)
 		retried := map[int]bool{}
 		newSession := map[int]bool{}
+		epochs := map[uint64]int{} // every epoch handed out, and to whom
+		closed, closedConns := false, 0
+
+		// transientFail updates the model for a transient failure of a
+		// live connection: a resume that failed after its Resume went out
+		// counts towards giving the session up.
+		transientFail := func(id int) {
+			m := models[id]
+			if d, _ := node.Diag(id); d.State == core.Starting && m.resuming && d.Phase == core.PhaseResume {
+				if m.failedResumes++; m.failedResumes >= core.MaxFailedResumes {
+					m.failedResumes, m.sessValid = 0, false
+				}
+			}
+		}
 
 		// shardEvent runs f against one shard's connection (current or
 		// stale) and checks that no other shard changed.
@@ -170,6 +185,7 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 					if live {
 						m := models[id]
 						m.sessExists, m.sessValid, m.seq, m.seqValid = true, true, seq, true
+						m.failedResumes = 0
 						newSession[id] = true
 					}
 					c.Link.Ready(core.Session{ID: secretSession}, seq)
@@ -178,6 +194,9 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 			"resumed": func(t *rapid.T) {
 				shardEvent(t, "resumed", func(id int, c *coretest.Conn, live bool) {
 					seq := models[id].seq + 1
+					if live && models[id].resuming {
+						models[id].failedResumes = 0
+					}
 					if d, _ := node.Diag(id); live && models[id].resuming && (d.State == core.Ready || d.State == core.Starting && d.Phase != core.PhaseWaitSlot && d.Phase != core.PhaseIdentify) {
 						models[id].seq, models[id].seqValid = seq, true
 					}
@@ -196,7 +215,7 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 			"heartbeat": func(t *rapid.T) {
 				shardEvent(t, "heartbeat", func(_ int, c *coretest.Conn, _ bool) {
 					c.Link.Heartbeat(time.Duration(rapid.IntRange(1, 500).Draw(t, "ms")) * time.Millisecond)
-					c.Link.Phase(core.PhaseHello)
+					c.Link.Phase(rapid.SampledFrom([]core.Phase{core.PhaseHello, core.PhaseResume}).Draw(t, "phase"))
 					c.Link.Transport(core.ConnState{TCP: core.LayerOK, WS: core.LayerOK})
 				})
 			},
@@ -207,8 +226,11 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 					if rapid.IntRange(0, 3).Draw(t, "op7") == 0 {
 						deadline = clk.Now()
 					}
-					if live && class == core.NewSession {
+					if live && class != core.Transient {
 						models[id].sessValid = false
+					}
+					if live && class == core.Transient {
+						transientFail(id)
 					}
 					if live && class != core.FatalFailure {
 						models[id].reconnects++
@@ -228,6 +250,7 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 				shardEvent(t, "panic", func(id int, c *coretest.Conn, live bool) {
 					if live {
 						models[id].reconnects++
+						transientFail(id)
 					}
 					func() {
 						defer c.Link.Recover()
@@ -282,7 +305,7 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 				}
 				if verb == "reset" && err == nil {
 					for _, id := range targets {
-						if s := prev[indexOf(local, id)].State; s == core.Starting || s == core.Ready {
+						if s := prev[indexOf(local, id)].State; s == core.Starting || s == core.Ready || s == core.Backoff {
 							models[id].reconnects++
 						}
 					}
@@ -299,6 +322,24 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 						models[id].leaseDeadline = deadline
 					}
 				}
+			},
+			// A lease grant the backend learnt of by itself (etcd).
+			"grant": func(t *rapid.T) {
+				id := rapid.SampledFrom(local).Draw(t, "id")
+				var deadline time.Time
+				if s := rapid.IntRange(0, 90).Draw(t, "grant"); s > 0 {
+					deadline = clk.Now().Add(time.Duration(s) * time.Second)
+				}
+				d, _ := node.Diag(id)
+				models[id].leaseDeadline = deadline
+				node.SetLease(core.LeaseGrant{Shard: id, Deadline: deadline, Generation: d.Lease.Generation + uint64(rapid.IntRange(0, 1).Draw(t, "gen"))})
+			},
+			"close": func(t *rapid.T) {
+				if closed || rapid.IntRange(0, 9).Draw(t, "close") > 0 {
+					return
+				}
+				node.Close()
+				closed, closedConns = true, len(tr.Conns())
 			},
 			"send": func(t *rapid.T) {
 				node.Send(rapid.SampledFrom(local).Draw(t, "id"), []byte(`{"op":3,"d":{}}`))
@@ -330,6 +371,24 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 					if (d.State == core.Starting || d.State == core.Ready) && !m.leaseDeadline.IsZero() && !now.Before(m.leaseDeadline) {
 						t.Fatalf("shard %d is %v with its lease expired at %v (now %v)", d.Shard, d.State, m.leaseDeadline, now)
 					}
+					switch d.State {
+					case core.Starting, core.Ready, core.Backoff, core.Fatal:
+						if d.Attempt < 1 {
+							t.Fatalf("shard %d is %v at attempt %d; attempts count from 1", d.Shard, d.State, d.Attempt)
+						}
+					}
+					if d.Attempt < p.Attempt {
+						t.Fatalf("shard %d attempt went back from %d to %d", d.Shard, p.Attempt, d.Attempt)
+					}
+					if closed && (d.State == core.Starting || d.State == core.Ready) {
+						t.Fatalf("shard %d is %v after Close", d.Shard, d.State)
+					}
+					if d.Epoch != p.Epoch {
+						if other, ok := epochs[d.Epoch]; ok {
+							t.Fatalf("shard %d got epoch %d, already shard %d's", d.Shard, d.Epoch, other)
+						}
+						epochs[d.Epoch] = d.Shard
+					}
 					switch {
 					case d.Epoch < p.Epoch:
 						t.Fatalf("shard %d epoch went back from %d to %d", d.Shard, p.Epoch, d.Epoch)
@@ -338,6 +397,9 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 					case d.Epoch == p.Epoch && newSession[d.Shard]:
 						t.Fatalf("shard %d epoch unchanged by a new session", d.Shard)
 					}
+				}
+				if n := len(tr.Conns()); closed && n > closedConns {
+					t.Fatalf("%d connections after Close", n-closedConns)
 				}
 				checkGrants(t, flavor, pacer.grants)
 				identifies, granted := map[int]int{}, map[int]int{}

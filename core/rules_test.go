@@ -73,8 +73,8 @@ func TestRuleBackoffEntryLogsBeforeReset(t *testing.T) {
 	l.Fail(core.Failure{Class: core.Transient, Err: errDrop, Code: 1006})
 
 	d := e.diag(0)
-	if d.State != core.Backoff || d.Reconnects != 1 || !d.Waiting || d.RetryIn != 5*time.Second {
-		t.Fatalf("after failure: %v reconnects=%d waiting=%v retry=%v; want BACKOFF 1 true 5s", d.State, d.Reconnects, d.Waiting, d.RetryIn)
+	if d.State != core.Backoff || d.Reconnects != 1 || !d.Waiting || d.RetryDelay != 5*time.Second {
+		t.Fatalf("after failure: %v reconnects=%d waiting=%v retry=%v; want BACKOFF 1 true 5s", d.State, d.Reconnects, d.Waiting, d.RetryDelay)
 	}
 	want := `event=backoff state=BACKOFF reconnects=1 err="connection reset by peer" code=1006 tcp=failed tls=ok ws=closed retry_ms=5000`
 	if got := e.lastEvent(0); !strings.Contains(got, want) {
@@ -100,16 +100,16 @@ func TestRuleZeroDeadlineMeansPolicy(t *testing.T) {
 	e := newEnv(t, core.Config{Backoff: core.Fixed(7 * time.Second)})
 	e.startAll()
 	e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-	if d := e.diag(0); d.RetryIn != 7*time.Second {
-		t.Fatalf("zero deadline: retry in %v; want the policy's 7s", d.RetryIn)
+	if d := e.diag(0); d.RetryDelay != 7*time.Second {
+		t.Fatalf("zero deadline: retry in %v; want the policy's 7s", d.RetryDelay)
 	}
 	e.conn(1).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop, Deadline: e.clk.Now().Add(2 * time.Second)})
-	if d := e.diag(1); d.RetryIn != 2*time.Second {
-		t.Fatalf("explicit deadline: retry in %v; want 2s", d.RetryIn)
+	if d := e.diag(1); d.RetryDelay != 2*time.Second {
+		t.Fatalf("explicit deadline: retry in %v; want 2s", d.RetryDelay)
 	}
 	e.conn(3).Link.Fail(core.Failure{Class: core.Transient, Err: errors.New("op 7"), Deadline: e.clk.Now()})
-	if d := e.diag(3); d.State != core.Backoff || d.RetryIn != 7*time.Second {
-		t.Fatalf("deadline now, READY for 0s: %v, retry in %v; want BACKOFF for the policy's 7s", d.State, d.RetryIn)
+	if d := e.diag(3); d.State != core.Backoff || d.RetryDelay != 7*time.Second {
+		t.Fatalf("deadline now, READY for 0s: %v, retry in %v; want BACKOFF for the policy's 7s", d.State, d.RetryDelay)
 	}
 	e.clk.Advance(core.ImmediateAfter)
 	e.conn(2).Link.Fail(core.Failure{Class: core.Transient, Err: errors.New("op 7"), Deadline: e.clk.Now()})
@@ -315,7 +315,7 @@ func TestRuleBackoffPolicy(t *testing.T) {
 	e.startAll()
 	fail := func() time.Duration {
 		e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-		d := e.diag(0).RetryIn
+		d := e.diag(0).RetryDelay
 		e.clk.Advance(d)
 		return d
 	}
@@ -346,7 +346,7 @@ func TestRuleBackoffPolicy(t *testing.T) {
 			t.Fatalf("the operator's %s opened no connection", cmd)
 		}
 		e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-		if d := e.diag(0).RetryIn; d != 5*time.Second {
+		if d := e.diag(0).RetryDelay; d != 5*time.Second {
 			t.Fatalf("a failure after the operator's %s waits %v; want 5s (first step, no session)", cmd, d)
 		}
 	}
@@ -395,43 +395,109 @@ func TestRuleSessionEpoch(t *testing.T) {
 	}
 }
 
-// Rule: the recovery diagnostic counts attempts (1-based) in the startup
-// or in the recovery, and shows the retry delay or none.
+// Rule: the recovery diagnostic. attempt is one running 1-based count for
+// the shard's whole run, and during a retry delay it names the attempt that
+// ended; the phase is recovery for every attempt after a READY session, op
+// 9 included; retry_delay_ms is the scheduled wait, not a countdown, and
+// reconnect_deadline when it ends.
 func TestRuleRecoveryDiagnostic(t *testing.T) {
 	e := newEnv(t, core.Config{})
+	if d := e.diag(0); d.Attempt != 0 {
+		t.Fatalf("ASSIGNED: attempt %d; want 0 before the start", d.Attempt)
+	}
 	e.node.Start()
-	check := func(step string, attempt int, recovery bool, waiting bool) {
+	at := func(d time.Duration) string { return e.clk.Now().Add(d).UTC().Format(time.RFC3339Nano) }
+	check := func(step string, attempt int, phase, delay, deadline string) {
 		t.Helper()
 		d := e.diag(0)
-		if d.Attempt != attempt || d.Recovery != recovery || d.Waiting != waiting {
-			t.Fatalf("%s: attempt %d recovery %v waiting %v; want %d %v %v", step, d.Attempt, d.Recovery, d.Waiting, attempt, recovery, waiting)
-		}
 		text := string(d.AppendText(nil, e.clk.Now()))
-		phase := "startup"
-		if recovery {
-			phase = "recovery"
+		kv := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
+			k, v, _ := strings.Cut(l, " ")
+			kv[k] = v
 		}
-		if !strings.Contains(text, fmt.Sprintf("attempt %d\nrecovery_phase %s\n", attempt, phase)) {
-			t.Fatalf("%s: diag text lacks the recovery lines:\n%s", step, text)
+		want := map[string]string{"attempt": fmt.Sprint(attempt), "recovery_phase": phase, "retry_delay_ms": delay, "reconnect_deadline": deadline}
+		for k, w := range want {
+			if kv[k] != w {
+				t.Errorf("%s: %s %q; want %q\n%s", step, k, kv[k], w, text)
+			}
 		}
-		if !waiting && !strings.Contains(text, "retry_delay_ms none\n") || waiting && !strings.Contains(text, "retry_delay_ms ") {
-			t.Fatalf("%s: wrong retry delay in\n%s", step, text)
+		if d.Attempt != attempt || d.Recovery != (phase == "recovery") {
+			t.Errorf("%s: Diag attempt %d recovery %v; want %d %s", step, d.Attempt, d.Recovery, attempt, phase)
 		}
 	}
-	check("first connect", 1, false, false)
+	check("first connect", 1, "startup", "none", "none")
 	e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-	check("startup failure", 1, false, true)
+	check("startup failure", 1, "startup", "5000", at(5*time.Second))
 	e.clk.Advance(2 * time.Second)
 	if d := e.diag(0); !strings.Contains(string(d.AppendText(nil, e.clk.Now())), "state BACKOFF\nstate_age_ms 2000\n") {
 		t.Fatalf("diag lacks the age of the BACKOFF state:\n%s", d.AppendText(nil, e.clk.Now()))
 	}
+	check("2 s into the wait", 1, "startup", "5000", at(3*time.Second))
 	e.clk.Advance(3 * time.Second)
-	check("second startup attempt", 2, false, false)
+	check("second startup attempt", 2, "startup", "none", "none")
 	e.ready(0, 1)
+	check("READY", 2, "startup", "none", "none")
 	e.conn(0).Link.Fail(core.Failure{Class: core.Transient, Err: errDrop})
-	check("failure after READY", 0, true, true)
+	check("failure after READY", 2, "recovery", "5000", at(5*time.Second))
 	e.clk.Advance(5 * time.Second)
-	check("first recovery attempt", 1, true, false)
+	check("first recovery attempt", 3, "recovery", "none", "none")
+	e.conn(0).Link.Resumed(2)
+	e.conn(0).Link.Invalidated() // op 9 on the open socket
+	check("op 9 after READY", 4, "recovery", "none", "none")
+	e.conn(0).Link.Fail(core.Failure{Class: core.FatalFailure, Err: errDrop, Code: 4004})
+	check("FATAL", 4, "recovery", "none", "none")
+	e.exec(0, "retry")
+	check("retry", 5, "recovery", "none", "none")
+
+	// op 9 ending the first session starts a recovery too.
+	e.ready(1, 1)
+	e.conn(1).Link.Invalidated()
+	if d := e.diag(1); d.Attempt != 2 || !d.Recovery || d.Phase != core.PhaseIdentify {
+		t.Errorf("op 9 ending shard 1's first session: attempt %d recovery %v phase %v; want 2 true identify", d.Attempt, d.Recovery, d.Phase)
+	}
+}
+
+// The diag file shows the session epoch, the missed heartbeat ACKs of the
+// current connection and of the shard's whole run, and the reconnect
+// deadline, under the names DESIGN.md section 2 gives them.
+func TestDiagKeys(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	e.startAll()
+	l := e.conn(0).Link
+	l.HeartbeatMissed()
+	l.HeartbeatMissed()
+	kv := func() map[string]string {
+		d := e.diag(0)
+		m := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSuffix(string(d.AppendText(nil, e.clk.Now())), "\n"), "\n") {
+			k, v, _ := strings.Cut(l, " ")
+			m[k] = v
+		}
+		return m
+	}
+	epoch := fmt.Sprint(e.diag(0).Epoch)
+	want := map[string]string{"session_epoch": epoch, "heartbeat_misses": "2", "heartbeat_misses_total": "2", "reconnect_deadline": "none"}
+	got := kv()
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("READY with 2 misses: %s %q; want %q", k, got[k], w)
+		}
+	}
+	l.Fail(core.Failure{Class: core.Transient, Err: errDrop})
+	l.HeartbeatMissed() // stale: the connection is gone
+	e.clk.Advance(5 * time.Second)
+	e.conn(0).Link.HeartbeatMissed()
+	want = map[string]string{"session_epoch": epoch, "heartbeat_misses": "1", "heartbeat_misses_total": "3"}
+	got = kv()
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("new connection with 1 miss: %s %q; want %q", k, got[k], w)
+		}
+	}
+	if d := e.diag(0); d.HeartbeatMisses != 1 || d.HeartbeatMissesTotal != 3 {
+		t.Errorf("Diag misses %d/%d; want 1/3", d.HeartbeatMisses, d.HeartbeatMissesTotal)
+	}
 }
 
 // Rule: Discord identify slots: bucket = shard % max_concurrency, one per

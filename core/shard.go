@@ -33,8 +33,10 @@ type shard struct {
 	phase     Phase
 	lastErr   error
 	lastCode  int
-	deadline  time.Time // reconnect deadline in BACKOFF
+	deadline  time.Time     // reconnect deadline in BACKOFF
+	delay     time.Duration // the wait scheduled on entering BACKOFF
 	latency   time.Duration
+	hbMisses  uint64 // unacknowledged heartbeats on this connection
 	sendQ     [][]byte
 	socketID  bool // the next identify slot is used on the open socket
 	resuming  bool // the current connection was opened to resume
@@ -45,18 +47,22 @@ type shard struct {
 	seq          int64
 	seqValid     bool
 	epoch        uint64
-	sends        sendHistory
+	// failedResumes counts resumes in a row that failed after their
+	// Resume went out.
+	failedResumes int
+	sends         sendHistory
 
-	reconnects  uint64
-	failures    int // consecutive, for the backoff policy
-	readySince  time.Time
-	attempt     int  // connection attempts in this startup or recovery
-	recovery    bool // the current episode follows a READY session
-	identifies  uint64
-	resumes     uint64
-	dispatches  uint64
-	lease       LeaseGrant
-	leaseExpire bool
+	reconnects    uint64
+	hbMissesTotal uint64
+	failures      int // consecutive, for the backoff policy
+	readySince    time.Time
+	attempt       int  // attempts to get a session, one running count
+	recovery      bool // a READY session has ended: every attempt now recovers
+	identifies    uint64
+	resumes       uint64
+	dispatches    uint64
+	lease         LeaseGrant
+	leaseExpire   bool
 
 	timer      clock.Timer // reconnect deadline
 	sendTimer  clock.Timer
@@ -110,6 +116,18 @@ func (l *Link) Heartbeat(latency time.Duration) {
 	}
 }
 
+// HeartbeatMissed records a heartbeat that the gateway did not acknowledge
+// in time. It only counts, for diagnostics: the transport decides, and
+// reports with Fail, when missed acknowledgements make a connection a
+// zombie.
+func (l *Link) HeartbeatMissed() {
+	if l.lockCurrent() {
+		l.s.hbMisses++
+		l.s.hbMissesTotal++
+		l.s.mu.Unlock()
+	}
+}
+
 // Dispatch records the sequence of a dispatch the shard received. Only a
 // live session or the replay of a resume has a sequence: a dispatch on a
 // connection that is identifying belongs to no session and is not counted.
@@ -130,14 +148,15 @@ func (l *Link) Ready(sess Session, seq int64) {
 		return
 	}
 	s := l.s
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	s.enter(Ready, now)
 	s.phase, s.readySince = PhaseReady, now
 	s.session, s.sessionValid = sess, true
 	s.seq, s.seqValid = seq, true
+	s.failedResumes = 0
 	s.dispatches++
-	s.epoch = max(s.epoch+1, uint64(now.UnixMilli()))
+	s.epoch = s.node.nextEpoch(s.epoch, now)
 	s.sends.clear()
 	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))
 }
@@ -150,13 +169,14 @@ func (l *Link) Resumed(seq int64) {
 		return
 	}
 	s := l.s
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if !s.resuming {
 		return
 	}
 	now := s.node.clock.Now()
 	s.enter(Ready, now)
 	s.phase, s.readySince = PhaseReady, now
+	s.failedResumes = 0
 	if seq > 0 {
 		s.seq, s.seqValid = seq, true
 	}
@@ -169,7 +189,7 @@ func (l *Link) Fail(f Failure) {
 	if !l.lockCurrent() {
 		return
 	}
-	defer l.s.mu.Unlock()
+	defer l.s.unlock()
 	l.s.failLocked(f)
 }
 
@@ -182,11 +202,12 @@ func (l *Link) Invalidated() {
 		return
 	}
 	s := l.s
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	s.sessionValid, s.seqValid, s.seq = false, false, 0
 	s.enter(Starting, now)
 	s.resuming = false
+	s.attempt++
 	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
 	s.socketID = true
 	s.requestSlotLocked()
@@ -196,31 +217,99 @@ func (l *Link) Invalidated() {
 // a transient failure of that shard alone, with the stack in its events.
 func (l *Link) Recover() {
 	if r := recover(); r != nil {
-		l.s.panicked(l, r)
-	}
-}
-
-func (s *shard) panicked(l *Link, r any) {
-	now := s.node.clock.Now()
-	e := s.line(now, "panic", slog.LevelError).str("panic", fmt.Sprint(r)).str("stack", string(debug.Stack()))
-	s.emit(e)
-	if l != nil {
+		l.s.logPanic(r, debug.Stack())
 		l.Fail(Failure{Class: Transient, Err: fmt.Errorf("panic: %v", r)})
 	}
 }
 
-// guard runs a core callback of this shard, turning a panic into a
-// transient failure of its current connection.
-func (s *shard) guard(f func()) {
+// logPanic writes a recovered panic and its stack to the shard's events.
+func (s *shard) logPanic(r any, stack []byte) {
+	s.emit(s.line(s.node.clock.Now(), "panic", slog.LevelError).str("panic", fmt.Sprint(r)).str("stack", string(stack)))
+}
+
+// unlock, deferred right after s.mu.Lock() in every entry into the shard,
+// releases the lock; a panic on the way is recovered first and leaves the
+// shard in a state it recovers from.
+func (s *shard) unlock() {
+	if r := recover(); r != nil {
+		s.recoverLocked(r, debug.Stack())
+	}
+	s.mu.Unlock()
+}
+
+// recoverLocked handles a panic that reached the end of an entry into the
+// shard like a transport failure of the shard, whether or not it has a
+// connection at the moment.
+func (s *shard) recoverLocked(r any, stack []byte) {
+	err := fmt.Errorf("panic: %v", r)
+	defer func() {
+		if recover() != nil {
+			s.lastResortLocked(err)
+		}
+	}()
+	s.logPanic(r, stack)
+	s.panicFailLocked(err)
+}
+
+// callout runs f, code the core does not own (the transport, the pacer, a
+// connection), and returns the panic it raised as an error, its stack
+// logged to the shard's events.
+func (s *shard) callout(f func()) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.mu.Lock()
-			l := s.link
-			s.mu.Unlock()
-			s.panicked(l, r)
+			s.logPanic(r, debug.Stack())
+			err = fmt.Errorf("panic: %v", r)
 		}
 	}()
 	f()
+	return nil
+}
+
+// panicFailLocked handles a recovered panic like a transient failure, with
+// one difference: the shard never reconnects from within it, even when the
+// policy's delay is zero, so that a transport that panics on every Connect
+// meets a timer rather than a recursion.
+func (s *shard) panicFailLocked(err error) {
+	now := s.node.clock.Now()
+	switch {
+	case s.state == Fatal || s.state == Stopped:
+		s.closeConnLocked(4000)
+		s.cancelPendingLocked()
+		return
+	case s.node.closed.Load():
+		s.stopLocked(now, StoppedByShutdown, 4000)
+		return
+	}
+	s.lastErr, s.lastCode = err, 0
+	s.enterBackoffLocked(now, time.Time{}, 4000, false)
+}
+
+// lastResortDelay is the wait after a panic that even the failure handling
+// of a panic could not get past (a logger or a backoff policy that panics).
+const lastResortDelay = 5 * time.Second
+
+// lastResortLocked puts the shard in BACKOFF, or STOPPED after Close,
+// calling nothing the core does not own.
+func (s *shard) lastResortLocked(err error) {
+	s.link, s.conn, s.slotCancel = nil, nil, nil
+	s.slotSeq++
+	if s.state == Fatal || s.state == Stopped {
+		return
+	}
+	now := s.node.clock.Now()
+	s.lastErr = err
+	if s.node.closed.Load() {
+		s.state, s.since, s.stopReason, s.phase = Stopped, now, StoppedByShutdown, PhaseStopped
+		return
+	}
+	s.state, s.since, s.phase = Backoff, now, PhaseBackoff
+	s.reconnects++
+	s.deadline, s.delay = now.Add(lastResortDelay), lastResortDelay
+	if s.timer == nil {
+		s.timer = s.node.clock.AfterFunc(lastResortDelay, s.backoffDue)
+	} else {
+		s.timer.Reset(lastResortDelay)
+	}
 }
 
 func (s *shard) line(now time.Time, event string, level slog.Level) *eventLine {
@@ -236,11 +325,20 @@ func (s *shard) emit(e *eventLine) {
 	e.release()
 }
 
-// enter moves the shard to state st, noting when it changed.
+// enter moves the shard to state st, noting when it changed. A session
+// that stayed READY for ReadyReset starts the failure count again, however
+// it ends.
 func (s *shard) enter(st State, now time.Time) {
-	if s.state != st {
-		s.state, s.since = st, now
+	if s.state == st {
+		return
 	}
+	if s.state == Ready {
+		s.recovery = true
+		if now.Sub(s.readySince) >= ReadyReset {
+			s.failures = 0
+		}
+	}
+	s.state, s.since = st, now
 }
 
 func (s *shard) resumable() bool { return s.session.exists() && s.sessionValid && s.seqValid }
@@ -251,15 +349,25 @@ func (s *shard) leaseBlocks(now time.Time) bool {
 }
 
 // startLocked moves the shard to STARTING: it resumes at once when it can,
-// and otherwise asks the pacer for an identify slot. An invalid lease stops
-// it instead.
+// and otherwise asks the pacer for an identify slot. An invalid lease or a
+// closed node stops it instead.
 func (s *shard) startLocked(now time.Time) {
+	if s.node.closed.Load() {
+		// Close has run, or runs after this and stops the shard again:
+		// nothing connects after Close, whatever asked (a late lease
+		// grant, a command or timer in flight).
+		if s.state != Stopped {
+			s.stopLocked(now, StoppedByShutdown, 4000)
+		}
+		return
+	}
 	if s.leaseBlocks(now) {
 		s.stopLocked(now, StoppedByLease, 4000)
 		return
 	}
 	s.enter(Starting, now)
 	s.stopReason = NotStopped
+	s.attempt++
 	if s.resumable() {
 		s.connectLocked(true)
 		return
@@ -268,14 +376,19 @@ func (s *shard) startLocked(now time.Time) {
 }
 
 func (s *shard) requestSlotLocked() {
-	if s.slotCancel != nil {
-		s.slotCancel()
+	if cancel := s.slotCancel; cancel != nil {
 		s.slotCancel = nil
+		s.callout(cancel)
 	}
 	s.phase = PhaseWaitSlot
 	s.slotSeq++
 	seq := s.slotSeq
-	granted, cancel := s.node.pacer.Request(s.id, func() { s.guard(func() { s.slotGranted(seq) }) })
+	var granted bool
+	var cancel func()
+	if err := s.callout(func() { granted, cancel = s.node.pacer.Request(s.id, func() { s.slotGranted(seq) }) }); err != nil {
+		s.panicFailLocked(err)
+		return
+	}
 	if granted {
 		s.identifyNowLocked()
 		return
@@ -286,7 +399,7 @@ func (s *shard) requestSlotLocked() {
 func (s *shard) slotGranted(seq uint64) {
 	defer s.node.observe(EventIdentifySlot).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if seq != s.slotSeq || s.slotCancel == nil || s.state != Starting {
 		return
 	}
@@ -298,32 +411,42 @@ func (s *shard) identifyNowLocked() {
 	if s.socketID && s.conn != nil {
 		s.socketID = false
 		s.phase = PhaseIdentify
-		s.attempt++
+		c := s.conn
+		if err := s.callout(c.Identify); err != nil {
+			s.panicFailLocked(err)
+			return
+		}
 		s.identifies++
-		s.conn.Identify()
 		return
 	}
 	s.socketID = false
 	s.connectLocked(false)
 }
 
-// connectLocked binds a new connection to the shard.
+// connectLocked binds a new connection to the shard. The connection
+// becomes the shard's only once Connect has returned it: a Connect that
+// panics leaves no half-bound link behind.
 func (s *shard) connectLocked(resume bool) {
 	l := &Link{s: s}
-	s.link, s.resuming = l, resume
-	s.attempt++
 	s.phase = PhaseDial
 	s.connState = ConnState{}
+	a := Attempt{
+		Shard: s.id, Total: s.node.plan.Total,
+		Resume: resume, Session: s.session, Sequence: s.seq,
+		LeaseGeneration: s.lease.Generation,
+	}
+	s.hbMisses = 0
+	var c Conn
+	if err := s.callout(func() { c = s.node.transport.Connect(l, a) }); err != nil {
+		s.panicFailLocked(err)
+		return
+	}
+	s.conn, s.link, s.resuming = c, l, resume
 	if resume {
 		s.resumes++
 	} else {
 		s.identifies++
 	}
-	s.conn = s.node.transport.Connect(l, Attempt{
-		Shard: s.id, Total: s.node.plan.Total,
-		Resume: resume, Session: s.session, Sequence: s.seq,
-		LeaseGeneration: s.lease.Generation,
-	})
 }
 
 // closeConnLocked closes the current connection, if any, and makes its
@@ -332,7 +455,8 @@ func (s *shard) closeConnLocked(code int) {
 	s.link = nil
 	if c := s.conn; c != nil {
 		s.conn = nil
-		c.Close(code)
+		// A Close that panics still leaves the connection dropped.
+		s.callout(func() { c.Close(code) })
 	}
 }
 
@@ -342,9 +466,9 @@ func (s *shard) cancelPendingLocked() {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-	if s.slotCancel != nil {
-		s.slotCancel()
+	if cancel := s.slotCancel; cancel != nil {
 		s.slotCancel = nil
+		s.callout(cancel)
 	}
 	s.slotSeq++
 	if s.sendTimer != nil {
@@ -357,8 +481,19 @@ func (s *shard) cancelPendingLocked() {
 func (s *shard) failLocked(f Failure) {
 	now := s.node.clock.Now()
 	s.lastErr, s.lastCode = f.Err, f.Code
+	if f.Class == Transient && s.state == Starting && s.resuming && s.phase == PhaseResume {
+		s.failedResumes++
+		if s.failedResumes >= MaxFailedResumes {
+			s.failedResumes = 0
+			s.sessionValid = false
+			s.emit(s.line(now, "new-session", slog.LevelWarn).str("reason", fmt.Sprintf("%d resumes in a row failed", MaxFailedResumes)).err(f.Err))
+		}
+	}
 	switch f.Class {
 	case FatalFailure:
+		// The gateway ended the session with the close: retry must
+		// identify, not resume a session that no longer exists.
+		s.sessionValid = false
 		s.closeConnLocked(4000)
 		s.cancelPendingLocked()
 		s.enter(Fatal, now)
@@ -366,7 +501,7 @@ func (s *shard) failLocked(f Failure) {
 		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.connState))
 	case NewSession:
 		s.sessionValid = false
-		s.enterBackoffLocked(now, f.Deadline, 1000)
+		s.enterBackoffLocked(now, f.Deadline, 1000, true)
 	default:
 		deadline := f.Deadline
 		if !deadline.IsZero() && !deadline.After(now) && !(s.state == Ready && now.Sub(s.readySince) >= ImmediateAfter) {
@@ -375,7 +510,7 @@ func (s *shard) failLocked(f Failure) {
 			// delay: a storm of requests must not become a busy loop.
 			deadline = time.Time{}
 		}
-		s.enterBackoffLocked(now, deadline, 4000)
+		s.enterBackoffLocked(now, deadline, 4000, true)
 	}
 }
 
@@ -386,42 +521,36 @@ const ImmediateAfter = 5 * time.Second
 
 // enterBackoffLocked follows the order of DESIGN.md: state, reconnects,
 // deadline, then the log of the error and transport states, before any
-// reset can wipe them.
-func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int) {
-	wasReady := s.state == Ready
+// reset can wipe them. A deadline already due reconnects at once, unless
+// restart is false.
+func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int, restart bool) {
 	s.enter(Backoff, now)
 	s.reconnects++
 	if deadline.IsZero() {
-		if wasReady && now.Sub(s.readySince) >= ReadyReset {
-			s.failures = 0
-		}
 		s.failures++
 		deadline = now.Add(s.node.backoff.Delay(s.failures, s.resumable(), s.node.rand()))
 	}
-	s.deadline = deadline
+	s.deadline, s.delay = deadline, max(deadline.Sub(now), 0)
 	s.emit(s.line(now, "backoff", slog.LevelWarn).str("state", s.state.String()).int("reconnects", int64(s.reconnects)).
 		err(s.lastErr).int("code", int64(s.lastCode)).conn(s.connState).int("retry_ms", deadline.Sub(now).Milliseconds()))
 	s.closeConnLocked(closeCode)
 	s.cancelPendingLocked()
 	s.phase = PhaseBackoff
-	if wasReady {
-		s.recovery, s.attempt = true, 0
-	}
-	if !deadline.After(now) {
+	if restart && !deadline.After(now) {
 		s.resetAndStartLocked(now)
 		return
 	}
 	if s.timer == nil {
-		s.timer = s.node.clock.AfterFunc(deadline.Sub(now), func() { s.guard(s.backoffDue) })
+		s.timer = s.node.clock.AfterFunc(max(deadline.Sub(now), 0), s.backoffDue)
 	} else {
-		s.timer.Reset(deadline.Sub(now))
+		s.timer.Reset(max(deadline.Sub(now), 0))
 	}
 }
 
 func (s *shard) backoffDue() {
 	defer s.node.observe(EventBackoffTimer).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	if s.state != Backoff || now.Before(s.deadline) {
 		return // stale: the shard moved on or the deadline moved
@@ -439,7 +568,7 @@ func (s *shard) resetAndStartLocked(now time.Time) {
 	s.connState, s.phase = ConnState{}, PhaseNone
 	s.lastErr, s.lastCode = nil, 0
 	s.deadline = time.Time{}
-	s.latency = 0
+	s.latency, s.hbMisses = 0, 0
 	s.seq, s.seqValid = 0, false
 
 	if s.session.exists() && s.sessionValid && savedValid {
@@ -473,7 +602,7 @@ func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
 
 func (s *shard) startAssigned() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.state != Assigned {
 		return
 	}
@@ -484,7 +613,7 @@ func (s *shard) startAssigned() {
 
 func (s *shard) shutdown() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.leaseTimer != nil {
 		s.leaseTimer.Stop()
 	}
@@ -502,7 +631,7 @@ var errNoop = errors.New("nothing to do")
 // ErrBusy error naming the shard and its state.
 func (s *shard) check(v Verb) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	return s.checkLocked(v, s.node.clock.Now())
 }
 
@@ -550,20 +679,17 @@ func (s *shard) checkLocked(v Verb, now time.Time) error {
 // apply carries out verb if it applies to the shard's state now.
 func (s *shard) apply(v Verb) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	if s.checkLocked(v, now) != nil {
 		return
 	}
 	switch v {
 	case VerbReset:
-		if s.state == Backoff {
-			s.emit(s.line(now, "reset", slog.LevelInfo).str("state", s.state.String()))
-			s.resetAndStartLocked(now)
-			return
-		}
+		// From BACKOFF too: the operator's reset is one more failure,
+		// logged and counted like any other, that cuts the wait short.
 		s.lastErr, s.lastCode = errOperatorReset, 4000
-		s.enterBackoffLocked(now, now, 4000)
+		s.enterBackoffLocked(now, now, 4000, true)
 	case VerbStop:
 		if s.state == Stopped { // stopped by lease: the operator takes over
 			s.stopReason = StoppedByOperator
@@ -573,20 +699,20 @@ func (s *shard) apply(v Verb) {
 		s.stopLocked(now, StoppedByOperator, 4000)
 	case VerbStart, VerbRetry:
 		s.emit(s.line(now, v.String(), slog.LevelInfo).str("state", s.state.String()))
-		s.recovery, s.attempt, s.failures = false, 0, 0
+		s.failures = 0
 		s.resetAndStartLocked(now)
 	case VerbIdentify:
 		s.emit(s.line(now, "identify", slog.LevelInfo).str("state", s.state.String()))
 		s.closeConnLocked(1000)
 		s.sessionValid = false
-		s.recovery, s.attempt, s.failures = false, 0, 0
+		s.failures = 0
 		s.resetAndStartLocked(now)
 	}
 }
 
 func (s *shard) setLease(g LeaseGrant) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := s.node.clock.Now()
 	renewal := g.Generation == s.lease.Generation && !g.Deadline.IsZero() && !s.lease.Deadline.IsZero()
 	s.lease = g
@@ -595,12 +721,13 @@ func (s *shard) setLease(g LeaseGrant) {
 		return
 	}
 	s.leaseExpire = false
-	if g.Deadline.IsZero() {
+	if g.Deadline.IsZero() || s.node.closed.Load() {
+		// After Close the grant is recorded, but nothing is left running.
 		if s.leaseTimer != nil {
 			s.leaseTimer.Stop()
 		}
 	} else if s.leaseTimer == nil {
-		s.leaseTimer = s.node.clock.AfterFunc(g.Deadline.Sub(now), func() { s.guard(s.leaseDue) })
+		s.leaseTimer = s.node.clock.AfterFunc(g.Deadline.Sub(now), s.leaseDue)
 	} else {
 		s.leaseTimer.Reset(g.Deadline.Sub(now))
 	}
@@ -621,7 +748,7 @@ func (s *shard) setLease(g LeaseGrant) {
 func (s *shard) leaseDue() {
 	defer s.node.observe(EventLeaseTimer).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	s.leaseDueLocked(s.node.clock.Now())
 }
 
@@ -643,7 +770,7 @@ func (s *shard) leaseDueLocked(now time.Time) {
 
 func (s *shard) sendCommand(p []byte) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.state != Ready || s.conn == nil {
 		return fmt.Errorf("%w: shard %d is %s; commands go only to READY shards", ErrBusy, s.id, s.state)
 	}
@@ -664,7 +791,7 @@ func (s *shard) sendCommand(p []byte) error {
 func (s *shard) armSendLocked(now time.Time) {
 	d := s.sends.allowAt(now, s.node.send).Sub(now)
 	if s.sendTimer == nil {
-		s.sendTimer = s.node.clock.AfterFunc(d, func() { s.guard(s.sendDue) })
+		s.sendTimer = s.node.clock.AfterFunc(d, s.sendDue)
 	} else {
 		s.sendTimer.Reset(d)
 	}
@@ -673,7 +800,7 @@ func (s *shard) armSendLocked(now time.Time) {
 func (s *shard) sendDue() {
 	defer s.node.observe(EventSendTimer).done()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.state != Ready || s.conn == nil {
 		return
 	}
@@ -692,3 +819,9 @@ func (s *shard) sendDue() {
 		s.armSendLocked(now)
 	}
 }
+
+// MaxFailedResumes is how many resumes in a row may fail, each after its
+// Resume went out, before the shard gives the session up and identifies: a
+// failure that repeats on every resume (a replay larger than the frame
+// limit) would otherwise keep it resuming forever.
+const MaxFailedResumes = 3
