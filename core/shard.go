@@ -138,7 +138,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s.seq, s.seqValid = seq, true
 	s.dispatches++
 	s.epoch = max(s.epoch+1, uint64(now.UnixMilli()))
-	s.sends.clear()
+	s.newSessionSendsLocked()
 	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))
 }
 
@@ -188,6 +188,7 @@ func (l *Link) Invalidated() {
 	s.enter(Starting, now)
 	s.resuming = false
 	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
+	s.dropSendsLocked("session invalidated")
 	s.socketID = true
 	s.requestSlotLocked()
 }
@@ -347,10 +348,7 @@ func (s *shard) cancelPendingLocked() {
 		s.slotCancel = nil
 	}
 	s.slotSeq++
-	if s.sendTimer != nil {
-		s.sendTimer.Stop()
-	}
-	s.sendQ = nil
+	s.dropPendingSendsLocked()
 	s.socketID = false
 }
 
@@ -464,6 +462,7 @@ func (s *shard) resetAndStartLocked(now time.Time) {
 }
 
 func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
+	s.dropSendsLocked(stopDropReason(why))
 	s.closeConnLocked(code)
 	s.cancelPendingLocked()
 	s.enter(Stopped, now)
