@@ -159,12 +159,19 @@ func TestSendQueueDropped(t *testing.T) {
 			if ev := e.events(0); strings.Count(ev, "event=send-dropped") != 1 || !strings.Contains(ev, want) {
 				t.Fatalf("events after %s lack one %q line:\n%s", tc.name, want, ev)
 			}
-			// Whatever follows, a new session on the same socket or a new
-			// connection, the dropped commands never go out.
+			// Whatever follows, a new session on the same socket, a resume
+			// or a new session on a new connection, the dropped commands
+			// never go out.
 			for range 3 {
 				e.clk.Advance(time.Minute)
 				if last := e.conn(0); e.diag(0).State == core.Starting {
-					e.ready(0, 1)
+					if last.Attempt.Resume {
+						last.Link.Resumed(2)
+					} else {
+						e.ready(0, 1)
+					}
+					e.wantState(0, core.Ready)
+					e.clk.Advance(time.Minute)
 					if last != c && len(last.Sent()) != 0 {
 						t.Fatalf("the new connection sent %d commands; want 0", len(last.Sent()))
 					}
