@@ -3,9 +3,11 @@ package core_test
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
 )
 
@@ -97,6 +99,62 @@ func BenchmarkSnapshot(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				dst = e.node.Snapshot(dst[:0])
+			}
+		})
+	}
+}
+
+// Cancelling every request of 16,384 shards waiting for an identify slot,
+// as "stop all" or "reset all" does, in shard order and in reverse: the
+// pacer's lock is held for each cancel, so its cost decides how long every
+// other shard waits for a slot.
+func BenchmarkCancelAll16384(b *testing.B) {
+	const n = 16384
+	for _, mc := range []int{1, 16} {
+		for _, order := range []string{"forward", "reverse"} {
+			b.Run(fmt.Sprintf("max_concurrency=%d/%s", mc, order), func(b *testing.B) {
+				clk := clock.NewFake()
+				p := core.NewDiscordPacer(clk, mc)
+				cancels := make([]func(), n)
+				b.ReportAllocs()
+				for b.Loop() {
+					b.StopTimer()
+					for i := range cancels {
+						_, cancels[i] = p.Request(i, func() { b.Fatal("granted while the clock stands still") })
+					}
+					if order == "reverse" {
+						slices.Reverse(cancels)
+					}
+					b.StartTimer()
+					for _, cancel := range cancels {
+						cancel()
+					}
+					b.StopTimer()
+					clk.Advance(core.DiscordWindow) // every bucket free again
+					if w, _ := p.Waiting(); w != 0 {
+						b.Fatalf("%d requests still waiting after cancelling all", w)
+					}
+					b.StartTimer()
+				}
+			})
+		}
+	}
+}
+
+// "stop all" on a node of 16,384 shards that all wait for an identify slot.
+func BenchmarkStopAllWaiting16384(b *testing.B) {
+	const n = 16384
+	for _, mc := range []int{1, 16} {
+		b.Run(fmt.Sprintf("max_concurrency=%d", mc), func(b *testing.B) {
+			e := newEnv(b, core.Config{Plan: core.Range(n, 0, n-1)}, maxConcurrency(mc))
+			e.node.Start()
+			b.ReportAllocs()
+			for b.Loop() {
+				e.exec(-1, "stop all")
+				b.StopTimer()
+				e.clk.Advance(core.DiscordWindow)
+				e.exec(-1, "start all")
+				b.StartTimer()
 			}
 		})
 	}

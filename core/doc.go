@@ -81,5 +81,16 @@
 // heartbeat_misses is the count on the current connection and
 // heartbeat_misses_total the count over the shard's run, from
 // Link.HeartbeatMissed. Each lease command runs alone, from the backend's
-// answer to the shards; a refused command is logged clipped to 128 bytes.
+// answer to the shards.
+//
+// A refused command's events line is at most 256 bytes (the command
+// clipped to 128); at most 10 refusal lines per window per shard, and for
+// the node's ctl, the rest summed up in one rejected-suppressed line at the
+// window's end; the window doubles, up to an hour, while refusals keep
+// coming, so that junk cannot push out the lines that explain a failure.
+//
+// Queued /N/send commands belong to the connection they were accepted on:
+// whatever closes it or ends its session drops them with one send-dropped
+// line (dropped=N reason=...). A Resume keeps the send history but not the
+// queue, which the reset before it wipes.
 package core

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"log/slog"
 	"time"
 )
 
@@ -50,3 +51,52 @@ func (h *sendHistory) record(now time.Time, p SendPolicy) {
 }
 
 func (h *sendHistory) clear() { *h = sendHistory{} }
+
+// Queued commands belong to the connection they were accepted on. Whatever
+// closes that connection or ends its session (a reset or failure, a FATAL
+// close, op 9, a new session, stop, lease expiry, shutdown) drops them
+// with one send-dropped line saying how many and why: the writer was told
+// the command was accepted, so the events log is where it learns that it
+// never went out. A Resume keeps the send history, because the budget
+// counts what the gateway saw in the last window, but not the queue, since
+// the reset before it wipes the send queue (DESIGN.md section 2, reset
+// scope); a new session clears both.
+
+// dropSendsLocked drops the queued commands, logging how many and why.
+func (s *shard) dropSendsLocked(reason string) {
+	if s.sendTimer != nil {
+		s.sendTimer.Stop()
+	}
+	if len(s.sendQ) == 0 {
+		s.sendQ = nil
+		return
+	}
+	n := len(s.sendQ)
+	clear(s.sendQ)
+	s.sendQ = nil
+	s.emit(s.line(s.node.clock.Now(), "send-dropped", slog.LevelWarn).int("dropped", int64(n)).str("reason", reason))
+}
+
+// dropPendingSendsLocked drops the queue for cancelPendingLocked, which
+// every close of the connection goes through; the paths with a more
+// precise reason (op 9, stop) have dropped it already.
+func (s *shard) dropPendingSendsLocked() {
+	switch {
+	case s.lastErr == errOperatorReset:
+		s.dropSendsLocked("operator reset")
+	case !s.sessionValid:
+		s.dropSendsLocked("new session")
+	default:
+		s.dropSendsLocked("connection closed")
+	}
+}
+
+// newSessionSendsLocked starts a new session's budget and queue.
+func (s *shard) newSessionSendsLocked() {
+	s.dropSendsLocked("new session")
+	s.sends.clear()
+}
+
+var stopDropReasons = [...]string{NotStopped: "stopped", StoppedByOperator: "stopped", StoppedByLease: "lease expired", StoppedByShutdown: "shutdown"}
+
+func stopDropReason(why StopReason) string { return stopDropReasons[why] }

@@ -121,3 +121,68 @@ func TestSessionIDNeverShown(t *testing.T) {
 		}
 	}
 }
+
+// Commands waiting for the budget belong to the connection they were
+// accepted on: whatever closes it or ends its session drops them, with one
+// events line that says how many and why. None is sent later, on another
+// connection or session.
+func TestSendQueueDropped(t *testing.T) {
+	fail := func(class core.FailureClass) func(e *env) {
+		return func(e *env) { e.conn(0).Link.Fail(core.Failure{Class: class, Err: errDrop, Code: 4000}) }
+	}
+	for _, tc := range []struct {
+		name   string
+		flavor core.Flavor
+		do     func(e *env)
+		reason string
+	}{
+		{"op 9", core.Fluxer, func(e *env) { e.conn(0).Link.Invalidated() }, `"session invalidated"`},
+		{"reset", core.Discord, func(e *env) { e.exec(0, "reset") }, `"operator reset"`},
+		{"transient failure", core.Discord, fail(core.Transient), `"connection closed"`},
+		{"fatal failure", core.Discord, fail(core.FatalFailure), `"fatal failure"`},
+		{"new session", core.Discord, fail(core.NewSession), `"new session"`},
+		{"identify", core.Discord, func(e *env) { e.exec(0, "identify") }, `"new session"`},
+		{"stop", core.Discord, func(e *env) { e.exec(0, "stop") }, "stopped"},
+		{"close", core.Discord, func(e *env) { e.node.Close() }, "shutdown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, core.Config{Flavor: tc.flavor, Send: core.SendPolicy{Limit: 5, Reserve: 2, Window: time.Minute, Queue: 4}})
+			e.startAll()
+			c := e.conn(0)
+			for i := range 5 {
+				if err := e.node.Send(0, []byte(`{"op":3,"d":{}}`)); err != nil {
+					t.Fatalf("send %d: %v", i, err)
+				}
+			}
+			tc.do(e)
+			want := "event=send-dropped dropped=2 reason=" + tc.reason + "\n"
+			if ev := e.events(0); strings.Count(ev, "event=send-dropped") != 1 || !strings.Contains(ev, want) {
+				t.Fatalf("events after %s lack one %q line:\n%s", tc.name, want, ev)
+			}
+			// Whatever follows, a new session on the same socket, a resume
+			// or a new session on a new connection, the dropped commands
+			// never go out.
+			for range 3 {
+				e.clk.Advance(time.Minute)
+				if last := e.conn(0); e.diag(0).State == core.Starting {
+					if last.Attempt.Resume {
+						last.Link.Resumed(2)
+					} else {
+						e.ready(0, 1)
+					}
+					e.wantState(0, core.Ready)
+					e.clk.Advance(time.Minute)
+					if last != c && len(last.Sent()) != 0 {
+						t.Fatalf("the new connection sent %d commands; want 0", len(last.Sent()))
+					}
+				}
+			}
+			if n := len(c.Sent()); n != 3 {
+				t.Errorf("the connection sent %d commands; want the 3 the budget allowed at once", n)
+			}
+			if n := strings.Count(e.events(0), "event=send-dropped"); n != 1 {
+				t.Errorf("%d send-dropped lines; want 1", n)
+			}
+		})
+	}
+}

@@ -157,7 +157,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s.failedResumes = 0
 	s.dispatches++
 	s.epoch = s.node.nextEpoch(s.epoch, now)
-	s.sends.clear()
+	s.newSessionSendsLocked()
 	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))
 }
 
@@ -209,6 +209,7 @@ func (l *Link) Invalidated() {
 	s.resuming = false
 	s.attempt++
 	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
+	s.dropSendsLocked("session invalidated")
 	s.socketID = true
 	s.requestSlotLocked()
 }
@@ -471,10 +472,7 @@ func (s *shard) cancelPendingLocked() {
 		s.callout(cancel)
 	}
 	s.slotSeq++
-	if s.sendTimer != nil {
-		s.sendTimer.Stop()
-	}
-	s.sendQ = nil
+	s.dropPendingSendsLocked()
 	s.socketID = false
 }
 
@@ -494,6 +492,7 @@ func (s *shard) failLocked(f Failure) {
 		// The gateway ended the session with the close: retry must
 		// identify, not resume a session that no longer exists.
 		s.sessionValid = false
+		s.dropSendsLocked("fatal failure")
 		s.closeConnLocked(4000)
 		s.cancelPendingLocked()
 		s.enter(Fatal, now)
@@ -593,6 +592,7 @@ func (s *shard) resetAndStartLocked(now time.Time) {
 }
 
 func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
+	s.dropSendsLocked(stopDropReason(why))
 	s.closeConnLocked(code)
 	s.cancelPendingLocked()
 	s.enter(Stopped, now)
