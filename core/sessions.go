@@ -1,0 +1,33 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// Snapshot is what a shard needs to resume its session after the process
+// that held it stopped cleanly (DESIGN.md section 7.1). Session.ID is a
+// secret: a snapshot with it lets the token resume the session.
+type Snapshot struct {
+	Flavor   Flavor
+	Session  Session // ID empty: used (or never resumable)
+	Sequence int64
+	Total    int
+	SavedAt  time.Time
+}
+
+// Used reports whether the snapshot holds nothing resumable.
+func (s Snapshot) Used() bool { return !s.Session.exists() }
+
+// SessionStore keeps one snapshot per shard across restarts of the process
+// (a folder of files, etcd). The core bounds every call with ctx and treats
+// an error or a timeout as "nothing to resume": a store problem never stops
+// a shard. Both methods may be called concurrently for different shards.
+type SessionStore interface {
+	// Load returns shard's stored snapshot; ok is false when there is
+	// none. A snapshot that cannot be decoded is an error.
+	Load(ctx context.Context, shard int) (snap Snapshot, ok bool, err error)
+	// Save replaces shard's snapshot. Saving one whose Session.ID is
+	// empty marks the stored copy used.
+	Save(ctx context.Context, shard int, snap Snapshot) error
+}
