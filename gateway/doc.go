@@ -34,6 +34,7 @@
 //	discovery refused the token (401, 403)             fatal          ErrUnauthorized
 //	other discovery failure                            transient
 //	malformed JSON, garbage, a payload before Hello,   transient      the client closes 4000 and resumes
+//	  several "op" keys or one in another case,
 //	  a second Hello, a sequence that goes backwards,
 //	  a corrupt zlib/zstd stream, a message over
 //	  MaxMessage (10 MiB) compressed or not
@@ -88,9 +89,13 @@
 // carries the last sequence the sink has returned from, which is what
 // Fluxer trims its replay buffer to.
 //
-// Dispatches. Only op, s and t are decoded; d reaches the sink as the raw
-// bytes of the message, valid during the call. The whole message is still
-// checked to be strict JSON, so that the sink never sees a broken d. READY
+// Dispatches. Only op, s and t are decoded, by package wire, the reader
+// the core also checks /N/send commands with, so that the op the check
+// reads is the op the gateway gets; a payload with several "op" keys, or
+// one spelt in another case, is a protocol error either way. d reaches the
+// sink as the raw bytes of the message, valid during the call. The whole
+// message is still checked to be strict JSON, so that the sink never sees
+// a broken d. READY
 // reaches the sink with its session_id replaced by "redacted" (the tree
 // must never show it); RESUMED and dispatches without a sequence carry
 // seq -1. A sequence at or below the last one is dropped and fails the

@@ -9,6 +9,12 @@
 // regard to case and keeps the last duplicate, so {"op":2,"Op":3} read as
 // op 3 there). The package sits below both core and gateway, which import
 // nothing of each other's for it; it imports only the standard library.
+//
+// An object with more than one key that reads as op once unescaped, or
+// with a key that differs from "op" only in case ("Op", "OP"), is refused
+// (ErrAmbiguousOp), from the gateway as from an operator: a platform's
+// parser may take the first, the last or a case-folded match, and this
+// reader must not guess which.
 package wire
 
 import (
@@ -143,7 +149,9 @@ func Read(b []byte) (Envelope, error) {
 	}
 	// Checked after the whole message is valid, so that a broken payload
 	// is reported as broken, not as ambiguous.
-	_ = ambiguous
+	if ambiguous {
+		return p, ErrAmbiguousOp
+	}
 	if !hasOp {
 		return p, ErrNoOp
 	}

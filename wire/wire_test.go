@@ -1,0 +1,31 @@
+package wire
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestReadOp(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		op   int
+		want error
+	}{
+		{`{"op":3,"d":{"op":2,"Op":1}}`, 3, nil},
+		{`{"\u006fp":3}`, 3, nil},
+		{`{"op":2,"Op":3}`, 0, ErrAmbiguousOp},
+		{`{"Op":3,"op":2}`, 0, ErrAmbiguousOp},
+		{`{"op":2,"op":3}`, 0, ErrAmbiguousOp},
+		{`{"\u004f\u0050":2,"op":3}`, 0, ErrAmbiguousOp},
+		{`{"OP":2}`, 0, ErrAmbiguousOp},
+		{`{"op":2,"Op":3,}`, 0, ErrSyntax},
+		{`{"op":null}`, 0, ErrNoOp},
+		{`{"d":{}}`, 0, ErrNoOp},
+		{`[]`, 0, ErrNotObject},
+	} {
+		e, err := Read([]byte(tc.in))
+		if !errors.Is(err, tc.want) || err == nil && e.Op != tc.op {
+			t.Errorf("Read(%s) = op %d, %v; want op %d, %v", tc.in, e.Op, err, tc.op, tc.want)
+		}
+	}
+}
