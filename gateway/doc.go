@@ -111,8 +111,11 @@
 // newer READY. The sink sees each event of a session once, in order.
 //
 // Resume target. Discord resumes at READY's resume_gateway_url, Fluxer at
-// the URL it connected to; both with the flavor's query (version, encoding,
-// compression). A resume URL that cannot be reached falls back, within
+// the URL it connected to. Every URL the client dials (discovered,
+// configured or resume) keeps only its scheme, host and path; the query is
+// the configuration's alone (version, encoding, compression), so that a
+// compress= in resume_gateway_url cannot turn on a compression the client
+// does not read. A resume URL that cannot be reached falls back, within
 // the same attempt, to the gateway URL.
 //
 // Compression. zlib-stream is decoded with one deflate context per

@@ -35,7 +35,9 @@ type Config struct {
 	// API is the HTTP API base for discovery; empty means DiscordAPI or
 	// FluxerAPI.
 	API string
-	// GatewayURL, when set, is used instead of discovery.
+	// GatewayURL, when set, is used instead of discovery. Its query, if
+	// any, is ignored, as is that of a discovered or resume URL: version,
+	// encoding and compression come from Flavor and Compression.
 	GatewayURL  string
 	Compression Compression
 	// Sink receives dispatches; nil drops them.
@@ -356,22 +358,22 @@ func plainOK(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// connectURL adds the flavor's query (version, encoding, compression) to a
-// gateway or resume URL, keeping any other parameters it has.
+// connectURL is the URL to dial for a gateway or resume URL: its scheme,
+// host and path, with the flavor's query (version, encoding, compression)
+// and nothing else. A query in the URL itself, a resume_gateway_url's
+// compress= above all, must not override the configuration: the
+// connection would then be compressed or versioned unlike what the client
+// reads, and every resume would fail.
 func (t *Transport) connectURL(base string) (string, error) {
 	u, err := wsURL(base)
 	if err != nil {
 		return "", err
 	}
-	q := u.Query()
-	for k, v := range t.query {
-		q[k] = v
+	target := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath, RawQuery: t.query.Encode()}
+	if target.Path == "" {
+		target.Path = "/"
 	}
-	u.RawQuery = q.Encode()
-	if u.Path == "" {
-		u.Path = "/"
-	}
-	return u.String(), nil
+	return target.String(), nil
 }
 
 // writePool lends gorilla a write buffer only while a message is being
