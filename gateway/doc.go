@@ -31,6 +31,7 @@
 //	no Hello in HelloTimeout, no READY/RESUMED in      transient
 //	  ReadyTimeout (counted from the last dispatch)
 //	TCP, TLS or upgrade failure                        transient      a discovered URL is dropped and fetched anew
+//	resume URL outside the gateway's domain            new session    never dialled (see Resume hosts)
 //	discovery refused the token (401, 403)             fatal          ErrUnauthorized
 //	other discovery failure                            transient
 //	malformed JSON, garbage, a payload before Hello,   transient      the client closes 4000 and resumes
@@ -116,7 +117,21 @@
 // the configuration's alone (version, encoding, compression), so that a
 // compress= in resume_gateway_url cannot turn on a compression the client
 // does not read. A resume URL that cannot be reached falls back, within
-// the same attempt, to the gateway URL.
+// the same attempt, to the gateway URL. One that is malformed or would
+// drop TLS is replaced by the URL the session connected to.
+//
+// Resume hosts. The Resume carries the token, so it goes only where an
+// identify would: the host of the configured (--gateway) or last
+// discovered gateway URL, a wss:// host under that host's registrable
+// domain (for Discord, *.discord.gg), or loopback when the gateway is on
+// loopback too (the simulator, a local proxy). The registrable domain is
+// the last two labels, three under a two-letter country code whose
+// second-level label is short (co.uk): no public-suffix dependency, and
+// strict where it errs (see registrableDomain). A resume URL outside
+// those, from READY or anywhere else, is never dialled: the attempt fails
+// as NewSession, the core backs off and identifies at the discovered URL,
+// and the host is logged once per transport (at most 64 hosts), not once
+// per attempt.
 //
 // Compression. zlib-stream is decoded with one deflate context per
 // connection, the zlib header checked by hand so that no checksum runs over

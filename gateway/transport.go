@@ -122,6 +122,10 @@ type Transport struct {
 	urlAt       time.Time
 	discovering chan struct{}
 	discoverErr error
+	// trusted is the last discovered URL, kept when url is dropped: the
+	// gateway whose domain a resume may go to (see checkResume).
+	trusted string
+	refused map[string]struct{} // resume hosts refused and logged
 }
 
 var _ core.Transport = (*Transport)(nil)
