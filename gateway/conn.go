@@ -607,6 +607,9 @@ func (c *conn) next(ws *websocket.Conn) ([]byte, *[]byte, error) {
 			return inf.next()
 		}
 	}
+	if mt != websocket.TextMessage {
+		return nil, nil, transient(faultProtocol, errBinaryFrame)
+	}
 	buf := getBuf()
 	b, err := readMessage(r, (*buf)[:0])
 	*buf = b

@@ -35,7 +35,8 @@
 //	discovery refused the token (401, 403)             fatal          ErrUnauthorized
 //	other discovery failure                            transient
 //	malformed JSON, garbage, a payload before Hello,   transient      the client closes 4000 and resumes
-//	  several "op" keys or one in another case,
+//	  several "op" keys or one in another case, a
+//	  binary frame on an uncompressed connection,
 //	  a second Hello, a sequence that goes backwards,
 //	  a corrupt zlib/zstd stream, a message over
 //	  MaxMessage (10 MiB) compressed or not
@@ -96,7 +97,14 @@
 // one spelt in another case, is a protocol error either way. d reaches the
 // sink as the raw bytes of the message, valid during the call. The whole
 // message is still checked to be strict JSON, so that the sink never sees
-// a broken d. READY
+// a broken d, and to be UTF-8: a message that is not (RFC 8259 and, for a
+// text frame, RFC 6455 say it must be) has each run of invalid bytes
+// replaced by U+FFFD, in a copy, before anything reads it, as encoding/json
+// does when it decodes. Repaired, not refused: a replay would bring the
+// same bytes back, and one user's broken message must not keep a shard
+// reconnecting. A binary frame on an uncompressed connection is refused
+// (see the table): JSON comes in text frames, and a client that took any
+// bytes as JSON would hide a gateway that compresses without being asked. READY
 // reaches the sink with its session_id replaced by "redacted" (the tree
 // must never show it); RESUMED and dispatches without a sequence carry
 // seq -1. A sequence at or below the last one is dropped and fails the

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
+	"unicode/utf8"
 
 	"github.com/shardfs/shardfs/wire"
 )
@@ -53,11 +55,20 @@ var strSafe = func() (t [256]bool) {
 }()
 
 // parsePayload decodes the envelope of one gateway payload with the reader
-// the core checks operator commands with (package wire).
+// the core checks operator commands with (package wire). A payload that is
+// JSON but not UTF-8 is read again from a copy with every run of invalid
+// bytes replaced by U+FFFD, as encoding/json does when it decodes a
+// string: such bytes can only sit inside strings, so the copy is still
+// JSON, and what reaches the sink (and /dispatch) is UTF-8.
 func parsePayload(b []byte) (payload, error) {
 	e, err := wire.Read(b)
+	if err == nil && !utf8.Valid(b) {
+		e, err = wire.Read(bytes.ToValidUTF8(b, replacement))
+	}
 	return payload{op: e.Op, seq: e.Seq, name: e.Name, d: e.D, nameEscaped: e.NameEscaped}, err
 }
+
+var replacement = []byte(string(utf8.RuneError))
 
 func parseInt(v []byte) (int64, bool) { return wire.Int(v) }
 
