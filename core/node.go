@@ -1,7 +1,6 @@
 package core
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/journal"
+	"github.com/shardfs/shardfs/wire"
 )
 
 // Config configures a Node. Only Plan and Transport are required.
@@ -532,17 +532,19 @@ func (n *Node) checkAndSend(s *shard, payload []byte) error {
 	if len(payload) > MaxPayload {
 		return fmt.Errorf("%w: %d bytes; the gateway takes at most %d", ErrTooLarge, len(payload), MaxPayload)
 	}
-	var cmd struct {
-		Op *int `json:"op"`
-	}
-	if err := json.Unmarshal(payload, &cmd); err != nil {
-		return fmt.Errorf("%w: not a JSON object: %v", ErrUsage, err)
-	}
+	// The gateway client's own reader: a check that read the op
+	// differently (encoding/json folds case and keeps the last duplicate)
+	// could be walked around with {"op":2,"Op":3}.
+	env, err := wire.Read(payload)
 	switch {
-	case cmd.Op == nil:
-		return fmt.Errorf("%w: the command has no op", ErrUsage)
-	case *cmd.Op == 1 || *cmd.Op == 2 || *cmd.Op == 6:
-		return fmt.Errorf("%w: op %d is sent by the supervisor only", ErrUsage, *cmd.Op)
+	case errors.Is(err, wire.ErrNoOp):
+		return fmt.Errorf("%w: the command has no op, or one that is not an integer", ErrUsage)
+	case errors.Is(err, wire.ErrAmbiguousOp):
+		return fmt.Errorf("%w: the command has more than one op key, or one in another case", ErrUsage)
+	case err != nil:
+		return fmt.Errorf("%w: not a JSON object: %v", ErrUsage, err)
+	case env.Op == 1 || env.Op == 2 || env.Op == 6:
+		return fmt.Errorf("%w: op %d is sent by the supervisor only", ErrUsage, env.Op)
 	}
 	return s.sendCommand(payload)
 }

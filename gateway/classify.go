@@ -86,6 +86,12 @@ func transient(f fault, err error) *connError {
 	return &connError{class: core.Transient, fault: f, err: err}
 }
 
+// errBinaryFrame: a gateway that compresses sends binary frames, one that
+// does not sends text (JSON is text); a binary frame on a connection that
+// is not compressed is refused like a text frame inside a compressed
+// stream, rather than taken as JSON it was never said to be.
+var errBinaryFrame = errors.New("binary frame on an uncompressed connection")
+
 // errClosing ends a connection the core or the transport closed.
 var errClosing = errors.New("connection closed by the client")
 

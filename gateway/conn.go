@@ -360,6 +360,9 @@ func (c *conn) dial() (*websocket.Conn, error) {
 	resumeURL := ""
 	if c.a.Resume {
 		resumeURL = c.a.Session.ResumeURL
+		if err := c.t.checkResume(ctx, resumeURL); err != nil {
+			return nil, err
+		}
 	}
 	var err error
 	for try := 0; try < 2; try++ {
@@ -603,6 +606,9 @@ func (c *conn) next(ws *websocket.Conn) ([]byte, *[]byte, error) {
 			}
 			return inf.next()
 		}
+	}
+	if mt != websocket.TextMessage {
+		return nil, nil, transient(faultProtocol, errBinaryFrame)
 	}
 	buf := getBuf()
 	b, err := readMessage(r, (*buf)[:0])

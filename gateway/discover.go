@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -121,7 +123,7 @@ func (t *Transport) Discover(ctx context.Context) (Discovery, error) {
 		return d, err
 	}
 	t.dmu.Lock()
-	t.url, t.urlAt = d.URL, t.clock.Now()
+	t.url, t.urlAt, t.trusted = d.URL, t.clock.Now(), d.URL
 	t.dmu.Unlock()
 	if t.cfg.Flavor == core.Discord {
 		t.gate.setMaxConcurrency(max(d.StartLimit.MaxConcurrency, 1))
@@ -192,4 +194,124 @@ func (t *Transport) forgetURL(u string) {
 		t.url = ""
 	}
 	t.dmu.Unlock()
+}
+
+// errUntrustedResume marks a resume URL that the token may not go to.
+var errUntrustedResume = errors.New("resume_gateway_url is not under the gateway's domain")
+
+// maxRefusedHosts bounds the hosts whose refusal is remembered, so that a
+// gateway naming a new host in every READY cannot grow the transport or
+// its log without end.
+const maxRefusedHosts = 64
+
+// checkResume decides whether a resume may go to raw, the session's resume
+// URL (READY's resume_gateway_url, or the URL a Fluxer session connected
+// to). The Resume carries the token, so it goes only to the gateway the
+// client would identify at: the same host as the configured or last
+// discovered gateway URL, or a wss:// host under that host's registrable
+// domain (gateway-us-east1-b.discord.gg under gateway.discord.gg's
+// discord.gg); a loopback host only when the gateway is on loopback too
+// (the simulator, a local proxy). Anything else is a NewSession failure:
+// the core identifies afresh, at the discovered URL. Each refused host is
+// logged once per transport, not once per attempt.
+func (t *Transport) checkResume(ctx context.Context, raw string) error {
+	if raw == "" {
+		return nil
+	}
+	ref := t.cfg.GatewayURL
+	if ref == "" {
+		t.dmu.Lock()
+		ref = t.trusted
+		t.dmu.Unlock()
+		if ref == "" {
+			// A session this process never discovered for (one restored
+			// from elsewhere): the gateway it belongs to must be known
+			// first.
+			var err error
+			if _, err = t.gatewayURL(ctx); err != nil {
+				f := transient(faultDiscovery, fmt.Errorf("discovery: %w", err))
+				if errors.Is(err, ErrUnauthorized) {
+					f.class = core.FatalFailure
+				}
+				return f
+			}
+			t.dmu.Lock()
+			ref = t.trusted
+			t.dmu.Unlock()
+		}
+	}
+	g, err := url.Parse(ref)
+	if err != nil {
+		return &connError{class: core.NewSession, fault: faultDiscovery, err: fmt.Errorf("%w: the gateway URL does not parse", errUntrustedResume)}
+	}
+	u, err := wsURL(raw)
+	if err == nil && resumeTrusted(u, g) {
+		return nil
+	}
+	host := "an unparsable URL"
+	if err == nil {
+		host = u.Scheme + "://" + u.Host
+	}
+	t.dmu.Lock()
+	_, seen := t.refused[host]
+	if !seen && len(t.refused) < maxRefusedHosts {
+		if t.refused == nil {
+			t.refused = make(map[string]struct{})
+		}
+		t.refused[host] = struct{}{}
+	} else {
+		seen = true
+	}
+	t.dmu.Unlock()
+	if !seen {
+		t.log.Warn("gateway: refusing to resume at a host outside the gateway's domain; starting new sessions instead", "resume_host", host, "gateway", g.Host)
+	}
+	return &connError{class: core.NewSession, fault: faultDiscovery, err: fmt.Errorf("%w (%s, gateway %s): starting a new session", errUntrustedResume, host, g.Host)}
+}
+
+// resumeTrusted reports whether a resume at u may carry the token of a
+// session of the gateway g (see checkResume).
+func resumeTrusted(u, g *url.URL) bool {
+	if g.Scheme == "wss" && u.Scheme != "wss" {
+		return false // never drop TLS
+	}
+	host, gh := canonicalHost(u.Hostname()), canonicalHost(g.Hostname())
+	switch {
+	case host == "" || gh == "":
+		return false
+	case host == gh:
+		return true
+	case plainOK(host):
+		return plainOK(gh)
+	case u.Scheme != "wss" || net.ParseIP(host) != nil || net.ParseIP(gh) != nil:
+		return false
+	}
+	d := registrableDomain(gh)
+	return host == d || strings.HasSuffix(host, "."+d)
+}
+
+func canonicalHost(h string) string { return strings.ToLower(strings.TrimSuffix(h, ".")) }
+
+// registrableDomain returns the part of a DNS name its owner registered:
+// the last two labels (discord.gg, fluxer.app), or the last three when the
+// top-level label is a two-letter country code and the one before it has
+// at most three letters (example.co.uk, example.com.au). The public suffix
+// list (golang.org/x/net/publicsuffix) would be exact; this rule keeps the
+// module free of it. Where it errs it is mostly strict (gateway.abc.io
+// counts as its own domain, so a resume at us.abc.io starts a new
+// session); it would trust too much only under a suffix that the list
+// names and this rule cannot know (a gateway discovered at
+// x.github.io would trust all of github.io). The discovered host is the
+// platform's own, named by its HTTPS API, which keeps that case
+// theoretical. A name of one or two labels is its own domain.
+func registrableDomain(host string) string {
+	labels := strings.Split(host, ".")
+	n := 2
+	if len(labels) >= 3 && len(labels[len(labels)-1]) == 2 && len(labels[len(labels)-2]) <= 3 {
+		n = 3
+	}
+	if len(labels) <= n {
+		return host
+	}
+	return strings.Join(labels[len(labels)-n:], ".")
 }

@@ -31,9 +31,12 @@
 //	no Hello in HelloTimeout, no READY/RESUMED in      transient
 //	  ReadyTimeout (counted from the last dispatch)
 //	TCP, TLS or upgrade failure                        transient      a discovered URL is dropped and fetched anew
+//	resume URL outside the gateway's domain            new session    never dialled (see Resume hosts)
 //	discovery refused the token (401, 403)             fatal          ErrUnauthorized
 //	other discovery failure                            transient
 //	malformed JSON, garbage, a payload before Hello,   transient      the client closes 4000 and resumes
+//	  several "op" keys or one in another case, a
+//	  binary frame on an uncompressed connection,
 //	  a second Hello, a sequence that goes backwards,
 //	  a corrupt zlib/zstd stream, a message over
 //	  MaxMessage (10 MiB) compressed or not
@@ -88,9 +91,20 @@
 // carries the last sequence the sink has returned from, which is what
 // Fluxer trims its replay buffer to.
 //
-// Dispatches. Only op, s and t are decoded; d reaches the sink as the raw
-// bytes of the message, valid during the call. The whole message is still
-// checked to be strict JSON, so that the sink never sees a broken d. READY
+// Dispatches. Only op, s and t are decoded, by package wire, the reader
+// the core also checks /N/send commands with, so that the op the check
+// reads is the op the gateway gets; a payload with several "op" keys, or
+// one spelt in another case, is a protocol error either way. d reaches the
+// sink as the raw bytes of the message, valid during the call. The whole
+// message is still checked to be strict JSON, so that the sink never sees
+// a broken d, and to be UTF-8: a message that is not (RFC 8259 and, for a
+// text frame, RFC 6455 say it must be) has each run of invalid bytes
+// replaced by U+FFFD, in a copy, before anything reads it, as encoding/json
+// does when it decodes. Repaired, not refused: a replay would bring the
+// same bytes back, and one user's broken message must not keep a shard
+// reconnecting. A binary frame on an uncompressed connection is refused
+// (see the table): JSON comes in text frames, and a client that took any
+// bytes as JSON would hide a gateway that compresses without being asked. READY
 // reaches the sink with its session_id replaced by "redacted" (the tree
 // must never show it); RESUMED and dispatches without a sequence carry
 // seq -1. A sequence at or below the last one is dropped and fails the
@@ -106,9 +120,26 @@
 // newer READY. The sink sees each event of a session once, in order.
 //
 // Resume target. Discord resumes at READY's resume_gateway_url, Fluxer at
-// the URL it connected to; both with the flavor's query (version, encoding,
-// compression). A resume URL that cannot be reached falls back, within
-// the same attempt, to the gateway URL.
+// the URL it connected to. Every URL the client dials (discovered,
+// configured or resume) keeps only its scheme, host and path; the query is
+// the configuration's alone (version, encoding, compression), so that a
+// compress= in resume_gateway_url cannot turn on a compression the client
+// does not read. A resume URL that cannot be reached falls back, within
+// the same attempt, to the gateway URL. One that is malformed or would
+// drop TLS is replaced by the URL the session connected to.
+//
+// Resume hosts. The Resume carries the token, so it goes only where an
+// identify would: the host of the configured (--gateway) or last
+// discovered gateway URL, a wss:// host under that host's registrable
+// domain (for Discord, *.discord.gg), or loopback when the gateway is on
+// loopback too (the simulator, a local proxy). The registrable domain is
+// the last two labels, three under a two-letter country code whose
+// second-level label is short (co.uk): no public-suffix dependency, and
+// strict where it errs (see registrableDomain). A resume URL outside
+// those, from READY or anywhere else, is never dialled: the attempt fails
+// as NewSession, the core backs off and identifies at the discovered URL,
+// and the host is logged once per transport (at most 64 hosts), not once
+// per attempt.
 //
 // Compression. zlib-stream is decoded with one deflate context per
 // connection, the zlib header checked by hand so that no checksum runs over

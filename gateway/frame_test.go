@@ -12,6 +12,7 @@ import (
 	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/wire"
 )
 
 func TestParsePayload(t *testing.T) {
@@ -31,7 +32,13 @@ func TestParsePayload(t *testing.T) {
 		{in: `{"op":10,"d":{"heartbeat_interval":41250},"extra":[true,null,-1.5e3]}`, op: 10, seq: -1, d: `{"heartbeat_interval":41250}`},
 		{in: `{"\u006fp":7}`, op: 7, seq: -1},
 		{in: `{"op":0,"s":3,"t":"A\u005fB","d":1}`, op: 0, seq: 3, name: `A\u005fB`, d: `1`, nameEscapedWant: true},
-		{in: `{"op":1,"op":2}`, op: 2, seq: -1},
+		// Several op keys, or one in another case, are a protocol error:
+		// which one a reader takes is not something to guess.
+		{in: `{"op":1,"op":2}`, wantErr: true},
+		{in: `{"op":0,"Op":0}`, wantErr: true},
+		{in: `{"OP":11}`, wantErr: true},
+		{in: `{"op":11,"op":11}`, wantErr: true},
+		{in: `{"op":0,"d":{"op":1,"Op":2}}`, op: 0, seq: -1, d: `{"op":1,"Op":2}`},
 		{in: `{"op":"0"}`, wantErr: true},
 		{in: `{"op":1.0}`, wantErr: true},
 		{in: `{"op":99999999999}`, wantErr: true},
@@ -277,7 +284,7 @@ func FuzzParsePayload(f *testing.F) {
 			// an integer op, a non-negative integer or null s, and a string
 			// or null t.
 			var op int32
-			if raw, ok := ref["op"]; !ok || json.Unmarshal(raw, &op) != nil || bytes.ContainsAny(raw, ".eE") {
+			if raw, ok := ref["op"]; !ok || string(raw) == "null" || json.Unmarshal(raw, &op) != nil || bytes.ContainsAny(raw, ".eE") {
 				refErr = errNoOp
 			} else if raw, ok := ref["s"]; ok && string(raw) != "null" {
 				var s int64
@@ -292,6 +299,9 @@ func FuzzParsePayload(f *testing.F) {
 				}
 			}
 		}
+		if refErr == nil && ambiguousOp(b) {
+			refErr = wire.ErrAmbiguousOp
+		}
 		if (err == nil) != (refErr == nil) {
 			t.Fatalf("parsePayload(%q) = %v; encoding/json says %v", b, err, refErr)
 		}
@@ -303,7 +313,7 @@ func FuzzParsePayload(f *testing.F) {
 		if p.op != op {
 			t.Fatalf("op = %d; encoding/json says %d", p.op, op)
 		}
-		if raw, ok := ref["d"]; ok && !bytes.Equal(bytes.TrimSpace(raw), p.d) {
+		if raw, ok := ref["d"]; ok && !bytes.Equal(bytes.ToValidUTF8(bytes.TrimSpace(raw), replacement), p.d) {
 			t.Fatalf("d = %q; encoding/json says %q", p.d, raw)
 		}
 		if raw, ok := ref["t"]; ok && string(raw) != "null" && utf8.Valid(raw) {
@@ -318,6 +328,33 @@ func FuzzParsePayload(f *testing.F) {
 			}
 		}
 	})
+}
+
+// ambiguousOp reports, with encoding/json's tokenizer, whether the object
+// b has more than one key "op" or one that differs from it only in case.
+func ambiguousOp(b []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if _, err := dec.Token(); err != nil {
+		return false
+	}
+	n := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return false
+		}
+		if k, _ := tok.(string); strings.EqualFold(k, "op") {
+			if k != "op" {
+				return true
+			}
+			n++
+		}
+	}
+	return n > 1
 }
 
 // splitMessages reads fuzz input as messages, each a one-byte length

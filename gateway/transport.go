@@ -20,8 +20,10 @@ import (
 
 // Sink receives every dispatch, synchronously, from the connection's reader:
 // shard and sequence (-1 for RESUMED and for a dispatch without one), the
-// event name and its raw d. d is valid only during the call; a sink that
-// keeps it must copy it. A slow sink slows its shard and nothing else.
+// event name and its raw d. d is strict JSON in UTF-8, and the name UTF-8
+// (invalid bytes from the gateway are replaced with U+FFFD). d is valid
+// only during the call; a sink that keeps it must copy it. A slow sink
+// slows its shard and nothing else.
 type Sink func(shard int, seq int64, name string, d []byte)
 
 // Config configures a Transport. Flavor and Token are required.
@@ -35,7 +37,9 @@ type Config struct {
 	// API is the HTTP API base for discovery; empty means DiscordAPI or
 	// FluxerAPI.
 	API string
-	// GatewayURL, when set, is used instead of discovery.
+	// GatewayURL, when set, is used instead of discovery. Its query, if
+	// any, is ignored, as is that of a discovered or resume URL: version,
+	// encoding and compression come from Flavor and Compression.
 	GatewayURL  string
 	Compression Compression
 	// Sink receives dispatches; nil drops them.
@@ -120,6 +124,10 @@ type Transport struct {
 	urlAt       time.Time
 	discovering chan struct{}
 	discoverErr error
+	// trusted is the last discovered URL, kept when url is dropped: the
+	// gateway whose domain a resume may go to (see checkResume).
+	trusted string
+	refused map[string]struct{} // resume hosts refused and logged
 }
 
 var _ core.Transport = (*Transport)(nil)
@@ -356,22 +364,22 @@ func plainOK(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// connectURL adds the flavor's query (version, encoding, compression) to a
-// gateway or resume URL, keeping any other parameters it has.
+// connectURL is the URL to dial for a gateway or resume URL: its scheme,
+// host and path, with the flavor's query (version, encoding, compression)
+// and nothing else. A query in the URL itself, a resume_gateway_url's
+// compress= above all, must not override the configuration: the
+// connection would then be compressed or versioned unlike what the client
+// reads, and every resume would fail.
 func (t *Transport) connectURL(base string) (string, error) {
 	u, err := wsURL(base)
 	if err != nil {
 		return "", err
 	}
-	q := u.Query()
-	for k, v := range t.query {
-		q[k] = v
+	target := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath, RawQuery: t.query.Encode()}
+	if target.Path == "" {
+		target.Path = "/"
 	}
-	u.RawQuery = q.Encode()
-	if u.Path == "" {
-		u.Path = "/"
-	}
-	return u.String(), nil
+	return target.String(), nil
 }
 
 // writePool lends gorilla a write buffer only while a message is being

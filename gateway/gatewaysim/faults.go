@@ -57,6 +57,9 @@ const (
 	// FaultDelay delays every frame by Fault.Delay; zero clears it. Sticky
 	// until ClearFaults; it also applies to later connections of the shard.
 	FaultDelay
+	// FaultBinaryJSON sends a valid dispatch without a sequence in a
+	// binary frame, uncompressed whatever was negotiated. One-shot.
+	FaultBinaryJSON
 )
 
 var faultNames = map[FaultKind]string{
@@ -75,6 +78,7 @@ var faultNames = map[FaultKind]string{
 	FaultUnknownOpcode:      "unknown-opcode",
 	FaultStopAcks:           "stop-acks",
 	FaultDelay:              "delay",
+	FaultBinaryJSON:         "binary-json",
 }
 
 func (k FaultKind) String() string {
@@ -227,6 +231,8 @@ func (s *Server) targetsLocked(shardID int) []*conn {
 // client feeds it to its inflater.
 var corruptStream = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0xff, 0xff}
 
+var binaryDispatch = []byte(`{"op":0,"s":null,"t":"MESSAGE_CREATE","d":{"content":"sent in a binary frame"}}`)
+
 var garbage = []byte{0xde, 0xad, 0xbe, 0xef, 0x00, 0x13, 0x37, 0xc0, 0xff, 0xee, 0x7f, 0x80}
 
 // injectLocked applies a one-shot fault to one connection. s.mu must be
@@ -288,6 +294,8 @@ func (s *Server) injectLocked(c *conn, f Fault) {
 		c.enqueue(frame{kind: frameDispatch, seq: seq, name: "MESSAGE_CREATE", data: s.messageData(g, 200)})
 	case FaultUnknownOpcode:
 		c.enqueue(frame{kind: framePayload, data: unknownOpPayload})
+	case FaultBinaryJSON:
+		c.enqueue(frame{kind: frameBinary, data: binaryDispatch})
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -220,6 +221,8 @@ type Server struct {
 	http     *http.Server
 	upgrader websocket.Upgrader
 	base     string // host:port
+	// resumeURL, when set, replaces READY's resume_gateway_url.
+	resumeURL atomic.Pointer[string]
 
 	// lifeMu guards closed; it is taken last, so that goroutines and timer
 	// callbacks can be admitted from under any other lock.
@@ -342,7 +345,21 @@ func (s *Server) ResumeURL() string {
 	if s.cfg.Flavor == Fluxer {
 		return s.GatewayURL()
 	}
+	if u := s.resumeURL.Load(); u != nil {
+		return *u
+	}
 	return "ws://" + s.base + "/resume"
+}
+
+// SetResumeURL makes later READYs (Discord) carry u as resume_gateway_url,
+// whatever host or query it names, as a misconfigured or hostile gateway
+// might; "" restores the default.
+func (s *Server) SetResumeURL(u string) {
+	if u == "" {
+		s.resumeURL.Store(nil)
+		return
+	}
+	s.resumeURL.Store(&u)
 }
 
 // Addr is the listener's address.
