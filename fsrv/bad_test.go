@@ -237,3 +237,42 @@ func TestLargeCtlWrite(t *testing.T) {
 	}
 	stillServes(t, addr)
 }
+
+// TestErrorFitsMsize: under 9P2000 an error that carries a long command
+// is clipped so that its Rerror fits the negotiated msize; srv9p drops a
+// reply that does not fit, and the client would wait for it forever.
+func TestErrorFitsMsize(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	for _, msize := range []uint32{MinMsize, 8192} {
+		c := rawConn(t, addr)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		send := func(f *plan9.Fcall) *plan9.Fcall {
+			t.Helper()
+			if err := plan9.WriteFcall(c, f); err != nil {
+				t.Fatal(err)
+			}
+			r, err := plan9.ReadFcall(c)
+			if err != nil {
+				t.Fatalf("msize %d: reply to %v: %v", msize, f.Type, err)
+			}
+			return r
+		}
+		send(&plan9.Fcall{Type: plan9.Tversion, Tag: plan9.NOTAG, Msize: msize, Version: "9P2000"})
+		send(&plan9.Fcall{Type: plan9.Tattach, Tag: 1, Fid: 1, Afid: plan9.NOFID, Uname: "glenda"})
+		send(&plan9.Fcall{Type: plan9.Twalk, Tag: 1, Fid: 1, Newfid: 2, Wname: []string{"ctl"}})
+		send(&plan9.Fcall{Type: plan9.Topen, Tag: 1, Fid: 2, Mode: plan9.OWRITE})
+		cmd := strings.Repeat("x", int(msize)-plan9.IOHDRSZ-1) // the largest Twrite
+		r := send(&plan9.Fcall{Type: plan9.Twrite, Tag: 2, Fid: 2, Data: []byte(cmd + "\n")})
+		b, _ := r.Bytes()
+		prefix := `invalid argument: unknown command "xxxx`
+		if r.Type != plan9.Rerror || r.Tag != 2 || len(b) > int(msize) || !strings.HasPrefix(r.Ename, prefix) || !strings.HasSuffix(r.Ename, "...") {
+			t.Errorf("msize %d: reply = %v (%d bytes); want Rerror tag 2 of at most %d bytes, %q clipped with ...", msize, r.Type, len(b), msize, prefix)
+		}
+		r = send(&plan9.Fcall{Type: plan9.Twrite, Tag: 3, Fid: 2, Data: []byte("stop\n")})
+		if r.Type != plan9.Rwrite || r.Count != 5 {
+			t.Errorf("msize %d: then write stop = %v; want Rwrite 5", msize, r)
+		}
+	}
+	stillServes(t, addr)
+}

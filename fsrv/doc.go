@@ -39,7 +39,9 @@
 // argument: write too large: <detail>" and "i/o error: <detail>". An error
 // without detail is sent as a string the Linux kernel's 9P2000 client also
 // knows ("Invalid argument", "permission denied", "file not found",
-// "Device or resource busy", "i/o error").
+// "Device or resource busy", "i/o error"). A 9P2000 error string is
+// clipped, ending in "...", so that its Rerror fits the negotiated msize
+// (srv9p drops a larger reply, and the client would wait forever).
 //
 // # Listening
 //

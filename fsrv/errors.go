@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hugelgupf/p9/linux"
 )
@@ -163,4 +164,26 @@ func fuseErrno(s string) linux.Errno {
 		}
 	}
 	return linux.ERANGE
+}
+
+// rerrorOverhead is what an Rerror adds to its string: size[4] type[1]
+// tag[2] and the string's length[2].
+const rerrorOverhead = headerSize + 2
+
+// clipEname shortens a 9P2000 error string so that its Rerror fits msize:
+// srv9p drops a reply larger than msize, and the client then waits for it
+// forever. A clipped string ends in "...", cut at a rune boundary.
+func clipEname(e string, msize uint32) string {
+	limit := int(msize) - rerrorOverhead
+	if len(e) <= limit {
+		return e
+	}
+	if limit < 3 {
+		return ""
+	}
+	cut := limit - 3
+	for cut > 0 && !utf8.RuneStart(e[cut]) {
+		cut--
+	}
+	return e[:cut] + "..."
 }

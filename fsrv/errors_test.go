@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/hugelgupf/p9/linux"
 )
@@ -62,6 +64,26 @@ func TestErrorConversion(t *testing.T) {
 	for _, k := range []errKind{kindInvalid, kindPerm, kindNotExist, kindBusy, kindIO} {
 		if _, ok := linuxErrors[k.bare]; !ok {
 			t.Errorf("bare string %q is not in the Linux kernel's table", k.bare)
+		}
+	}
+}
+
+func TestClipEname(t *testing.T) {
+	tests := []struct {
+		in    string
+		msize uint32
+		want  string
+	}{
+		{"short", 256, "short"},
+		{strings.Repeat("a", 247), 256, strings.Repeat("a", 247)},
+		{strings.Repeat("a", 248), 256, strings.Repeat("a", 244) + "..."},
+		// A cut inside a rune moves back to its start.
+		{strings.Repeat("a", 243) + "é" + strings.Repeat("b", 10), 256, strings.Repeat("a", 243) + "..."},
+	}
+	for _, tt := range tests {
+		got := clipEname(tt.in, tt.msize)
+		if got != tt.want || len(got)+rerrorOverhead > int(tt.msize) || !utf8.ValidString(got) {
+			t.Errorf("clipEname(%d bytes, %d) = %q; want %q", len(tt.in), tt.msize, got, tt.want)
 		}
 	}
 }

@@ -79,10 +79,10 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 		defer func() {
 			if r := recover(); r != nil {
 				s.logger().Error("fsrv: callback panicked", "op", name, "panic", r)
-				err = plan9Err(fmt.Errorf("panic: %v", r))
+				err = s.plan9Err(fmt.Errorf("panic: %v", r))
 			}
 		}()
-		return plan9Err(f())
+		return s.plan9Err(f())
 	}
 	aux := func(fid *srv9p.Fid) *plan9Fid {
 		a, _ := fid.Aux().(*plan9Fid)

@@ -289,6 +289,7 @@ func (c *conn) serve() error {
 		srv.Handle(st, st)
 	default:
 		log.Debug("fsrv: 9P2000 session", "msize", neg.msize)
+		c.sess.msize.Store(neg.msize)
 		var g gate
 		srv := c.sess.plan9Server(&g, c.s.maxMsize())
 		in := io.MultiReader(bytes.NewReader(neg.first), rest)

@@ -1,10 +1,23 @@
 package fsrv
 
+import "sync/atomic"
+
 // session is one connection's view of the server's tree: a read-only
 // connection sees no private node and may write nothing.
 type session struct {
 	*Server
 	ro bool
+	// msize is the negotiated message size, which error strings must fit
+	// (9P2000).
+	msize atomic.Uint32
+}
+
+// plan9Err converts err to a 9P2000 error that fits this session's msize.
+func (s *session) plan9Err(err error) error {
+	if err == nil {
+		return nil
+	}
+	return plan9Error(clipEname(ename(err), s.msize.Load()))
 }
 
 // lookup finds the entry called name in d, as this session sees it.

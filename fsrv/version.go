@@ -159,7 +159,9 @@ func errorFrame(d dialect, tag uint16, err error) []byte {
 	if d == dialectDotL {
 		return rlerror(tag, errno(err))
 	}
-	return rerror(tag, ename(err))
+	// Before negotiation the client's msize is not known; MinMsize is
+	// the least it can be.
+	return rerror(tag, clipEname(ename(err), MinMsize))
 }
 
 // negotiation is the outcome of sniffing a connection's first messages.
