@@ -24,7 +24,10 @@
 // answered with an error (Rlerror EINVAL for .L) and dropped. Under
 // 9P2000.L a Tauth is answered ENOENT, which diod's tools take to mean that
 // no authentication is needed. In both dialects a Tattach's aname names
-// the directory to attach at ("/3", or "3"), and Rattach carries its QID.
+// the directory to attach at ("/3", or "3"), and Rattach carries its QID;
+// an aname that names a file is refused with ENOTDIR ("not a directory:
+// ..."), since diod's tools attach to "ctl" by default and diodls crashes
+// on a file.
 // Reads never block: hugelgupf/p9 cannot cancel a read on Tflush, and
 // Linux waits for Rflush even through SIGKILL.
 //

@@ -42,20 +42,25 @@ func (a dotlAttacher) Attach() (p9.File, error) {
 // attachQID returns the QID of the directory a Tattach with aname attaches
 // to, walking it as hugelgupf/p9 does (one leading slash dropped, the rest
 // split at slashes). p9 walks aname from the root but answers Rattach with
-// the root's QID; dotlStream puts this one in its place.
-func (a dotlAttacher) attachQID(aname string) (q p9.QID, ok bool) {
+// the root's QID; dotlStream puts this one in its place. A name that is
+// not a directory is errNotDir, which dotlStream answers itself: p9 would
+// attach to the file, and diodls crashes on that.
+func (a dotlAttacher) attachQID(aname string) (q p9.QID, err error) {
 	defer func() {
-		if recover() != nil {
-			ok = false // p9's own walk reports the panic
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r) // p9's own walk reports it
 		}
 	}()
 	root := &dotlFile{s: a.s, node: a.s.Root}
 	f, err := root.walk(strings.Split(strings.TrimPrefix(aname, "/"), "/"))
 	if err != nil {
-		return p9.QID{}, false
+		return p9.QID{}, err
 	}
 	n := f.node
-	return root.qid(attr{path: n.base().qidPath(), vers: qidVersion(n), dir: isDir(n)}), true
+	if !isDir(n) {
+		return p9.QID{}, fmt.Errorf("%w: %s", errNotDir, aname)
+	}
+	return root.qid(attr{path: n.base().qidPath(), vers: qidVersion(n), dir: true}), nil
 }
 
 // dotlFile is a fid's view of a node: walked to, then maybe opened.
@@ -342,7 +347,8 @@ func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(err
 //   - caps or refuses the msize of a Tversion;
 //   - corrects the QID of an Rattach for a Tattach with an aname: p9
 //     walks aname but replies with the root's QID (attach(5): the QID of
-//     the root of the tree aname names);
+//     the root of the tree aname names), and refuses an aname that names
+//     a file with ENOTDIR;
 //   - answers Tflush itself, right after the reply to the request it
 //     names: p9's Tflush waits for the old tag, so a Tflush of its own tag
 //     (or two that name each other) would never finish, and with it the
@@ -367,7 +373,7 @@ type dotlStream struct {
 	closeErr  error
 
 	// attachQID resolves the aname of a Tattach (dotlAttacher.attachQID).
-	attachQID func(aname string) (p9.QID, bool)
+	attachQID func(aname string) (p9.QID, error)
 
 	// fmu guards the tags p9 has not answered yet (true for a Tflush), the
 	// Tflushes to answer after each, and the QIDs to put in the Rattach of
@@ -389,7 +395,7 @@ const (
 	maxAttachFrame = 4096
 )
 
-func newDotlStream(rwc io.ReadWriteCloser, first []byte, msize, maxMsize uint32, attachQID func(string) (p9.QID, bool)) *dotlStream {
+func newDotlStream(rwc io.ReadWriteCloser, first []byte, msize, maxMsize uint32, attachQID func(string) (p9.QID, error)) *dotlStream {
 	return &dotlStream{
 		rwc:         rwc,
 		r:           bufio.NewReaderSize(rwc, 64<<10),
@@ -484,7 +490,12 @@ func (s *dotlStream) nextFrame() error {
 		var qid p9.QID
 		aname, ok := attachName(frame)
 		if ok && aname != "" && aname != "/" {
-			qid, ok = s.attachQID(aname)
+			var err error
+			qid, err = s.attachQID(aname)
+			if errors.Is(err, errNotDir) {
+				return s.inject(rlerror(tag, errno(err)))
+			}
+			ok = err == nil
 		} else {
 			ok = false
 		}

@@ -19,6 +19,9 @@ var (
 	// "invalid argument: write too large: ..." under 9P2000, since 9pfuse
 	// has no word for EFBIG).
 	ErrTooLarge = errors.New("write too large")
+
+	// errNotDir: an attach names a file (ENOTDIR).
+	errNotDir = errors.New("not a directory")
 )
 
 // errKind is how one class of error travels in each dialect.
@@ -44,12 +47,13 @@ var (
 	kindNotExist = errKind{fs.ErrNotExist, linux.ENOENT, "file not found", "file not found", false}
 	kindBusy     = errKind{ErrBusy, linux.EBUSY, "busy", "Device or resource busy", false}
 	kindTooLarge = errKind{ErrTooLarge, linux.EFBIG, "invalid argument", "Invalid argument", true}
+	kindNotDir   = errKind{errNotDir, linux.ENOTDIR, "not a directory", "Not a directory", false}
 	kindIO       = errKind{nil, linux.EIO, "i/o error", "i/o error", false}
 )
 
 // classify finds the kind of err; the first sentinel it wraps wins.
 func classify(err error) errKind {
-	for _, k := range []errKind{kindTooLarge, kindBusy, kindInvalid, kindPerm, kindNotExist} {
+	for _, k := range []errKind{kindTooLarge, kindBusy, kindInvalid, kindPerm, kindNotExist, kindNotDir} {
 		if errors.Is(err, k.sentinel) {
 			return k
 		}

@@ -20,6 +20,7 @@ var linuxErrors = map[string]linux.Errno{
 	"file not found":          linux.ENOENT,
 	"Device or resource busy": linux.EBUSY,
 	"i/o error":               linux.EIO,
+	"Not a directory":         linux.ENOTDIR,
 }
 
 func TestErrorConversion(t *testing.T) {
@@ -43,6 +44,8 @@ func TestErrorConversion(t *testing.T) {
 		// A detail with a word 9pfuse would match first loses to the errno.
 		{fmt.Errorf("%w: shard 9 does not exist", fs.ErrInvalid), linux.EINVAL, "Invalid argument"},
 		{fmt.Errorf("%w: no such directory", ErrBusy), linux.EBUSY, "Device or resource busy"},
+		{fmt.Errorf("%w: ctl", errNotDir), linux.ENOTDIR, "not a directory: ctl"},
+		{errNotDir, linux.ENOTDIR, "Not a directory"},
 	}
 	for _, tt := range tests {
 		if got := errno(tt.err); got != tt.errno {
@@ -61,7 +64,7 @@ func TestErrorConversion(t *testing.T) {
 			t.Errorf("9pfuse maps the bare %q to %v; want %v as Linux does", s, got, want)
 		}
 	}
-	for _, k := range []errKind{kindInvalid, kindPerm, kindNotExist, kindBusy, kindIO} {
+	for _, k := range []errKind{kindInvalid, kindPerm, kindNotExist, kindBusy, kindNotDir, kindIO} {
 		if _, ok := linuxErrors[k.bare]; !ok {
 			t.Errorf("bare string %q is not in the Linux kernel's table", k.bare)
 		}

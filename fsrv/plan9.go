@@ -111,6 +111,9 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 				if k < len(names) {
 					return fs.ErrNotExist
 				}
+				if !isDir(f.node) {
+					return fmt.Errorf("%w: %s", errNotDir, aname)
+				}
 				fid.SetAux(f)
 				qid = s.qid9(s.stat(f.node))
 				return nil
