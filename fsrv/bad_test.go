@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -273,6 +274,87 @@ func TestErrorFitsMsize(t *testing.T) {
 		if r.Type != plan9.Rwrite || r.Count != 5 {
 			t.Errorf("msize %d: then write stop = %v; want Rwrite 5", msize, r)
 		}
+	}
+	stillServes(t, addr)
+}
+
+// dotlExchange sends a transcript line over c and returns the reply as
+// text, with a bound.
+func dotlExchange(t *testing.T, c net.Conn, frame []byte) string {
+	t.Helper()
+	if _, err := c.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r, err := readFrame(c, 1<<20)
+	if err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	m, err := decodeDotL(r, func(p uint64) uint64 { return 0 })
+	if err != nil {
+		t.Fatalf("undecodable reply %x: %v", r, err)
+	}
+	return m.String()
+}
+
+func dotlFrame(t *testing.T, line string) []byte {
+	t.Helper()
+	m, err := parseDotL(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := encodeDotL(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestDotLWriteCountMismatch: a 9P2000.L Twrite whose count does not
+// match its payload is answered EINVAL on its own tag (hugelgupf/p9
+// answered on tag 65535, and the request's tag never got a reply), and
+// the connection goes on.
+func TestDotLWriteCountMismatch(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	c := rawConn(t, addr)
+	for _, step := range []struct{ send, want string }{
+		{"Tversion tag NOTAG msize 8192 version 9P2000.L", "Rversion tag 65535 msize 8192 version \"9P2000.L\""},
+		{"Tattach tag 1 fid 1 afid NOFID uname root aname '' nuname 0", "Rattach tag 1 qid 0x0.0.d"},
+		{"Twalk tag 1 fid 1 newfid 2 wname [ctl]", "Rwalk tag 1 wqid [0x0.0]"},
+		{"Tlopen tag 1 fid 2 flags O_WRONLY", "Rlopen tag 1 qid 0x0.0 iounit 0"},
+	} {
+		if got := dotlExchange(t, c, dotlFrame(t, step.send)); got != step.want {
+			t.Fatalf("%s: reply %s; want %s", step.send, got, step.want)
+		}
+	}
+	for _, count := range []uint32{0, 4, 6, 1 << 20} {
+		frame := dotlFrame(t, `Twrite tag 7 fid 2 offset 0 data "stop\n"`)
+		binary.LittleEndian.PutUint32(frame[headerSize+12:], count)
+		if got, want := dotlExchange(t, c, frame), "Rlerror tag 7 ecode EINVAL"; got != want {
+			t.Errorf("Twrite of 5 bytes with count %d: reply %s; want %s", count, got, want)
+		}
+	}
+	if got, want := dotlExchange(t, c, dotlFrame(t, `Twrite tag 8 fid 2 offset 0 data "stop\n"`)), "Rwrite tag 8 count 5"; got != want {
+		t.Errorf("then a good Twrite: reply %s; want %s", got, want)
+	}
+	if h := fx.takeHandled(); !slices.Equal(h, []string{"stop"}) {
+		t.Errorf("handled %q; want only the good write's stop", h)
+	}
+	stillServes(t, addr)
+}
+
+// TestDotLUndecodable: a request hugelgupf/p9 cannot decode (a Tclunk
+// without its fid) would be answered on NOTAG and its own tag never; the
+// server ends that connection instead, and serves the others.
+func TestDotLUndecodable(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	c := rawConn(t, addr)
+	dotlExchange(t, c, dotlFrame(t, "Tversion tag NOTAG msize 8192 version 9P2000.L"))
+	c.Write(finish(newFrame(120, 9))) // Tclunk, no fid
+	if got := replyAndHangup(t, c); len(got) != 0 {
+		t.Errorf("reply = %x; want none and the connection closed", got)
 	}
 	stillServes(t, addr)
 }

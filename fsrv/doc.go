@@ -23,7 +23,10 @@
 // out of bounds is dropped without a reply; an msize below MinMsize is
 // answered with an error (Rlerror EINVAL for .L) and dropped. Under
 // 9P2000.L a Tauth is answered ENOENT, which diod's tools take to mean that
-// no authentication is needed. In both dialects a Tattach's aname names
+// no authentication is needed; a Twrite whose count disagrees with its
+// size is answered EINVAL on its tag, and any other request that cannot
+// be decoded ends the connection (hugelgupf/p9 would answer it on NOTAG,
+// leaving the client waiting for its own tag). In both dialects a Tattach's aname names
 // the directory to attach at ("/3", or "3"), and Rattach carries its QID;
 // an aname that names a file is refused with ENOTDIR ("not a directory:
 // ..."), since diod's tools attach to "ctl" by default and diodls crashes

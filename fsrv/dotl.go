@@ -345,6 +345,9 @@ func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(err
 //   - answers Tauth itself with ENOENT (p9 answers ENOSYS, which makes
 //     diod's tools fail; ENOENT tells them no authentication is needed);
 //   - caps or refuses the msize of a Tversion;
+//   - answers a Twrite whose count disagrees with its size with EINVAL
+//     on its tag (p9 answers on NOTAG), and ends a connection when p9
+//     answers NOTAG for any other request it could not decode;
 //   - corrects the QID of an Rattach for a Tattach with an aname: p9
 //     walks aname but replies with the root's QID (attach(5): the QID of
 //     the root of the tree aname names), and refuses an aname that names
@@ -389,6 +392,11 @@ const (
 	msgRattach = 105
 	msgTflush  = 108
 	msgRflush  = 109
+	msgTwrite  = 118
+
+	// twriteFixed is the part of a Twrite before its data: fid[4]
+	// offset[8] count[4].
+	twriteFixed = 16
 
 	// maxAttachFrame bounds the Tattach the stream reads whole to learn its
 	// aname; a larger one (never sent: names are short) passes through.
@@ -465,6 +473,19 @@ func (s *dotlStream) nextFrame() error {
 		s.msize = min(t.msize, s.maxMsize)
 		s.pend = versionFrame(msgTversion, t.tag, s.msize, t.version)
 		return nil
+	case typ == msgTwrite:
+		// p9 answers a Twrite whose count disagrees with its size on
+		// NOTAG, and the request's own tag never gets a reply.
+		fixed, err := s.r.Peek(min(body, twriteFixed))
+		if err != nil {
+			return err
+		}
+		if body < twriteFixed || binary.LittleEndian.Uint32(fixed[12:]) != uint32(body-twriteFixed) {
+			if _, err := s.r.Discard(body); err != nil {
+				return err
+			}
+			return s.inject(rlerror(tag, errno(fs.ErrInvalid)))
+		}
 	case typ == msgTflush:
 		// Every Tflush is answered here: one that reached hugelgupf/p9 and
 		// named its own tag would wait for itself forever. Bytes after the
@@ -586,6 +607,17 @@ func (s *dotlStream) replied(tag uint16) []byte {
 	return out
 }
 
+// errUndecodable ends a connection that sent a request p9 could not decode.
+var errUndecodable = fmt.Errorf("%w: a request that could not be decoded", errFrame)
+
+// pending reports whether p9 has a request with tag to answer.
+func (s *dotlStream) pending(tag uint16) bool {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	isFlush, ok := s.outstanding[tag]
+	return ok && !isFlush
+}
+
 // inject writes a whole frame between p9's frames.
 func (s *dotlStream) inject(frame []byte) error {
 	s.wmu.Lock()
@@ -609,6 +641,13 @@ func (s *dotlStream) Write(p []byte) (int, error) {
 			break
 		}
 		frame := s.wbuf[:size]
+		if frameTag(frame) == noTag && frame[4] == msgRlerror && !s.pending(noTag) {
+			// p9 could not decode a request and answered NOTAG; the
+			// request's own tag will never get a reply, so the client
+			// would wait forever. End the connection instead.
+			s.rwc.Close()
+			return 0, errUndecodable
+		}
 		s.fixAttach(frame)
 		if flushes := s.replied(frameTag(frame)); flushes != nil {
 			frame = append(frame, flushes...)
