@@ -192,11 +192,12 @@ func TestPlan9Client(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open(ctl, OWRITE|OTRUNC) = %v", err)
 	}
-	if n, err := fid.Write([]byte("stop\nlease 30s")); n != 14 || err != nil {
-		t.Errorf("write ctl = %d, %v; want 14, nil", n, err)
+	if n, err := fid.Write([]byte("stop\nlease 30")); n != 13 || err != nil {
+		t.Errorf("write ctl = %d, %v; want 13, nil", n, err)
 	}
-	if _, err := fid.Write([]byte("frob\n")); err == nil || err.Error() != `invalid argument: unknown command "frob"` {
-		t.Errorf("write ctl frob = %v; want invalid argument: unknown command \"frob\"", err)
+	// The next write completes the line.
+	if _, err := fid.Write([]byte("s\nfrob\n")); err == nil || err.Error() != `invalid argument: unknown command "frob"` {
+		t.Errorf("write ctl s, frob = %v; want invalid argument: unknown command \"frob\"", err)
 	}
 	fid.Close()
 	if got, want := fx.takeHandled(), []string{"stop", "lease 30s"}; !slices.Equal(got, want) {

@@ -275,9 +275,17 @@ func (f *dotlFile) Readdir(offset uint64, count uint32) (ents p9.Dirents, err er
 	return ents, nil
 }
 
-// Close implements p9.File. It may be called while another fid still uses
-// the file (p9 shares it with xattr fids), so it releases nothing.
-func (f *dotlFile) Close() error { return nil }
+// Close implements p9.File: a clunk, which applies the line an open Ctl
+// still holds; that line's error is the Rclunk's. It may be called while
+// another fid still uses the file (p9 shares it with xattr fids, which
+// fsrv never lets a walk create), so it releases nothing else.
+func (f *dotlFile) Close() (err error) {
+	defer f.guard(&err)
+	if h := f.h.Load(); h != nil {
+		return dotlError(f.s.clunk(h))
+	}
+	return nil
+}
 
 // FSync implements p9.File.
 func (f *dotlFile) FSync() error { return nil }
@@ -374,6 +382,8 @@ type dotlStream struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// ending, if set, is set at Close (session.ending).
+	ending *atomic.Bool
 
 	// attachQID resolves the aname of a Tattach (dotlAttacher.attachQID).
 	attachQID func(aname string) (p9.QID, error)
@@ -663,8 +673,12 @@ func (s *dotlStream) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Close closes the connection; p9 closes both its reader and its writer.
+// Close closes the connection; p9 closes both its reader and its writer,
+// once every request is answered and before it drops the fids.
 func (s *dotlStream) Close() error {
+	if s.ending != nil {
+		s.ending.Store(true)
+	}
 	s.closeOnce.Do(func() { s.closeErr = s.rwc.Close() })
 	if errors.Is(s.closeErr, fs.ErrClosed) {
 		return nil

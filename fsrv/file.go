@@ -136,6 +136,9 @@ type handle struct {
 	dir  []Node // Dir entries, fixed at open
 	// write is set when the file was opened for writing.
 	write bool
+	// partial is the start of a Ctl line that a write left without its
+	// newline; guarded by the Ctl's writeMu.
+	partial []byte
 	// shift is how far a Log read was moved forward because the data it
 	// asked for had been dropped; later reads of this open apply it.
 	shift atomic.Int64
@@ -193,17 +196,68 @@ func (h *handle) read(p []byte, off int64) int {
 	return 0
 }
 
-// write applies a write to an open Ctl.
+// write applies the complete lines of a write to an open Ctl. A last
+// line without a newline is kept in the open file and completed by its
+// next write, or applied when the file is clunked (see clunk): 9pfuse cuts
+// a long write into 4 KiB chunks wherever they fall. The write reports its
+// full byte count; the error of a line is the error of the write that
+// completes it, and what follows the bad line in that write is dropped.
 func (s *session) write(h *handle, p []byte) (int, error) {
 	c, ok := h.node.(*Ctl)
 	if !ok || c.Handle == nil || !h.write || s.ro {
 		return 0, fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(h.node))
 	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
 	if len(p) > MaxCtlWrite {
+		h.partial = nil // its end is lost
 		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(p), MaxCtlWrite)
+	}
+	last := bytes.LastIndexByte(p, '\n')
+	if last < 0 {
+		if len(h.partial)+len(p) > MaxCtlWrite {
+			n := len(h.partial) + len(p)
+			h.partial = nil
+			return 0, fmt.Errorf("%w: a line of more than %d bytes, the limit is %d", ErrTooLarge, n-1, MaxCtlWrite)
+		}
+		h.partial = append(h.partial, p...)
+		return len(p), nil
+	}
+	lines := p[:last+1]
+	if len(h.partial) > 0 {
+		lines = append(h.partial, lines...)
+	}
+	h.partial = nil
+	if err := s.apply(c, lines); err != nil {
+		return 0, err
+	}
+	if rest := p[last+1:]; len(rest) > 0 {
+		h.partial = append([]byte(nil), rest...)
+	}
+	return len(p), nil
+}
+
+// clunk applies the line an open Ctl still holds, as the file's last. A
+// connection that ends without a clunk drops it instead: the rest of that
+// line may never have been sent.
+func (s *session) clunk(h *handle) error {
+	c, ok := h.node.(*Ctl)
+	if !ok || c.Handle == nil {
+		return nil
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	line := h.partial
+	h.partial = nil
+	if len(line) == 0 || s.ending.Load() {
+		return nil
+	}
+	return s.apply(c, line)
+}
+
+// apply passes each non-blank line of p to c.Handle, stopping at the first
+// that fails. The caller holds c.writeMu.
+func (s *session) apply(c *Ctl, p []byte) error {
 	applied := false
 	defer func() {
 		if applied {
@@ -218,9 +272,9 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 			continue
 		}
 		if err := c.Handle(l); err != nil {
-			return 0, err
+			return err
 		}
 		applied = true
 	}
-	return len(p), nil
+	return nil
 }

@@ -76,14 +76,23 @@ type Text struct {
 
 // Ctl is a file of line commands. A write may carry several lines; each
 // non-blank line is passed to Handle in order, and the write stops at the
-// first line whose Handle fails: that error is the write's error, and the
-// lines before it stay applied. A last line without a newline counts as a
-// line. A successful write reports its full byte count. Writes longer than
-// MaxCtlWrite are refused with ErrTooLarge before any line is applied. Each
-// write must carry whole lines: a line is not carried over from one write
-// message to the next (a v9fs write(2) of up to msize-24 bytes arrives as
-// one message). Truncation (O_TRUNC, a setattr or wstat of size 0) is
-// accepted and does nothing, because shells truncate before they write.
+// first line whose Handle fails: that error is the write's error, the
+// lines before it stay applied, and the rest of that write is dropped.
+//
+// A line may span writes: a last line without a newline is kept by the
+// open file (per fid, from open to clunk) until a later write on that fid
+// brings its newline, since 9pfuse cuts a long write(2) into 4 KiB writes
+// wherever they fall. The error of a line is the error of the write that
+// completes it. At clunk, a kept line is applied as the file's last:
+// under 9P2000.L its error is the Rclunk's, under 9P2000, which cannot
+// report one, it is logged (a Handle may also record it, as shardfs does
+// in events). A connection that ends without a clunk drops a kept line,
+// whose end may never have been sent. A successful write reports its full
+// byte count, kept part included. A write longer than MaxCtlWrite, or a
+// line that grows past MaxCtlWrite across writes, is refused with
+// ErrTooLarge, and the kept part is dropped. Truncation (O_TRUNC, a
+// setattr or wstat of size 0) is accepted and does nothing, because shells
+// truncate before they write.
 //
 // Its mode is rw when Usage is set and w otherwise.
 type Ctl struct {

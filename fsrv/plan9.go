@@ -225,6 +225,18 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 		Wstat: func(_ context.Context, fid *srv9p.Fid, d *plan9.Dir) error {
 			return call("wstat", func() error { return s.wstat(aux(fid).node, d) })
 		},
+		// Clunk applies the line an open Ctl still holds. srv9p has no
+		// way to report its error, so it is logged (the Ctl's handler
+		// may say more, as shardfs does in its events).
+		Clunk: func(fid *srv9p.Fid) {
+			a, _ := fid.Aux().(*plan9Fid)
+			if a == nil || a.h == nil {
+				return
+			}
+			if err := call("clunk", func() error { return s.clunk(a.h) }); err != nil {
+				s.logger().Info("fsrv: the last line of a ctl write failed at clunk", "file", nodeName(a.node), "err", clipEname(err.Error(), 512))
+			}
+		},
 	}
 }
 

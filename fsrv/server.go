@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -285,6 +286,7 @@ func (c *conn) serve() error {
 		log.Debug("fsrv: 9P2000.L session", "msize", neg.msize)
 		attacher := dotlAttacher{c.sess}
 		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
+		st.ending = &c.sess.ending
 		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
 		srv.Handle(st, st)
 	default:
@@ -292,7 +294,7 @@ func (c *conn) serve() error {
 		c.sess.msize.Store(neg.msize)
 		var g gate
 		srv := c.sess.plan9Server(&g, c.s.maxMsize())
-		in := io.MultiReader(bytes.NewReader(neg.first), rest)
+		in := endingReader{io.MultiReader(bytes.NewReader(neg.first), rest), &c.sess.ending}
 		srv.Serve(readWriteCloser{in, c.rwc, c.rwc}, c.rwc)
 		// srv9p returns when its reader fails, without waiting for the
 		// requests it started; wait for their callbacks here.
@@ -301,6 +303,20 @@ func (c *conn) serve() error {
 	}
 	log.Debug("fsrv: connection ended")
 	return nil
+}
+
+// endingReader sets ending when reading fails: srv9p then clunks every fid.
+type endingReader struct {
+	r      io.Reader
+	ending *atomic.Bool
+}
+
+func (e endingReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil {
+		e.ending.Store(true)
+	}
+	return n, err
 }
 
 // readWriteCloser puts a connection back together from parts.

@@ -10,6 +10,9 @@ type session struct {
 	// msize is the negotiated message size, which error strings must fit
 	// (9P2000).
 	msize atomic.Uint32
+	// ending is set once the connection is going away: the clunks that
+	// follow are the engine's cleanup, not the client's.
+	ending atomic.Bool
 }
 
 // plan9Err converts err to a 9P2000 error that fits this session's msize.

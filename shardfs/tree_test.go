@@ -260,11 +260,11 @@ func TestCtl(t *testing.T) {
 	if got := read9(t, fsys, "lease"); !strings.Contains(got, "armed 4\nexpired 0\ngeneration 1\n") || !strings.Contains(got, "remaining 30s\n") {
 		t.Fatalf("lease = %q", got)
 	}
-	err := write9(fsys, "3/ctl", "frob")
+	err := write9(fsys, "3/ctl", "frob\n")
 	if err == nil || !strings.HasPrefix(err.Error(), "invalid argument: ") || !strings.Contains(err.Error(), `"frob": unknown command`) {
 		t.Fatalf("9P2000 frob = %v; want an error starting with invalid argument and naming the word", err)
 	}
-	if err := write9(fsys, "2/ctl", "retry"); err == nil || !strings.HasPrefix(err.Error(), "busy: ") {
+	if err := write9(fsys, "2/ctl", "retry\n"); err == nil || !strings.HasPrefix(err.Error(), "busy: ") {
 		t.Fatalf("9P2000 retry on a stopped shard = %v; want busy: ...", err)
 	}
 	e.clk.Advance(31 * time.Second)
@@ -285,7 +285,7 @@ func TestSendAndDispatch(t *testing.T) {
 	if err := writeL(t, root, "1/send", "not json\n"); !errors.Is(err, linux.EINVAL) {
 		t.Fatalf("send of non-JSON = %v; want EINVAL", err)
 	}
-	big := `{"op":3,"d":"` + strings.Repeat("x", 5000) + `"}`
+	big := `{"op":3,"d":"` + strings.Repeat("x", 5000) + `"}` + "\n"
 	if err := writeL(t, root, "1/send", big); !errors.Is(err, linux.EFBIG) {
 		t.Fatalf("send of 5 KB = %v; want EFBIG", err)
 	}
