@@ -369,6 +369,8 @@ type dotlStream struct {
 	rwc      io.ReadWriteCloser
 	r        *bufio.Reader
 	maxMsize uint32
+	t        *tracker  // requests in flight and fids, bounded
+	wd       *watchdog // bounds the time inside one frame; nil: none
 
 	// Read state; p9 reads from one goroutine at a time.
 	msize     uint32 // frames larger than this are refused
@@ -388,13 +390,10 @@ type dotlStream struct {
 	// attachQID resolves the aname of a Tattach (dotlAttacher.attachQID).
 	attachQID func(aname string) (p9.QID, error)
 
-	// fmu guards the tags p9 has not answered yet (true for a Tflush), the
-	// Tflushes to answer after each, and the QIDs to put in the Rattach of
-	// each Tattach with an aname.
-	fmu         sync.Mutex
-	outstanding map[uint16]bool
-	flushes     map[uint16][]uint16
-	attaches    map[uint16]p9.QID
+	// amu guards the QIDs to put in the Rattach of each Tattach with an
+	// aname.
+	amu      sync.Mutex
+	attaches map[uint16]p9.QID
 }
 
 const (
@@ -413,17 +412,18 @@ const (
 	maxAttachFrame = 4096
 )
 
-func newDotlStream(rwc io.ReadWriteCloser, first []byte, msize, maxMsize uint32, attachQID func(string) (p9.QID, error)) *dotlStream {
+func newDotlStream(rwc io.ReadWriteCloser, t *tracker, first []byte, msize, maxMsize uint32, attachQID func(string) (p9.QID, error)) *dotlStream {
+	// The Tversion replayed from the sniffer is in flight like any other.
+	t.start(frameTag(first), request{typ: msgTversion})
 	return &dotlStream{
-		rwc:         rwc,
-		r:           bufio.NewReaderSize(rwc, 64<<10),
-		maxMsize:    maxMsize,
-		msize:       msize,
-		pend:        first,
-		attachQID:   attachQID,
-		outstanding: make(map[uint16]bool),
-		flushes:     make(map[uint16][]uint16),
-		attaches:    make(map[uint16]p9.QID),
+		rwc:       rwc,
+		r:         bufio.NewReaderSize(rwc, 64<<10),
+		maxMsize:  maxMsize,
+		t:         t,
+		msize:     msize,
+		pend:      first,
+		attachQID: attachQID,
+		attaches:  make(map[uint16]p9.QID),
 	}
 }
 
@@ -431,6 +431,11 @@ func newDotlStream(rwc io.ReadWriteCloser, first []byte, msize, maxMsize uint32,
 func (s *dotlStream) Read(p []byte) (int, error) {
 	for len(s.pend) == 0 && s.remaining == 0 {
 		if err := s.nextFrame(); err != nil {
+			// p9 closes the connection only once every request in its
+			// hands is answered; a client that broke the protocol is
+			// dropped now.
+			s.t.close()
+			s.rwc.Close()
 			return 0, err
 		}
 	}
@@ -441,17 +446,41 @@ func (s *dotlStream) Read(p []byte) (int, error) {
 	}
 	n, err := s.r.Read(p[:min(len(p), s.remaining)])
 	s.remaining -= n
+	if s.remaining == 0 {
+		s.wd.disarm()
+	}
 	if err == io.EOF && s.remaining > 0 {
 		err = io.ErrUnexpectedEOF
 	}
 	return n, err
 }
 
+// startFrame waits until the connection may have one more request in
+// flight and the next frame begins, then arms the watchdog unless the
+// whole frame is already here. It returns the frame's header.
+func startFrame(r *bufio.Reader, t *tracker, wd *watchdog) (hdr [headerSize]byte, err error) {
+	if !t.wait() {
+		return hdr, errConnClosed
+	}
+	// Between messages a connection may idle as long as it likes.
+	if _, err := r.Peek(1); err != nil {
+		return hdr, err
+	}
+	if b, _ := r.Peek(r.Buffered()); len(b) < 4 || len(b) < int(binary.LittleEndian.Uint32(b)) {
+		wd.arm()
+	}
+	_, err = io.ReadFull(r, hdr[:])
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return hdr, err
+}
+
 // nextFrame reads the next frame header and either queues the frame for p9
 // or handles it here.
 func (s *dotlStream) nextFrame() error {
-	var hdr [headerSize]byte
-	if _, err := io.ReadFull(s.r, hdr[:]); err != nil {
+	hdr, err := startFrame(s.r, s.t, s.wd)
+	if err != nil {
 		return err
 	}
 	size := binary.LittleEndian.Uint32(hdr[:])
@@ -460,6 +489,13 @@ func (s *dotlStream) nextFrame() error {
 		return fmt.Errorf("%w: size %d, msize %d", errFrame, size, s.msize)
 	}
 	body := int(size) - headerSize
+	// Frames handled here are read whole: the watchdog's work is done.
+	defer func() {
+		if s.remaining == 0 {
+			s.wd.disarm()
+		}
+	}()
+	var req request
 	switch {
 	case typ == msgTauth:
 		if _, err := s.r.Discard(body); err != nil {
@@ -480,6 +516,9 @@ func (s *dotlStream) nextFrame() error {
 		if err != nil {
 			return s.inject(rlerror(tag, errno(err)))
 		}
+		if err := s.t.start(tag, request{typ: typ}); err != nil {
+			return err
+		}
 		s.msize = min(t.msize, s.maxMsize)
 		s.pend = versionFrame(msgTversion, t.tag, s.msize, t.version)
 		return nil
@@ -496,6 +535,7 @@ func (s *dotlStream) nextFrame() error {
 			}
 			return s.inject(rlerror(tag, errno(fs.ErrInvalid)))
 		}
+		req.typ = typ
 	case typ == msgTflush:
 		// Every Tflush is answered here: one that reached hugelgupf/p9 and
 		// named its own tag would wait for itself forever. Bytes after the
@@ -530,21 +570,41 @@ func (s *dotlStream) nextFrame() error {
 		} else {
 			ok = false
 		}
-		s.fmu.Lock()
-		s.outstanding[tag] = false
-		if ok {
-			s.attaches[tag] = qid
+		if err := s.start(tag, parseRequest(typ, frame[headerSize:], true)); err != nil {
+			return err
 		}
-		s.fmu.Unlock()
+		if ok {
+			s.amu.Lock()
+			s.attaches[tag] = qid
+			s.amu.Unlock()
+		}
 		s.pend = frame // p9 replies, errors included
 		return nil
+	default:
+		b, err := s.r.Peek(min(body, fidPrefix))
+		if err != nil {
+			return err
+		}
+		req = parseRequest(typ, b, true)
 	}
-	s.fmu.Lock()
-	s.outstanding[tag] = false
-	s.fmu.Unlock()
+	if err := s.start(tag, req); err != nil {
+		if !errors.Is(err, errTooManyFids) {
+			return err
+		}
+		if _, err := s.r.Discard(body); err != nil {
+			return err
+		}
+		return s.inject(rlerror(tag, errno(err)))
+	}
 	s.pend = append(s.pend[:0], hdr[:]...)
 	s.remaining = body
 	return nil
+}
+
+// start records a request handed to p9; a tag already in flight ends the
+// connection.
+func (s *dotlStream) start(tag uint16, r request) error {
+	return s.t.start(tag, r)
 }
 
 // attachName returns the aname of a whole Tattach frame: fid[4] afid[4]
@@ -571,10 +631,10 @@ func attachName(frame []byte) (string, bool) {
 // tag, if the Tattach had an aname; any reply to tag ends the wait.
 func (s *dotlStream) fixAttach(frame []byte) {
 	tag := frameTag(frame)
-	s.fmu.Lock()
+	s.amu.Lock()
 	q, ok := s.attaches[tag]
 	delete(s.attaches, tag)
-	s.fmu.Unlock()
+	s.amu.Unlock()
 	if !ok || frame[4] != msgRattach || len(frame) < headerSize+13 {
 		return
 	}
@@ -587,46 +647,15 @@ func (s *dotlStream) fixAttach(frame []byte) {
 // flush answers Tflush tag: after the reply to oldtag if that request is
 // still in p9's hands, at once otherwise.
 func (s *dotlStream) flush(tag, oldtag uint16) error {
-	s.fmu.Lock()
-	isFlush, pending := s.outstanding[oldtag]
-	if pending && !isFlush && oldtag != tag {
-		s.outstanding[tag] = true
-		s.flushes[oldtag] = append(s.flushes[oldtag], tag)
-		s.fmu.Unlock()
-		return nil
+	later, err := s.t.startFlush(tag, oldtag)
+	if err != nil || later {
+		return err
 	}
-	s.fmu.Unlock()
 	return s.inject(finish(newFrame(msgRflush, tag)))
-}
-
-// replied notes that p9 answered tag and returns the Rflush frames that
-// were waiting for it.
-func (s *dotlStream) replied(tag uint16) []byte {
-	s.fmu.Lock()
-	defer s.fmu.Unlock()
-	if isFlush, ok := s.outstanding[tag]; !ok || isFlush {
-		return nil
-	}
-	delete(s.outstanding, tag)
-	var out []byte
-	for _, f := range s.flushes[tag] {
-		delete(s.outstanding, f)
-		out = append(out, finish(newFrame(msgRflush, f))...)
-	}
-	delete(s.flushes, tag)
-	return out
 }
 
 // errUndecodable ends a connection that sent a request p9 could not decode.
 var errUndecodable = fmt.Errorf("%w: a request that could not be decoded", errFrame)
-
-// pending reports whether p9 has a request with tag to answer.
-func (s *dotlStream) pending(tag uint16) bool {
-	s.fmu.Lock()
-	defer s.fmu.Unlock()
-	isFlush, ok := s.outstanding[tag]
-	return ok && !isFlush
-}
 
 // inject writes a whole frame between p9's frames.
 func (s *dotlStream) inject(frame []byte) error {
@@ -651,16 +680,21 @@ func (s *dotlStream) Write(p []byte) (int, error) {
 			break
 		}
 		frame := s.wbuf[:size]
-		if frameTag(frame) == noTag && frame[4] == msgRlerror && !s.pending(noTag) {
+		if frameTag(frame) == noTag && frame[4] == msgRlerror && !s.t.pending(noTag) {
 			// p9 could not decode a request and answered NOTAG; the
 			// request's own tag will never get a reply, so the client
 			// would wait forever. End the connection instead.
+			s.t.close()
 			s.rwc.Close()
 			return 0, errUndecodable
 		}
 		s.fixAttach(frame)
-		if flushes := s.replied(frameTag(frame)); flushes != nil {
-			frame = append(frame, flushes...)
+		if flushes := s.t.finish(frame); len(flushes) > 0 {
+			// A copy: the bytes after frame in wbuf are the next frame's.
+			frame = frame[:len(frame):len(frame)]
+			for _, f := range flushes {
+				frame = append(frame, finish(newFrame(msgRflush, f))...)
+			}
 		}
 		if _, err := s.rwc.Write(frame); err != nil {
 			return 0, err

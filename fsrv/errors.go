@@ -48,12 +48,13 @@ var (
 	kindBusy     = errKind{ErrBusy, linux.EBUSY, "busy", "Device or resource busy", false}
 	kindTooLarge = errKind{ErrTooLarge, linux.EFBIG, "invalid argument", "Invalid argument", true}
 	kindNotDir   = errKind{errNotDir, linux.ENOTDIR, "not a directory", "Not a directory", false}
+	kindTooMany  = errKind{errTooManyFids, linux.EMFILE, "too many open files", "Too many open files", false}
 	kindIO       = errKind{nil, linux.EIO, "i/o error", "i/o error", false}
 )
 
 // classify finds the kind of err; the first sentinel it wraps wins.
 func classify(err error) errKind {
-	for _, k := range []errKind{kindTooLarge, kindBusy, kindInvalid, kindPerm, kindNotExist, kindNotDir} {
+	for _, k := range []errKind{kindTooLarge, kindBusy, kindInvalid, kindPerm, kindNotExist, kindNotDir, kindTooMany} {
 		if errors.Is(err, k.sentinel) {
 			return k
 		}

@@ -2,7 +2,6 @@ package fsrv
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,11 +41,32 @@ type Server struct {
 	// DefaultMaxMsize. Values below MinMsize are raised to it.
 	MaxMsize uint32
 
+	// MaxConns caps the connections Serve serves at once, over all its
+	// listeners. Past it a new connection is closed at once, and the
+	// refusals are logged at most once a minute. Zero means
+	// DefaultMaxConns. ServeConn's connections are not counted.
+	MaxConns int
+
+	// MessageTimeout bounds the time from the first byte of a message
+	// to its last; a connection that stalls inside a message longer is
+	// closed, so that half a message holds nothing forever. Between
+	// messages a connection may idle as long as it likes. Zero means
+	// DefaultMessageTimeout.
+	MessageTimeout time.Duration
+
+	// testTracker, if set, is given each connection's tracker;
+	// testReleased is called when Serve gives a connection's place back.
+	testTracker  func(*tracker)
+	testReleased func()
+
 	mu        sync.Mutex
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	active    sync.WaitGroup // ServeConn calls in progress
+	accepted  int            // connections Serve is serving, for MaxConns
+	refused   int            // connections refused since the last log line
+	refusedAt time.Time      // when that line was logged
 }
 
 // Connections returns the number of connections being served.
@@ -77,6 +96,48 @@ func (s *Server) maxMsize() uint32 {
 		return MinMsize
 	}
 	return s.MaxMsize
+}
+
+func (s *Server) maxConns() int {
+	if s.MaxConns <= 0 {
+		return DefaultMaxConns
+	}
+	return s.MaxConns
+}
+
+func (s *Server) messageTimeout() time.Duration {
+	if s.MessageTimeout <= 0 {
+		return DefaultMessageTimeout
+	}
+	return s.MessageTimeout
+}
+
+// admit takes one of MaxConns for a connection Serve accepted. When there
+// is none it logs the refusal, at most once a minute with how many there
+// were, and reports false.
+func (s *Server) admit(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.accepted < s.maxConns() {
+		s.accepted++
+		return true
+	}
+	s.refused++
+	if now := s.now(); s.refusedAt.IsZero() || now.Sub(s.refusedAt) >= time.Minute {
+		s.logger().Warn("fsrv: connections refused: at the limit", "max_conns", s.maxConns(), "refused", s.refused, "last", c.RemoteAddr().String())
+		s.refused = 0
+		s.refusedAt = now
+	}
+	return false
+}
+
+func (s *Server) release() {
+	s.mu.Lock()
+	s.accepted--
+	s.mu.Unlock()
+	if s.testReleased != nil {
+		s.testReleased()
+	}
 }
 
 func (s *Server) versionTimeout() time.Duration {
@@ -140,7 +201,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return err
 		}
 		delay = 0
+		if !s.admit(c) {
+			c.Close()
+			continue
+		}
 		wg.Go(func() {
+			defer s.release()
 			if err := s.serveConn(ctx, c, ro); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
@@ -202,7 +268,10 @@ func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool)
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
 	}
-	c := &conn{s: s, sess: &session{Server: s, ro: ro}, rwc: rwc}
+	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc}
+	if s.testTracker != nil {
+		s.testTracker(c.t)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -231,13 +300,17 @@ func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool)
 type conn struct {
 	s    *Server
 	sess *session
+	t    *tracker
 	rwc  io.ReadWriteCloser
 
 	closeOnce sync.Once
 }
 
 func (c *conn) close() {
-	c.closeOnce.Do(func() { c.rwc.Close() })
+	c.closeOnce.Do(func() {
+		c.t.close()
+		c.rwc.Close()
+	})
 }
 
 func (c *conn) remote() string {
@@ -281,12 +354,18 @@ func (c *conn) serve() error {
 
 	// Bytes the sniffer read ahead belong to the engine.
 	rest := io.MultiReader(io.LimitReader(br, int64(br.Buffered())), c.rwc)
+	wd := &watchdog{timeout: c.s.messageTimeout(), close: c.close}
+	if hasDeadline {
+		wd.d = d
+	}
+	defer wd.disarm()
 	switch neg.dialect {
 	case dialectDotL:
 		log.Debug("fsrv: 9P2000.L session", "msize", neg.msize)
 		attacher := dotlAttacher{c.sess}
-		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
+		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, c.t, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
 		st.ending = &c.sess.ending
+		st.wd = wd
 		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
 		srv.Handle(st, st)
 	default:
@@ -294,8 +373,9 @@ func (c *conn) serve() error {
 		c.sess.msize.Store(neg.msize)
 		var g gate
 		srv := c.sess.plan9Server(&g, c.s.maxMsize())
-		in := endingReader{io.MultiReader(bytes.NewReader(neg.first), rest), &c.sess.ending}
-		srv.Serve(readWriteCloser{in, c.rwc, c.rwc}, c.rwc)
+		st := newPlan9Stream(rest, c.rwc, c.rwc, c.t, c.sess, neg.first)
+		st.wd = wd
+		srv.Serve(st, st)
 		// srv9p returns when its reader fails, without waiting for the
 		// requests it started; wait for their callbacks here.
 		c.close()
@@ -303,20 +383,6 @@ func (c *conn) serve() error {
 	}
 	log.Debug("fsrv: connection ended")
 	return nil
-}
-
-// endingReader sets ending when reading fails: srv9p then clunks every fid.
-type endingReader struct {
-	r      io.Reader
-	ending *atomic.Bool
-}
-
-func (e endingReader) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	if err != nil {
-		e.ending.Store(true)
-	}
-	return n, err
 }
 
 // readWriteCloser puts a connection back together from parts.

@@ -34,6 +34,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	debug := fl.Bool("debug", false, "log at debug level")
 	var listens listenFlag
 	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro)")
+	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -105,6 +106,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		closeListeners(ls)
 		return err
 	}
+	sup.Server.MaxConns = *maxConns
 	if limit != nil && flavor == core.Discord {
 		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
 	}

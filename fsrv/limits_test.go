@@ -1,0 +1,400 @@
+package fsrv
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"9fans.net/go/plan9"
+	"github.com/hugelgupf/p9/linux"
+)
+
+// rawSession speaks one dialect over c by hand: requests are written as
+// transcript lines (9P2000.L) or Fcalls (9P2000), replies read with a
+// bound and returned as text.
+type rawSession struct {
+	t    *testing.T
+	c    net.Conn
+	dotl bool
+}
+
+func (r *rawSession) frame(line string) []byte {
+	r.t.Helper()
+	if r.dotl {
+		return dotlFrame(r.t, line)
+	}
+	f, err := parsePlan9(line)
+	if err != nil {
+		r.t.Fatalf("%s: %v", line, err)
+	}
+	b, err := f.Bytes()
+	if err != nil {
+		r.t.Fatalf("%s: %v", line, err)
+	}
+	return b
+}
+
+func (r *rawSession) reply() string {
+	r.t.Helper()
+	r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := readFrame(r.c, 1<<24)
+	if err != nil {
+		r.t.Fatalf("reading a reply: %v", err)
+	}
+	if r.dotl {
+		m, err := decodeDotL(b, func(uint64) uint64 { return 0 })
+		if err != nil {
+			r.t.Fatalf("undecodable %x: %v", b, err)
+		}
+		return m.String()
+	}
+	f, err := plan9.UnmarshalFcall(b)
+	if err != nil {
+		r.t.Fatalf("undecodable %x: %v", b, err)
+	}
+	return f.String()
+}
+
+// rpc sends line and returns the reply.
+func (r *rawSession) rpc(line string) string {
+	r.t.Helper()
+	if _, err := r.c.Write(r.frame(line)); err != nil {
+		r.t.Fatalf("%s: %v", line, err)
+	}
+	return r.reply()
+}
+
+// start negotiates msize and attaches fid 1 at the root.
+func (r *rawSession) start(msize int) {
+	r.t.Helper()
+	if r.dotl {
+		r.rpc(fmt.Sprintf("Tversion tag NOTAG msize %d version 9P2000.L", msize))
+		r.rpc("Tattach tag 1 fid 1 afid NOFID uname root aname '' nuname 0")
+	} else {
+		r.rpc(fmt.Sprintf("Tversion tag 65535 msize %d version 9P2000", msize))
+		r.rpc("Tattach tag 1 fid 1 afid NOFID uname glenda aname ''")
+	}
+}
+
+// walk is a Twalk line from fid to newfid through names.
+func (r *rawSession) walk(tag uint16, fid, newfid uint32, names ...string) string {
+	if r.dotl {
+		return fmt.Sprintf("Twalk tag %d fid %d newfid %d wname [%s]", tag, fid, newfid, strings.Join(names, " "))
+	}
+	line := fmt.Sprintf("Twalk tag %d fid %d newfid %d", tag, fid, newfid)
+	if len(names) > 0 {
+		line += " wname " + strings.Join(names, " ")
+	}
+	return line
+}
+
+func (r *rawSession) open(tag uint16, fid uint32) string {
+	if r.dotl {
+		return fmt.Sprintf("Tlopen tag %d fid %d flags O_RDONLY", tag, fid)
+	}
+	return fmt.Sprintf("Topen tag %d fid %d mode OREAD", tag, fid)
+}
+
+var dialects = []struct {
+	name string
+	dotl bool
+}{{"9P2000.L", true}, {"9P2000", false}}
+
+// heapInUse is the heap the process holds after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC() // the second empties sync.Pools of what the first kept
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// rss is the process's resident set, from /proc (0 where there is none).
+func rss() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			var kb uint64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// TestReadFlood: 20,000 Treads of 262,000 bytes that the client never
+// collects. The server stops reading the connection at MaxRequests in
+// flight, so the flood holds about 64 reads' buffers, not 20,000; other
+// connections are served meanwhile, and once the client reads, every
+// request is answered.
+func TestReadFlood(t *testing.T) {
+	const (
+		n     = 20000
+		count = 262000
+		msize = 256 << 10
+	)
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			fx := newFixture()
+			for i := range 20 {
+				fx.appendEvent(fmt.Sprintf("ts=%d event=ready\n", i))
+			}
+			srv := fx.server(t)
+			srv.MaxMsize = msize
+			stalled := make(chan *tracker, 1)
+			srv.testTracker = func(tr *tracker) {
+				tr.onStall = func() {
+					select {
+					case stalled <- tr:
+					default:
+					}
+				}
+			}
+			addr := listen(t, srv)
+			c := pipe(t, srv)
+			r := &rawSession{t: t, c: c, dotl: d.dotl}
+			r.start(msize)
+			r.rpc(r.walk(1, 1, 2, "events"))
+			r.rpc(r.open(1, 2))
+
+			before, rssBefore := heapInUse(), rss()
+			var written atomic.Int64
+			flood := make(chan error, 1)
+			go func() {
+				for i := range n {
+					tag := uint16(i % 60000)
+					line := fmt.Sprintf("Tread tag %d fid 2 offset 0 count %d", tag, count)
+					if _, err := c.Write(r.frame(line)); err != nil {
+						flood <- err
+						return
+					}
+					written.Add(1)
+				}
+				flood <- nil
+			}()
+			tr := <-stalled
+			during, rssDuring := heapInUse(), rss()
+			if got := tr.inFlight(); got != MaxRequests {
+				t.Errorf("in flight while stalled = %d; want %d", got, MaxRequests)
+			}
+			if w := written.Load(); w > MaxRequests+2 {
+				t.Errorf("the server read %d requests of a client that collects no reply; want about %d", w, MaxRequests)
+			}
+			grew := int64(during) - int64(before)
+			t.Logf("%s: %d Treads of %d bytes uncollected: heap in use %.1f MB -> %.1f MB (+%.1f MB), RSS %.1f MB -> %.1f MB",
+				d.name, n, count, mb(before), mb(during), float64(grew)/1e6, mb(rssBefore), mb(rssDuring))
+			if limit := int64(3 * MaxRequests * msize); grew > limit {
+				t.Errorf("heap grew %d bytes during the flood; want under %d (%d requests of %d bytes)", grew, limit, MaxRequests, msize)
+			}
+
+			stillServes(t, addr)
+
+			// The client collects: every request is answered.
+			for i := range n {
+				got := r.reply()
+				if !strings.HasPrefix(got, "Rread") {
+					t.Fatalf("reply %d = %s; want Rread", i, got)
+				}
+			}
+			if err := <-flood; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func mb(b uint64) float64 { return float64(b) / 1e6 }
+
+// TestFidLimit: a connection may hold MaxFids fids; a walk to one more is
+// refused with EMFILE ("too many open files: ...") and the connection
+// stays usable: after a clunk the walk succeeds.
+func TestFidLimit(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			r := &rawSession{t: t, c: rawConn(t, addr), dotl: d.dotl}
+			r.start(8192)
+			// fid 1 is the attach; 2 .. MaxFids make MaxFids, in batches
+			// of 32 requests in flight.
+			var batch bytes.Buffer
+			inBatch := 0
+			for fid := uint32(2); fid <= MaxFids; fid++ {
+				batch.Write(r.frame(r.walk(uint16(fid%32), 1, fid)))
+				inBatch++
+				if inBatch == 32 || fid == MaxFids {
+					r.c.Write(batch.Bytes())
+					batch.Reset()
+					for ; inBatch > 0; inBatch-- {
+						if got := r.reply(); !strings.HasPrefix(got, "Rwalk") {
+							t.Fatalf("walks to fids up to %d: %s; want Rwalk", fid, got)
+						}
+					}
+				}
+			}
+			got := r.rpc(r.walk(3, 1, MaxFids+1))
+			want := "Rerror tag 3 ename too many open files: the limit is 4096 fids per connection"
+			if d.dotl {
+				want = "Rlerror tag 3 ecode " + fmt.Sprint(uint32(linux.EMFILE))
+			}
+			if got != want {
+				t.Errorf("walk to fid %d: %s; want %s", MaxFids+1, got, want)
+			}
+			// A walk of a fid onto itself makes none.
+			if got := r.rpc(r.walk(4, 7, 7)); !strings.HasPrefix(got, "Rwalk tag 4") {
+				t.Errorf("walk of fid 7 onto itself: %s; want Rwalk", got)
+			}
+			r.rpc(fmt.Sprintf("Tclunk tag 5 fid %d", 7))
+			if got := r.rpc(r.walk(6, 1, MaxFids+1, "status")); !strings.HasPrefix(got, "Rwalk tag 6") {
+				t.Errorf("after a clunk, walk to fid %d: %s; want Rwalk", MaxFids+1, got)
+			}
+			stillServes(t, addr)
+		})
+	}
+}
+
+// TestDuplicateTag: a tag reused while its request is in flight ends the
+// connection (the replies could not be told apart, nor counted); others
+// go on.
+func TestDuplicateTag(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			entered, release := make(chan struct{}, 1), make(chan struct{})
+			slow := &Ctl{Name: "slow", Handle: func(string) error {
+				entered <- struct{}{}
+				<-release
+				return nil
+			}}
+			srv := &Server{Root: NewDir("", slow, &Text{Name: "status", Content: func() []byte { return []byte("READY\n") }}), Logger: testLogger(t)}
+			addr := listen(t, srv)
+			r := &rawSession{t: t, c: rawConn(t, addr), dotl: d.dotl}
+			r.start(8192)
+			r.rpc(r.walk(1, 1, 2, "slow"))
+			if d.dotl {
+				r.rpc("Tlopen tag 1 fid 2 flags O_WRONLY")
+			} else {
+				r.rpc("Topen tag 1 fid 2 mode OWRITE")
+			}
+			write := `Twrite tag 9 fid 2 offset 0 data "x\n"`
+			r.c.Write(r.frame(write))
+			<-entered
+			r.c.Write(r.frame(write))
+			got := replyAndHangup(t, r.c)
+			close(release)
+			if len(got) != 0 {
+				t.Errorf("reply %x; want none and the connection closed", got)
+			}
+			stillServes9(t, addr)
+		})
+	}
+}
+
+// stillServes9 is stillServes for a tree without the fixture's files.
+func stillServes9(t *testing.T, addr string) {
+	t.Helper()
+	if _, err := dial9(t, addr).Stat("status"); err != nil {
+		t.Fatalf("after bad input, 9P2000 Stat(status) = %v", err)
+	}
+}
+
+// TestStalledMessage: a connection that sends half a message and stalls
+// is closed after MessageTimeout; one that idles between messages is not
+// (every other test idles between messages), and others are served.
+func TestStalledMessage(t *testing.T) {
+	fx := newFixture()
+	srv := fx.server(t)
+	srv.MessageTimeout = 50 * time.Millisecond
+	addr := listen(t, srv)
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			r := &rawSession{t: t, c: rawConn(t, addr), dotl: d.dotl}
+			r.start(8192)
+			f := r.frame(r.walk(1, 1, 2, "status"))
+			r.c.Write(f[:len(f)-3])
+			if got := replyAndHangup(t, r.c); len(got) != 0 {
+				t.Errorf("reply = %x; want none and the connection closed", got)
+			}
+			stillServes(t, addr)
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from the server's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestMaxConns: past Server.MaxConns a new connection is closed at once,
+// the refusals are logged at most once a minute, the connections served
+// are not disturbed, and a place given back is taken again.
+func TestMaxConns(t *testing.T) {
+	fx := newFixture()
+	var logs syncBuffer
+	srv := &Server{Root: fx.root, Clock: fx.clock, Logger: slog.New(slog.NewTextHandler(&logs, nil)), MaxConns: 2}
+	released := make(chan struct{}, 10)
+	srv.testReleased = func() { released <- struct{}{} }
+	addr := listen(t, srv)
+
+	var served []*rawSession
+	for range 2 {
+		r := &rawSession{t: t, c: rawConn(t, addr), dotl: true}
+		r.start(8192)
+		served = append(served, r)
+	}
+	refusedNow := func() {
+		t.Helper()
+		c := rawConn(t, addr)
+		c.Write(versionFrame(msgTversion, noTag, 8192, "9P2000.L"))
+		if got := replyAndHangup(t, c); len(got) != 0 {
+			t.Errorf("connection past the cap: reply %x; want none and the connection closed", got)
+		}
+	}
+	refusedNow()
+	refusedNow()
+	if n := strings.Count(logs.String(), "connections refused"); n != 1 {
+		t.Errorf("after two refusals, %d log lines; want 1:\n%s", n, logs.String())
+	}
+	fx.clock.Advance(time.Minute)
+	refusedNow()
+	if n := strings.Count(logs.String(), "connections refused"); n != 2 || !strings.Contains(logs.String(), "refused=2") {
+		t.Errorf("a minute later, %d log lines; want 2, the second counting 2 refusals:\n%s", n, logs.String())
+	}
+	// The two served are untouched.
+	for i, r := range served {
+		if got := r.rpc("Twalk tag 1 fid 1 newfid 2 wname [status]"); !strings.HasPrefix(got, "Rwalk tag 1") {
+			t.Errorf("served connection %d: %s; want Rwalk", i, got)
+		}
+	}
+	served[0].c.Close()
+	<-released
+	r := &rawSession{t: t, c: rawConn(t, addr), dotl: false}
+	r.start(8192)
+	if got := r.rpc("Twalk tag 1 fid 1 newfid 2 wname status"); !strings.HasPrefix(got, "Rwalk tag 1") {
+		t.Errorf("after a connection left, a new one: %s; want Rwalk", got)
+	}
+}
