@@ -66,8 +66,10 @@
 // new connection is closed at once and the refusals are logged at most
 // once a minute. The wait for Tversion is bounded (VersionTimeout), and
 // so is the time from the first byte of any message to its last
-// (MessageTimeout, 30 s): a connection that sends half a message and
-// stalls is closed. Between messages a connection may idle for ever.
+// (MessageTimeout, 30 s) in both directions: a connection that sends
+// half a message and stalls, or leaves a reply untaken that long, is
+// closed. Between messages a connection may idle for ever. A 9P2000
+// Tversion inside a session is held to MinMsize like the first.
 //
 // # Listening
 //

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 )
@@ -274,4 +275,28 @@ func (w *watchdog) disarm() {
 		return
 	}
 	w.timer.Stop()
+}
+
+// replyWriter writes a connection's replies. A reply the client does not
+// take within the timeout, or any failed write, ends the connection: a
+// client that sends requests and never reads the replies would otherwise
+// hold MaxRequests replies and their buffers for ever.
+type replyWriter struct {
+	w       io.Writer
+	d       writeDeadliner // nil: writes are not bounded
+	timeout time.Duration
+	fail    func()
+}
+
+type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
+
+func (r *replyWriter) Write(b []byte) (int, error) {
+	if r.d != nil {
+		r.d.SetWriteDeadline(time.Now().Add(r.timeout))
+	}
+	n, err := r.w.Write(b)
+	if err != nil {
+		r.fail()
+	}
+	return n, err
 }

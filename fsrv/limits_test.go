@@ -398,3 +398,68 @@ func TestMaxConns(t *testing.T) {
 		t.Errorf("after a connection left, a new one: %s; want Rwalk", got)
 	}
 }
+
+// TestUncollectedReplies: a client that sends requests and never reads a
+// reply is dropped once a reply has waited MessageTimeout for it, and
+// what its requests held is given back.
+func TestUncollectedReplies(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			fx := newFixture()
+			srv := fx.server(t)
+			srv.MessageTimeout = 50 * time.Millisecond
+			addr := listen(t, srv)
+			client, server := net.Pipe()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				srv.ServeConn(t.Context(), server)
+			}()
+			defer client.Close()
+			r := &rawSession{t: t, c: client, dotl: d.dotl}
+			r.start(8192)
+			r.rpc(r.walk(1, 1, 2, "status"))
+			r.rpc(r.open(1, 2))
+			// The pipe holds nothing: the first reply already waits.
+			for i := range MaxRequests {
+				if _, err := client.Write(r.frame(fmt.Sprintf("Tread tag %d fid 2 offset 0 count 100", i))); err != nil {
+					break // dropped already
+				}
+			}
+			<-done // ServeConn returns: the connection is closed, its requests done
+			stillServes(t, addr)
+		})
+	}
+}
+
+// TestPlan9VersionInSession: a 9P2000 Tversion inside a session lowers
+// the msize that error strings are clipped to, and one below MinMsize is
+// refused and ends the connection, as the first one would be (srv9p
+// would take it and then drop every reply larger than it).
+func TestPlan9VersionInSession(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	r := &rawSession{t: t, c: rawConn(t, addr)}
+	r.c.SetDeadline(time.Now().Add(10 * time.Second))
+	r.start(8192)
+	if got := r.rpc("Tversion tag 65535 msize 300 version 9P2000"); got != "Rversion tag 65535 msize 300 version '9P2000'" {
+		t.Fatalf("Tversion 300: %s", got)
+	}
+	r.start(300)
+	r.rpc(r.walk(1, 1, 2, "ctl"))
+	r.rpc("Topen tag 1 fid 2 mode OWRITE")
+	r.c.Write(r.frame(`Twrite tag 1 fid 2 offset 0 data "` + strings.Repeat("x", 270) + `\n"`))
+	f, err := plan9.ReadFcall(r.c)
+	if b, _ := f.Bytes(); err != nil || f.Type != plan9.Rerror || len(b) > 300 || !strings.HasPrefix(f.Ename, "invalid argument: unknown command") {
+		t.Errorf("long command at msize 300: %v, %v; want an Rerror that fits", f, err)
+	}
+	r.c.Write(r.frame("Tversion tag 65535 msize 100 version 9P2000"))
+	f, err = plan9.ReadFcall(r.c)
+	if err != nil || f.Type != plan9.Rerror || f.Ename != "invalid argument: msize 100 is below the minimum 256" {
+		t.Errorf("Tversion 100: %v, %v; want Rerror msize below the minimum", f, err)
+	}
+	if got := replyAndHangup(t, r.c); len(got) != 0 {
+		t.Errorf("then %x; want the connection closed", got)
+	}
+	stillServes(t, addr)
+}

@@ -48,10 +48,11 @@ type Server struct {
 	MaxConns int
 
 	// MessageTimeout bounds the time from the first byte of a message
-	// to its last; a connection that stalls inside a message longer is
-	// closed, so that half a message holds nothing forever. Between
-	// messages a connection may idle as long as it likes. Zero means
-	// DefaultMessageTimeout.
+	// to its last, in both directions: a connection that stalls inside a
+	// request longer, or does not take a reply within it, is closed, so
+	// that half a message or replies never read hold nothing forever.
+	// Between messages a connection may idle as long as it likes. Zero
+	// means DefaultMessageTimeout.
 	MessageTimeout time.Duration
 
 	// testTracker, if set, is given each connection's tracker;
@@ -359,11 +360,15 @@ func (c *conn) serve() error {
 		wd.d = d
 	}
 	defer wd.disarm()
+	out := &replyWriter{w: c.rwc, timeout: c.s.messageTimeout(), fail: c.close}
+	if wdl, ok := c.rwc.(writeDeadliner); ok {
+		out.d = wdl
+	}
 	switch neg.dialect {
 	case dialectDotL:
 		log.Debug("fsrv: 9P2000.L session", "msize", neg.msize)
 		attacher := dotlAttacher{c.sess}
-		st := newDotlStream(readWriteCloser{rest, c.rwc, c.rwc}, c.t, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
+		st := newDotlStream(readWriteCloser{rest, out, c.rwc}, c.t, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
 		st.ending = &c.sess.ending
 		st.wd = wd
 		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
@@ -373,7 +378,7 @@ func (c *conn) serve() error {
 		c.sess.msize.Store(neg.msize)
 		var g gate
 		srv := c.sess.plan9Server(&g, c.s.maxMsize())
-		st := newPlan9Stream(rest, c.rwc, c.rwc, c.t, c.sess, neg.first)
+		st := newPlan9Stream(rest, out, c.rwc, c.t, c.sess, neg.first)
 		st.wd = wd
 		srv.Serve(st, st)
 		// srv9p returns when its reader fails, without waiting for the
