@@ -6,11 +6,11 @@
 // A tree is built from four kinds of Node: a *Dir lists its entries through
 // a callback at walk and listing time, so entries come and go; a *Text
 // computes its content at open and keeps it for that open; a *Ctl applies
-// the lines written to it, one command each, keeping a line cut between
-// two writes until its newline or the clunk (see Ctl); a *Log reads an
-// append-only LogSource by absolute offset. Permissions do not depend on the user:
-// directories are r-x, Text and Log files r, Ctl files rw (or w without a
-// Usage). Clients cannot create, remove or rename anything.
+// the lines written to it, one command each, keeping a line cut between two
+// writes until its newline or the clunk (see Ctl); a *Log reads an
+// append-only LogSource by absolute offset. Permissions do not depend on
+// the user: directories are r-x, Text and Log files r, Ctl files rw (or w
+// without a Usage). Clients cannot create, remove or rename anything.
 //
 // # Dialects
 //
@@ -24,16 +24,15 @@
 // out of bounds is dropped without a reply; an msize below MinMsize is
 // answered with an error (Rlerror EINVAL for .L) and dropped. Under
 // 9P2000.L a Tauth is answered ENOENT, which diod's tools take to mean that
-// no authentication is needed; a Twrite whose count disagrees with its
-// size is answered EINVAL on its tag, and any other request that cannot
-// be decoded ends the connection (hugelgupf/p9 would answer it on NOTAG,
-// leaving the client waiting for its own tag). In both dialects a Tattach's aname names
-// the directory to attach at ("/3", or "3"), and Rattach carries its QID;
-// an aname that names a file is refused with ENOTDIR ("not a directory:
-// ..."), since diod's tools attach to "ctl" by default and diodls crashes
-// on a file.
-// Reads never block: hugelgupf/p9 cannot cancel a read on Tflush, and
-// Linux waits for Rflush even through SIGKILL.
+// no authentication is needed; a Twrite whose count disagrees with its size
+// is answered EINVAL on its tag, and any other request that cannot be
+// decoded ends the connection (hugelgupf/p9 would answer it on NOTAG,
+// leaving the client waiting for its own tag). In both dialects a Tattach's
+// aname names the directory to attach at ("/3", or "3"), and Rattach
+// carries its QID; an aname that names a file is refused with ENOTDIR ("not
+// a directory: ..."), since diod's tools attach to "ctl" by default and
+// diodls crashes on a file. Reads never block: hugelgupf/p9 cannot cancel a
+// read on Tflush, and Linux waits for Rflush even through SIGKILL.
 //
 // # Errors
 //
@@ -45,42 +44,42 @@
 // <detail>", "file not found: <detail>", "busy: <detail>", "invalid
 // argument: write too large: <detail>" and "i/o error: <detail>". An error
 // without detail is sent as a string the Linux kernel's 9P2000 client also
-// knows ("Invalid argument", "permission denied", "file not found",
-// "Device or resource busy", "i/o error"). A 9P2000 error string is
-// clipped, ending in "...", so that its Rerror fits the negotiated msize
-// (srv9p drops a larger reply, and the client would wait forever).
+// knows ("Invalid argument", "permission denied", "file not found", "Device
+// or resource busy", "i/o error"). A 9P2000 error string is clipped, ending
+// in "...", so that its Rerror fits the negotiated msize (srv9p drops a
+// larger reply, and the client would wait forever).
 //
 // # Bounds
 //
-// One client cannot hurt the others. A connection may have MaxRequests
-// (64) requests in flight: past that the server stops reading it until
-// replies drain, so a flood of Treads the client never collects holds 64
-// reads' buffers (measured: 20,000 Treads of 262,000 bytes, heap +17 MB;
-// before, 1,000 of them took +263 MB). It may hold MaxFids (4,096) fids:
-// a request that would make one more is refused with EMFILE ("too many
-// open files: ...") and the connection stays usable. Both are counted
-// from the requests read and the replies written, whichever engine serves
-// the connection, so a tag reused while its request is in flight ends the
-// connection: its replies could no longer be counted. Serve serves at
-// most Server.MaxConns connections (DefaultMaxConns, 4,096); past it a
-// new connection is closed at once and the refusals are logged at most
-// once a minute. The wait for Tversion is bounded (VersionTimeout), and
-// so is the time from the first byte of any message to its last
-// (MessageTimeout, 30 s) in both directions: a connection that sends
-// half a message and stalls, or leaves a reply untaken that long, is
-// closed. Between messages a connection may idle for ever. A 9P2000
-// Tversion inside a session is held to MinMsize like the first.
+// One client cannot hurt the others. A connection may have MaxRequests (64)
+// requests in flight: past that the server stops reading it until replies
+// drain, so a flood of Treads the client never collects holds 64 reads'
+// buffers (measured: 20,000 Treads of 262,000 bytes, heap +17 MB; before,
+// 1,000 of them took +263 MB). It may hold MaxFids (4,096) fids: a request
+// that would make one more is refused with EMFILE ("too many open files:
+// ...") and the connection stays usable. Both are counted from the requests
+// read and the replies written, whichever engine serves the connection, so
+// a tag reused while its request is in flight ends the connection: its
+// replies could no longer be counted. Serve serves at most Server.MaxConns
+// connections (DefaultMaxConns, 4,096); past it a new connection is closed
+// at once and the refusals are logged at most once a minute. The wait for
+// Tversion is bounded (VersionTimeout), and so is the time from the first
+// byte of any message to its last (MessageTimeout, 30 s) in both
+// directions: a connection that sends half a message and stalls, or leaves
+// a reply untaken that long, is closed. Between messages a connection may
+// idle for ever. A 9P2000 Tversion inside a session is held to MinMsize
+// like the first.
 //
 // # Listening
 //
 // Listen takes tcp!host!port, host:port, unix!path or a path (see
-// ParseAddr), then options after commas (see ParseListenAddr). ",ro"
-// makes a read-only listener: its connections may open nothing for
-// writing, truncate, write, create, remove or change attributes (EACCES,
-// "permission denied: ..."), files show no write bits, and nodes marked
-// Private are absent from listings, walks and attaches. Plain TCP on an
-// address that is not loopback is refused unless ",insecure" says
-// otherwise; the error names tls!HOST!PORT. An unknown option is an
-// error. Server.Serve serves a listener, Server.ServeConn one connection
-// (read-write); Close or the context ends both.
+// ParseAddr), then options after commas (see ParseListenAddr). ",ro" makes
+// a read-only listener: its connections may open nothing for writing,
+// truncate, write, create, remove or change attributes (EACCES, "permission
+// denied: ..."), files show no write bits, and nodes marked Private are
+// absent from listings, walks and attaches. Plain TCP on an address that is
+// not loopback is refused unless ",insecure" says otherwise; the error
+// names tls!HOST!PORT. An unknown option is an error. Server.Serve serves a
+// listener, Server.ServeConn one connection (read-write); Close or the
+// context ends both.
 package fsrv
