@@ -58,14 +58,19 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 		} else if text, err = io.ReadAll(stdin); err != nil {
 			return err
 		}
+		isCtl := strings.HasSuffix(strings.TrimSuffix(path, "/"), "ctl")
+		var since int64
+		if isCtl {
+			since = eventsSize(root, path)
+		}
 		err := write(root, path, text)
 		if errors.Is(err, linux.EACCES) {
 			return fmt.Errorf("%w (a read-only listener: serve's %s is ,ro by default; write through its unix socket, --addr unix!%s)", err, fsrv.DefaultAddr, defaultSocket())
 		}
-		if err != nil && strings.HasSuffix(strings.TrimSuffix(path, "/"), "ctl") {
+		if err != nil && isCtl {
 			// 9P2000.L carries only the errno; the reason is in the events
 			// log next to the ctl file.
-			if why := lastRejection(root, path); why != "" {
+			if why := lastRejection(root, path, since); why != "" {
 				err = fmt.Errorf("%w\n%s", err, why)
 			}
 		}
@@ -162,9 +167,8 @@ func ls(root p9.File, path string, w io.Writer) error {
 
 // lastRejection returns the newest "event=rejected" line of the events log
 // beside a ctl file, or "".
-func lastRejection(root p9.File, ctlPath string) string {
-	dir := strings.TrimSuffix(strings.TrimSuffix(ctlPath, "/"), "ctl")
-	f, err := openRead(root, dir+"events")
+func lastRejection(root p9.File, ctlPath string, since int64) string {
+	f, err := openRead(root, eventsBeside(ctlPath))
 	if err != nil {
 		return ""
 	}
@@ -174,7 +178,7 @@ func lastRejection(root p9.File, ctlPath string) string {
 		return ""
 	}
 	var buf bytes.Buffer
-	if _, err := copyFrom(f, max(size-16<<10, 0), &buf); err != nil {
+	if _, err := copyFrom(f, max(size-16<<10, since), &buf); err != nil {
 		return ""
 	}
 	lines := strings.Split(buf.String(), "\n")
@@ -184,6 +188,24 @@ func lastRejection(root p9.File, ctlPath string) string {
 		}
 	}
 	return ""
+}
+
+// eventsBeside names the events log in the directory of a ctl file.
+func eventsBeside(ctlPath string) string {
+	return strings.TrimSuffix(strings.TrimSuffix(ctlPath, "/"), "ctl") + "events"
+}
+
+// eventsSize is the size of the events log beside a ctl file, so that
+// lastRejection reads only what a write added: a refusal that the node's
+// rate limit kept out of the log must not be explained by an older one.
+func eventsSize(root p9.File, ctlPath string) int64 {
+	f, err := openRead(root, eventsBeside(ctlPath))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	size, _ := fileSize(f)
+	return size
 }
 
 // openRead walks to path and opens it for reading.
@@ -237,16 +259,22 @@ func write(root p9.File, path string, text []byte) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
 	if _, _, err := f.Open(p9.WriteOnly); err != nil {
+		f.Close()
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	for len(text) > 0 {
 		n, err := f.WriteAt(text, 0)
 		if err != nil {
+			f.Close()
 			return fmt.Errorf("%s: %w", path, err)
 		}
 		text = text[n:]
+	}
+	// A ctl line without its newline is applied at clunk, and its error
+	// comes back in Rclunk.
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
 }

@@ -138,4 +138,11 @@ func TestServeReadOnlyTCP(t *testing.T) {
 	if r, _ := dotlRead(root, "0/reconnects"); r != "1\n" {
 		t.Errorf("0/reconnects = %q after a reset over the socket; want 1", r)
 	}
+	// A command from stdin without its newline is applied at clunk, and
+	// its refusal still reaches the writer.
+	stdinCmd := command(t, dir, "write", "--addr", "unix!"+sock, "0/ctl")
+	stdinCmd.Stdin = strings.NewReader("frob")
+	if out, err := stdinCmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "event=rejected cmd=frob") {
+		t.Errorf("shardfs write 0/ctl <<< frob (no newline) = %v, %q; want the refusal", err, out)
+	}
 }
