@@ -67,7 +67,11 @@
 // transport's one idler goroutine watches its socket with epoll, starting a
 // new reader when a byte arrives or Close needs the close frame sent. A
 // connection woken again within the second keeps its reader, so busy
-// shards never pay for parking. An idle shard (a heartbeat ACK every
+// shards never pay for parking. A wait, in place or parked, counts from
+// the end of the last message read, before the sink sees it: how long the
+// reader then takes (the sink, a busy CPU) says nothing about how often
+// the gateway sends, and a test stepping the clock after a delivery finds
+// the wait begun before its step. An idle shard (a heartbeat ACK every
 // 41 s) thus has no goroutine and no stack. TLS connections park too:
 // under crypto/tls a recordConn hands it one record at a time, and above
 // it reads take room for a whole record, so crypto/tls never holds a byte

@@ -76,7 +76,6 @@ func (p *idler) park(c *conn) bool {
 		p.mu.Unlock()
 		return false
 	}
-	c.parkedAt = c.t.clock.Now()
 	p.parked[fd] = c
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: int32(fd)}
 	if err := syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
