@@ -60,6 +60,20 @@
 // injected clock; network deadlines (dial, TLS, upgrade, writes) are real
 // time.
 //
+// Phases. A connection is in one phase at a time (phase.go): dialing,
+// hello, identifying or resuming, invalidated (Fluxer's op 9, until the
+// core's Identify), live, then failed, closing and ended. phaseMoves lists
+// every move in one table; a move it does not list panics, and a move from
+// a phase another goroutine has already left is refused. The ending is
+// always in that order: report moves to failed and tells the core once,
+// Close records the code (the core's own Close, from inside Link.Fail,
+// wins), and only the reader moves to ended. Once failed, the reader hands
+// nothing more to the sink or the core. A READY while invalidated (no
+// identify sent) is a protocol error; a READY on a live socket is passed
+// on as before. Parking is not a phase: a connection parks in whichever
+// phase it is in (identifying, while the gate holds its identify, or
+// live), and the idler's table of sockets is the one record of it.
+//
 // Parking. On Linux, an uncompressed connection (ws:// or wss://) whose
 // reader has read everything (gorilla holds no unread byte) and whose last
 // wait for a byte lasted a second or more, or that just finished its READY

@@ -85,7 +85,7 @@ func (p *idler) park(c *conn) bool {
 	}
 	c.t.wg.Add(1) // the reader ending now still holds its own count
 	p.mu.Unlock()
-	if c.closing.Load() {
+	if c.phase().closing() {
 		// Close may have looked for a parked reader before there was one.
 		p.wake(c)
 	}

@@ -482,7 +482,7 @@ func TestShardRecord(t *testing.T) {
 	next.claim()             // the core resumed from 3
 	next.deliver(4, "E", nil)
 	next.deliver(5, "E", nil)
-	old.closing.Store(true)
+	old.Close(4000)
 	old.deliver(6, "E", nil) // a buffered event of the closed connection
 	next.deliver(6, "E", nil)
 
