@@ -95,10 +95,6 @@ var errBinaryFrame = errors.New("binary frame on an uncompressed connection")
 // errClosing ends a connection the core or the transport closed.
 var errClosing = errors.New("connection closed by the client")
 
-// errPark tells serve that the connection fell idle and may be parked; it
-// never leaves the connection.
-var errPark = errors.New("gateway: connection idle")
-
 // classify turns the error that ended a connection's reader into a
 // failure.
 func (c *conn) classify(err error) *connError {

@@ -47,26 +47,28 @@ type conn struct {
 	rec  *shardRecord
 
 	// Owned by the reader goroutine.
-	inf         *inflater
-	decided     bool   // the first message said whether the gateway compresses
-	helloSeen   bool   // a second Hello is a protocol error
-	handshaking bool   // waiting for READY or RESUMED
-	resumeSent  bool   // RESUMED is expected
-	sid         string // session id this connection serves, "" before READY
-	base        string // URL connected to, without query
-	idle        *idleConn
-	messages    int64     // messages read whole, for idle.t.quiet
-	lazy        bool      // the last wait for a byte was long: park at the next
-	wokeLazy    bool      // parked long: lazy again once the waking byte is read
-	parkedAt    time.Time // when the connection was last parked
+	inf  *inflater
+	sid  string // session id this connection serves, "" before READY
+	base string // URL connected to, without query
+	idle *idleConn
+	// messages counts messages read whole from gorilla (not through inf):
+	// for idle.t.quiet, and the first one says whether the gateway
+	// compresses.
+	messages int64
+	// lazy and quietSince decide where the reader waits (see wait): not
+	// phases, since a connection parks in whatever phase it is in (while
+	// the gate holds its identify, say).
+	lazy bool // the last wait for a byte was long: park at the next
+	// quietSince is when the reader last had nothing left to read (the
+	// upgrade, or the end of a message that left the socket quiet): a wait
+	// for a byte, in place or parked, counts from there.
+	quietSince time.Time
 
-	seq     atomic.Int64 // last sequence handed to the sink; -1 for none
-	closing atomic.Bool  // mirrors closeCode != 0, for the reader's hot path
-	failed  atomic.Bool  // a failure was reported; report no other
+	seq atomic.Int64  // last sequence handed to the sink; -1 for none
+	ph  atomic.Uint32 // the phase; written only by setPhaseLocked
 
 	mu        sync.Mutex
-	closeCode int                // set by Close: the code the client closes with
-	finished  bool               // the reader ended
+	closeCode int                // set with phaseClosing: the code the client closes with
 	cancel    context.CancelFunc // while dialling
 	raw       net.Conn           // while the upgrade is in progress
 	ws        *websocket.Conn
@@ -76,11 +78,13 @@ type conn struct {
 	hbNext    time.Time // next heartbeat; zero before Hello
 	waitUntil time.Time // Hello or READY/RESUMED deadline; zero when not waiting
 	waitWhat  string
-	awaiting  bool      // a heartbeat is not acknowledged yet
-	unacked   time.Time // when the oldest unacknowledged heartbeat went out
-	sentAt    time.Time // when the latest heartbeat went out
-	sendQ     [][]byte
-	writing   bool // a writer goroutine drains sendQ
+	// awaiting is heartbeat state, and writing says whether a writer
+	// goroutine exists: both change many times in one phase.
+	awaiting bool      // a heartbeat is not acknowledged yet
+	unacked  time.Time // when the oldest unacknowledged heartbeat went out
+	sentAt   time.Time // when the latest heartbeat went out
+	sendQ    [][]byte
+	writing  bool // a writer goroutine drains sendQ
 	// An identify waiting for its bucket's window (identifyGate): the
 	// payload, and the ticket that says when it may go out.
 	pendingID []byte
@@ -120,6 +124,28 @@ func (t *Transport) record(shard int) *shardRecord {
 	return r
 }
 
+// phase returns the connection's phase; it may change as soon as it is
+// read, except under mu.
+func (c *conn) phase() phase { return phase(c.ph.Load()) }
+
+// setPhaseLocked moves the connection from phase from to phase to, and
+// reports whether it was in from (another goroutine may have moved it
+// first: Close, report and the reader race). A move phaseMoves does not
+// list is a bug in the caller, whatever the timing, and panics.
+func (c *conn) setPhaseLocked(from, to phase) bool {
+	if !phaseMoves[from].has(to) {
+		panic(fmt.Sprintf("gateway: connection phase %v cannot move to %v", from, to))
+	}
+	if c.phase() != from {
+		return false
+	}
+	c.ph.Store(uint32(to))
+	if c.t.onPhase != nil {
+		c.t.onPhase(c, from, to)
+	}
+	return true
+}
+
 func newConn(t *Transport, l *core.Link, a core.Attempt) *conn {
 	c := &conn{t: t, link: l, a: a, rec: t.record(a.Shard)}
 	c.seq.Store(-1)
@@ -141,7 +167,7 @@ func (c *conn) run() {
 	defer c.link.Recover()
 	ws, err := c.dialSlot()
 	if err != nil {
-		if !c.closing.Load() {
+		if !c.phase().closing() {
 			c.report(c.classify(err))
 		}
 		return
@@ -162,23 +188,25 @@ func (c *conn) dialSlot() (*websocket.Conn, error) {
 // up.
 const parkAfter = time.Second
 
-// serve reads ws until the connection ends, and ends it. A connection that
-// falls idle is parked instead (see idler): serve returns true, its
-// goroutine ends, and the idler starts a new reader (resume) when a byte
-// arrives or Close wants the close frame sent. An idle shard then costs no
-// goroutine and no stack.
+// serve reads ws, one message at a time, until the connection ends, and
+// ends it. Between messages the reader waits for the socket (wait), or,
+// when the connection has fallen idle, parks it (see idler): serve returns
+// true, its goroutine ends, and the idler starts a new reader (resume)
+// when a byte arrives or Close wants the close frame sent. An idle shard
+// then costs no goroutine and no stack.
 func (c *conn) serve(ws *websocket.Conn) (parked bool) {
 	for {
-		err := c.read(ws)
-		if err == errPark {
+		if c.wait() {
 			if c.t.idler.park(c) {
 				return true
 			}
 			c.lazy = false // the transport is closing: wait in place
 			continue
 		}
-		c.end(ws, err)
-		return false
+		if err := c.readOne(ws); err != nil {
+			c.end(ws, err)
+			return false
+		}
 	}
 }
 
@@ -194,19 +222,25 @@ func (c *conn) resume() {
 	}()
 	defer c.link.Recover()
 	// The byte that woke the connection is read first; whether it parks at
-	// the following wait depends on how long it was parked.
-	c.lazy, c.wokeLazy = false, c.t.clock.Now().Sub(c.parkedAt) >= parkAfter
+	// the following wait depends on how long it was quiet.
+	c.lazy = false
 	c.mu.Lock()
 	ws := c.ws
 	c.mu.Unlock()
 	parked = c.serve(ws)
 }
 
+// endLocked moves the connection to phaseEnded, from wherever it is.
+func (c *conn) endLocked() {
+	if p := c.phase(); p != phaseEnded {
+		c.setPhaseLocked(p, phaseEnded)
+	}
+}
+
 // finish releases everything the connection holds.
 func (c *conn) finish() {
 	c.mu.Lock()
-	c.finished = true
-	c.closing.Store(true)
+	c.endLocked()
 	if c.timer != nil {
 		c.timer.Stop()
 	}
@@ -234,15 +268,16 @@ func (c *conn) finish() {
 // blocks and never calls the Link.
 func (c *conn) Close(code int) {
 	c.mu.Lock()
-	if c.closeCode != 0 || c.finished {
+	p := c.phase()
+	if p.closing() {
 		c.mu.Unlock()
 		return
 	}
 	if code == 0 {
 		code = 4000
 	}
+	c.setPhaseLocked(p, phaseClosing)
 	c.closeCode = code
-	c.closing.Store(true)
 	if c.timer != nil {
 		c.timer.Stop()
 	}
@@ -269,7 +304,7 @@ func (c *conn) Send(p []byte) error {
 		return fmt.Errorf("%w: %d bytes; the gateway takes at most %d", core.ErrTooLarge, len(p), core.MaxPayload)
 	}
 	c.mu.Lock()
-	open := c.closeCode == 0 && !c.finished && c.ws != nil
+	open := c.phase().open()
 	full := len(c.sendQ) >= maxQueued
 	c.mu.Unlock()
 	if !open {
@@ -291,7 +326,7 @@ func (c *conn) Identify() {
 	}
 	now := c.t.clock.Now()
 	c.mu.Lock()
-	if c.closeCode != 0 || c.finished || c.ws == nil {
+	if !c.setPhaseLocked(phaseInvalidated, phaseIdentifying) {
 		c.mu.Unlock()
 		return
 	}
@@ -318,7 +353,7 @@ func (c *conn) drainQueue() {
 	defer c.link.Recover()
 	for {
 		c.mu.Lock()
-		if len(c.sendQ) == 0 || c.closeCode != 0 || c.finished {
+		if len(c.sendQ) == 0 || !c.phase().open() {
 			c.sendQ = nil
 			c.writing = false
 			c.mu.Unlock()
@@ -345,7 +380,7 @@ func (c *conn) dial() (*websocket.Conn, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c.mu.Lock()
-	if c.closeCode != 0 {
+	if c.phase().closing() {
 		c.mu.Unlock()
 		return nil, errClosing
 	}
@@ -369,7 +404,7 @@ func (c *conn) dial() (*websocket.Conn, error) {
 		base, discovered := resumeURL, false
 		if try > 0 || base == "" {
 			if base, err = c.t.gatewayURL(ctx); err != nil {
-				if c.closing.Load() {
+				if c.phase().closing() {
 					return nil, errClosing
 				}
 				f := transient(faultDiscovery, fmt.Errorf("discovery: %w", err))
@@ -388,7 +423,7 @@ func (c *conn) dial() (*websocket.Conn, error) {
 			c.base = base
 			return ws, nil
 		}
-		if c.closing.Load() {
+		if c.phase().closing() {
 			return nil, errClosing
 		}
 		if discovered {
@@ -437,12 +472,13 @@ func (c *conn) dialURL(ctx context.Context, base string) (*websocket.Conn, error
 	}
 	now := c.t.clock.Now()
 	c.mu.Lock()
-	if c.closeCode != 0 {
+	if !c.setPhaseLocked(phaseDialing, phaseHello) {
 		c.mu.Unlock()
 		_ = ws.NetConn().Close()
 		return nil, errClosing
 	}
 	c.ws = ws
+	c.quietSince = now
 	c.cs.WS = core.LayerOK
 	cs := c.cs
 	c.waitUntil, c.waitWhat = now.Add(c.t.cfg.HelloTimeout), "Hello"
@@ -471,7 +507,7 @@ func (c *conn) dialTCP(ctx context.Context, network, addr string) (net.Conn, err
 		return nil, transient(faultTCP, fmt.Errorf("tcp: %w", err))
 	}
 	c.mu.Lock()
-	closing := c.closeCode != 0
+	closing := c.phase().closing()
 	if !closing {
 		c.raw = nc
 	}
@@ -546,27 +582,40 @@ func (c *conn) upgrading() {
 	c.layers(func(cs *core.ConnState) { cs.WS = core.LayerConnecting })
 }
 
-// read hands every payload to handle until the connection ends.
-func (c *conn) read(ws *websocket.Conn) error {
-	for {
-		b, buf, err := c.next(ws)
-		if err != nil {
-			return err
-		}
-		if c.closing.Load() {
-			if buf != nil {
-				putBuf(buf)
-			}
-			return errClosing
-		}
-		err = c.handle(b)
-		if buf != nil {
-			putBuf(buf)
-		}
-		if err != nil {
-			return err
-		}
+// wait waits, when gorilla holds no unread byte, until the socket has
+// one. It returns true instead when the connection should park: the last
+// wait was long (or a handshake just ended), so this one likely is too.
+// Compressed connections never wait here: their decompressor holds state
+// mid-stream, and they read through gorilla as usual.
+func (c *conn) wait() (park bool) {
+	if c.inf != nil || c.idle == nil || !c.idle.t.quiet(c.messages) || c.idle.buffered() {
+		return false
 	}
+	if c.lazy && canPark && !c.phase().closing() {
+		return true
+	}
+	c.idle.waitReadable()
+	c.lazy = c.t.clock.Now().Sub(c.quietSince) >= parkAfter
+	return false
+}
+
+// readOne reads one payload and acts on it, unless a failure was reported
+// or a close recorded meanwhile: nothing reaches the sink or the core
+// after that.
+func (c *conn) readOne(ws *websocket.Conn) error {
+	b, buf, err := c.next(ws)
+	if err != nil {
+		return err
+	}
+	if !c.phase().open() {
+		err = errClosing
+	} else {
+		err = c.handle(b)
+	}
+	if buf != nil {
+		putBuf(buf)
+	}
+	return err
 }
 
 // next returns the next payload and the pooled buffer holding it (nil when
@@ -575,24 +624,14 @@ func (c *conn) next(ws *websocket.Conn) ([]byte, *[]byte, error) {
 	if c.inf != nil {
 		return c.inf.next()
 	}
-	if c.idle != nil && c.idle.t.quiet(c.messages) && !c.idle.buffered() {
-		if c.lazy && canPark && !c.closing.Load() {
-			return nil, nil, errPark
-		}
-		start := c.t.clock.Now()
-		c.idle.waitReadable()
-		c.lazy = c.wokeLazy || c.t.clock.Now().Sub(start) >= parkAfter
-		c.wokeLazy = false
-	}
 	mt, r, err := ws.NextReader()
 	if err != nil {
 		return nil, nil, err
 	}
-	if !c.decided {
+	if c.messages == 0 {
 		// The first message is Hello. A binary one means the gateway
 		// compresses; a text one means it ignored the request, and the
 		// frame type is what counts (Fluxer's overview says so).
-		c.decided = true
 		if mt == websocket.BinaryMessage && c.t.cfg.Compression != NoCompression {
 			inf, err := newInflater(c.t.cfg.Compression, r, c.source(ws))
 			if err != nil {
@@ -618,12 +657,19 @@ func (c *conn) next(ws *websocket.Conn) ([]byte, *[]byte, error) {
 		return nil, nil, err
 	}
 	c.messages++
+	if c.idle != nil && c.idle.t.quiet(c.messages) && !c.idle.buffered() {
+		// Taken before the message is handled: how long the reader then
+		// takes (the sink, a busy CPU) says nothing about how often the
+		// gateway sends, and a test that steps the clock after the sink's
+		// delivery must find the wait starting before its step.
+		c.quietSince = c.t.clock.Now()
+	}
 	return b, buf, nil
 }
 
 func (c *conn) source(ws *websocket.Conn) messageSource {
 	return func() (io.Reader, bool, error) {
-		if c.closing.Load() {
+		if c.phase().closing() {
 			return nil, false, errClosing
 		}
 		mt, r, err := ws.NextReader()
@@ -657,7 +703,7 @@ func (c *conn) handle(b []byte) error {
 	if err != nil {
 		return transient(faultProtocol, fmt.Errorf("malformed payload: %w", err))
 	}
-	if !c.helloSeen && p.op != opHello {
+	if c.phase() == phaseHello && p.op != opHello {
 		return transient(faultProtocol, fmt.Errorf("op %d before Hello", p.op))
 	}
 	switch p.op {
@@ -670,7 +716,7 @@ func (c *conn) handle(b []byte) error {
 		c.heartbeatNow()
 		return nil
 	case opHello:
-		if c.helloSeen {
+		if c.phase() != phaseHello {
 			return transient(faultProtocol, errors.New("second Hello on one connection"))
 		}
 		return c.hello(p.d)
@@ -695,28 +741,30 @@ func (c *conn) hello(d []byte) error {
 	if err != nil {
 		return transient(faultProtocol, err)
 	}
-	c.helloSeen = true
 	interval := time.Duration(ms) * time.Millisecond
 	now := c.t.clock.Now()
 	jitter := time.Duration(float64(interval) * c.t.cfg.Rand())
 	var (
-		pl    []byte
-		phase core.Phase
-		what  string
+		pl   []byte
+		cp   core.Phase
+		next phase
+		what string
 	)
 	if c.a.Resume {
 		pl, err = c.resumePayload()
-		phase, what = core.PhaseResume, "RESUMED"
-		c.resumeSent = true
-		c.claim()
+		cp, next, what = core.PhaseResume, phaseResuming, "RESUMED"
 	} else {
 		pl, err = c.identifyPayload()
-		phase, what = core.PhaseIdentify, "READY"
+		cp, next, what = core.PhaseIdentify, phaseIdentifying, "READY"
 	}
 	if err != nil {
 		return transient(faultProtocol, err)
 	}
 	c.mu.Lock()
+	if !c.setPhaseLocked(phaseHello, next) {
+		c.mu.Unlock()
+		return errClosing
+	}
 	c.interval = interval
 	c.hbNext = now.Add(jitter)
 	c.waitUntil, c.waitWhat = now.Add(c.t.cfg.ReadyTimeout), what
@@ -728,16 +776,17 @@ func (c *conn) hello(d []byte) error {
 			c.waitUntil = c.ticket.at.Add(c.t.cfg.ReadyTimeout)
 			c.armLocked(now)
 			c.mu.Unlock()
-			c.handshaking = true
-			c.link.Phase(phase)
+			c.link.Phase(cp)
 			return nil
 		}
 	}
 	c.armLocked(now)
 	ws := c.ws
 	c.mu.Unlock()
-	c.handshaking = true
-	c.link.Phase(phase)
+	if next == phaseResuming {
+		c.claim()
+	}
+	c.link.Phase(cp)
 	if err := c.write(ws, pl); err != nil {
 		return &connError{class: core.Transient, fault: faultIO, err: fmt.Errorf("write: %w", err)}
 	}
@@ -802,7 +851,7 @@ func (c *conn) dispatch(p *payload) error {
 			return transient(faultProtocol, fmt.Errorf("sequence went backwards: %d after %d", seq, last))
 		}
 	}
-	if c.handshaking {
+	if c.phase().handshaking() {
 		c.progress()
 	}
 	c.deliver(seq, name, p.d)
@@ -823,7 +872,7 @@ func (c *conn) deliver(seq int64, name string, d []byte) {
 	r := c.rec
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if c.closing.Load() || r.session != c.sid {
+	if c.phase().closing() || r.session != c.sid {
 		return
 	}
 	if seq >= 0 {
@@ -864,14 +913,16 @@ func (c *conn) ready(d []byte, seq int64) error {
 		resumeURL = c.base
 	}
 	seq = max(seq, 0)
-	c.sid, c.resumeSent = sid, false
+	if err := c.endHandshake("READY", phaseIdentifying, phaseResuming, phaseLive); err != nil {
+		return err
+	}
+	c.sid = sid
 	c.seq.Store(seq)
-	c.endHandshake()
 	if sink := c.t.cfg.Sink; sink != nil {
 		red := redactReady(d)
 		r := c.rec
 		r.mu.Lock()
-		if !c.closing.Load() {
+		if !c.phase().closing() {
 			r.session, r.last = sid, seq
 			sink(c.a.Shard, seq, "READY", red)
 		}
@@ -882,16 +933,17 @@ func (c *conn) ready(d []byte, seq int64) error {
 }
 
 func (c *conn) resumed(d []byte, seq int64) error {
-	if !c.resumeSent {
+	if c.phase() != phaseResuming {
 		return nil // not ours to act on: the core drops it too
 	}
-	c.resumeSent = false
+	if err := c.endHandshake("RESUMED", phaseResuming); err != nil {
+		return err
+	}
 	// Fluxer's RESUMED carries the session's current sequence, which may
 	// lie past the last replayed event when some were never retained.
 	if seq > c.seq.Load() {
 		c.seq.Store(seq)
 	}
-	c.endHandshake()
 	c.deliver(-1, "RESUMED", d)
 	c.link.Resumed(c.seq.Load())
 	return nil
@@ -901,13 +953,18 @@ func (c *conn) invalidSession(d []byte) error {
 	if c.t.cfg.Flavor == core.Fluxer {
 		// Fluxer keeps the socket open, unauthenticated; the core asks the
 		// pacer and then calls Identify.
-		c.sid, c.resumeSent = "", false
-		c.seq.Store(-1)
 		c.mu.Lock()
+		p := c.phase()
+		if !p.open() {
+			c.mu.Unlock()
+			return errClosing
+		}
+		c.setPhaseLocked(p, phaseInvalidated)
+		c.sid = ""
+		c.seq.Store(-1)
 		c.waitUntil = time.Time{}
 		c.armLocked(c.t.clock.Now())
 		c.mu.Unlock()
-		c.handshaking = true
 		c.link.Invalidated()
 		return nil
 	}
@@ -928,16 +985,28 @@ func (c *conn) progress() {
 	c.mu.Unlock()
 }
 
-func (c *conn) endHandshake() {
-	c.handshaking = false
+// endHandshake makes the connection live on READY or RESUMED (what),
+// which may come in one of the phases from.
+func (c *conn) endHandshake(what string, from ...phase) error {
+	c.mu.Lock()
+	p := c.phase()
+	if !p.open() {
+		c.mu.Unlock()
+		return errClosing
+	}
+	if !phases(from...).has(p) {
+		c.mu.Unlock()
+		return transient(faultProtocol, fmt.Errorf("%s while %v", what, p))
+	}
+	c.setPhaseLocked(p, phaseLive)
+	c.waitUntil = time.Time{}
+	c.armLocked(c.t.clock.Now())
+	c.mu.Unlock()
 	// A new session is followed by a burst (GUILD_CREATEs, a replay), then
 	// most shards fall quiet: park at the first wait after the burst
 	// rather than after a second one.
 	c.lazy = true
-	c.mu.Lock()
-	c.waitUntil = time.Time{}
-	c.armLocked(c.t.clock.Now())
-	c.mu.Unlock()
+	return nil
 }
 
 // armLocked points the connection's one timer at the earlier of the next
@@ -950,7 +1019,7 @@ func (c *conn) armLocked(now time.Time) {
 	if c.pendingID != nil && (next.IsZero() || c.ticket.at.Before(next)) {
 		next = c.ticket.at
 	}
-	if next.IsZero() || c.closeCode != 0 || c.finished {
+	if next.IsZero() || !c.phase().open() {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
@@ -974,7 +1043,7 @@ func (c *conn) tick() {
 	defer c.link.Recover()
 	now := c.t.clock.Now()
 	c.mu.Lock()
-	if c.closeCode != 0 || c.finished || c.ws == nil {
+	if !c.phase().open() {
 		c.mu.Unlock()
 		return
 	}
@@ -1109,20 +1178,18 @@ func (c *conn) write(ws *websocket.Conn, p []byte) error {
 }
 
 func (c *conn) writeFailed(err error) {
-	if c.closing.Load() {
+	if c.phase().closing() {
 		return
 	}
 	c.report(&connError{class: core.Transient, fault: faultIO, err: fmt.Errorf("write: %w", err)})
 }
 
 // report tells the core about the connection's failure, once, unless the
-// connection was closed on purpose, and then closes it.
+// connection was closed on purpose, and then closes it (see phase).
 func (c *conn) report(e *connError) {
-	if c.failed.Swap(true) {
-		return
-	}
 	c.mu.Lock()
-	if c.closeCode != 0 {
+	p := c.phase()
+	if p >= phaseFailed || !c.setPhaseLocked(p, phaseFailed) {
 		c.mu.Unlock()
 		return
 	}
@@ -1142,7 +1209,7 @@ func (c *conn) report(e *connError) {
 // end settles a connection whose reader stopped: it reports the failure
 // and closes the WebSocket the way its ending calls for.
 func (c *conn) end(ws *websocket.Conn, err error) {
-	if !c.closing.Load() {
+	if !c.phase().closing() {
 		e := c.classify(err)
 		c.report(e)
 		if e.fault == faultServer || e.fault == faultIO {

@@ -63,6 +63,20 @@
 // injected clock; network deadlines (dial, TLS, upgrade, writes) are real
 // time.
 //
+// Phases. A connection is in one phase at a time (phase.go): dialing,
+// hello, identifying or resuming, invalidated (Fluxer's op 9, until the
+// core's Identify), live, then failed, closing and ended. phaseMoves lists
+// every move in one table; a move it does not list panics, and a move from
+// a phase another goroutine has already left is refused. The ending is
+// always in that order: report moves to failed and tells the core once,
+// Close records the code (the core's own Close, from inside Link.Fail,
+// wins), and only the reader moves to ended. Once failed, the reader hands
+// nothing more to the sink or the core. A READY while invalidated (no
+// identify sent) is a protocol error; a READY on a live socket is passed
+// on as before. Parking is not a phase: a connection parks in whichever
+// phase it is in (identifying, while the gate holds its identify, or
+// live), and the idler's table of sockets is the one record of it.
+//
 // Parking. On Linux, an uncompressed connection (ws:// or wss://) whose
 // reader has read everything (gorilla holds no unread byte) and whose last
 // wait for a byte lasted a second or more, or that just finished its READY
@@ -70,7 +84,11 @@
 // transport's one idler goroutine watches its socket with epoll, starting a
 // new reader when a byte arrives or Close needs the close frame sent. A
 // connection woken again within the second keeps its reader, so busy
-// shards never pay for parking. An idle shard (a heartbeat ACK every
+// shards never pay for parking. A wait, in place or parked, counts from
+// the end of the last message read, before the sink sees it: how long the
+// reader then takes (the sink, a busy CPU) says nothing about how often
+// the gateway sends, and a test stepping the clock after a delivery finds
+// the wait begun before its step. An idle shard (a heartbeat ACK every
 // 41 s) thus has no goroutine and no stack. TLS connections park too:
 // under crypto/tls a recordConn hands it one record at a time, and above
 // it reads take room for a whole record, so crypto/tls never holds a byte

@@ -76,7 +76,6 @@ func (p *idler) park(c *conn) bool {
 		p.mu.Unlock()
 		return false
 	}
-	c.parkedAt = c.t.clock.Now()
 	p.parked[fd] = c
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: int32(fd)}
 	if err := syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
@@ -86,7 +85,7 @@ func (p *idler) park(c *conn) bool {
 	}
 	c.t.wg.Add(1) // the reader ending now still holds its own count
 	p.mu.Unlock()
-	if c.closing.Load() {
+	if c.phase().closing() {
 		// Close may have looked for a parked reader before there was one.
 		p.wake(c)
 	}

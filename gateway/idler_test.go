@@ -3,8 +3,13 @@ package gateway
 import (
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
 )
 
 // An idle connection gives up its reader goroutine and keeps its session:
@@ -17,7 +22,6 @@ func TestIdleConnectionsPark(t *testing.T) {
 	const n = 4
 	e := newEnv(t, envConfig{shards: n})
 	e.start()
-	readers := func() int { return goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume") }
 	// events sends k events to every shard and waits until each has them.
 	events := func(k int) {
 		for id := range n {
@@ -28,9 +32,7 @@ func TestIdleConnectionsPark(t *testing.T) {
 	wantParked := func() {
 		t.Helper()
 		e.waitParked(n)
-		if got := readers(); got != 0 {
-			t.Errorf("%d reader goroutines with every connection parked; want 0", got)
-		}
+		waitNoReaders(t)
 	}
 	// After READY and its burst, a connection parks at its first wait. A
 	// burst whose tail arrives just after that wakes it at once, and a
@@ -130,6 +132,23 @@ func (e *env) waitAcked() {
 	}
 }
 
+// waitNoReaders waits until no connection has a reader goroutine: a
+// reader that parked its connection may still be returning.
+func waitNoReaders(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		n := goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume")
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reader goroutines with every connection parked; want 0", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // goroutinesIn counts goroutines with a frame in one of the functions.
 func goroutinesIn(fns ...string) int {
 	buf := make([]byte, 1<<20)
@@ -165,5 +184,75 @@ func TestDialsWaitTheirTurn(t *testing.T) {
 	defer e.tr.dialMu.Unlock()
 	if e.tr.dialing != 0 || len(e.tr.dialQ) != 0 {
 		t.Errorf("after READY: %d dialling, %d queued; want none", e.tr.dialing, len(e.tr.dialQ))
+	}
+}
+
+// TestParkCountsFromLastMessage: how long a connection waited for a byte
+// counts from the end of the last message it read, not from when its
+// reader got round to waiting or parking. The sink moves the clock on
+// while the reader still handles a message, as a test (or a busy machine)
+// may do between the sink's delivery and the reader's next wait: a
+// connection idle for two seconds after that message must still count as
+// idle, waiting in place (the first event) or parked (the second).
+func TestParkCountsFromLastMessage(t *testing.T) {
+	if !canPark {
+		t.Skip("connections park on Linux only")
+	}
+	for _, tc := range []struct {
+		name string
+		tls  bool
+	}{{"plain", false}, {"tls", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clk atomic.Pointer[clock.Fake]
+			ec := envConfig{}
+			if tc.tls {
+				ec = tlsEnvConfig(t)
+			}
+			setup := ec.tr
+			ec.tr = func(c *Config, sim *gatewaysim.Server) {
+				if setup != nil {
+					setup(c, sim)
+				}
+				sink := c.Sink
+				c.Sink = func(shard int, seq int64, name string, d []byte) {
+					sink(shard, seq, name, d)
+					if name == "SLOW" {
+						clk.Load().Advance(2 * parkAfter)
+					}
+				}
+			}
+			e := newEnv(t, ec)
+			clk.Store(e.clk)
+			e.start()
+			event := func(name string) {
+				t.Helper()
+				if _, err := e.sim.Publish(0, gatewaysim.Event{Name: name}); err != nil {
+					t.Fatal(err)
+				}
+				e.synced(0)
+			}
+			// The GUILD_CREATE after READY may wake the connection parked
+			// after READY at once; an event two seconds later parks it
+			// either way.
+			e.clk.Advance(2 * parkAfter)
+			event("MESSAGE_CREATE")
+			e.waitParked(1)
+			// Woken at once, the reader waits in place for the next byte,
+			// which comes two seconds after SLOW was read: it parks after it.
+			event("SLOW")
+			event("MESSAGE_CREATE")
+			e.waitParked(1)
+			// Parked two seconds, the reader parks again right after SLOW,
+			// and the next byte comes two seconds after SLOW was read: it
+			// parks after that one too.
+			e.clk.Advance(2 * parkAfter)
+			event("SLOW")
+			e.waitParked(1)
+			event("MESSAGE_CREATE")
+			e.waitParked(1)
+			if d := e.diag(0); d.Reconnects != 0 || d.State != core.Ready {
+				t.Errorf("after parked reads: %v, %d reconnects; want READY, none", d.State, d.Reconnects)
+			}
+		})
 	}
 }

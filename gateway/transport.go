@@ -103,6 +103,9 @@ type Transport struct {
 	names     internTable
 	gate      *identifyGate
 	idler     *idler
+	// onPhase, when set (by tests), sees every phase move, under the
+	// connection's mu.
+	onPhase func(c *conn, from, to phase)
 
 	// lifeMu guards closed and admission to wg; it is taken last.
 	lifeMu sync.Mutex
@@ -211,7 +214,9 @@ func orDuration(d, def time.Duration) time.Duration {
 func (t *Transport) Connect(l *core.Link, a core.Attempt) core.Conn {
 	c := newConn(t, l, a)
 	if !t.track(c) {
-		c.finished = true // closed transport: a connection that never opens
+		c.mu.Lock()
+		c.endLocked() // closed transport: a connection that never opens
+		c.mu.Unlock()
 		return c
 	}
 	t.dialMu.Lock()
@@ -245,7 +250,7 @@ func (t *Transport) start(c *conn) {
 		}
 		// A closed transport starts nothing: the connection never opens.
 		c.mu.Lock()
-		c.finished = true
+		c.endLocked()
 		c.mu.Unlock()
 		t.untrack(c)
 		c = t.nextDial()

@@ -196,9 +196,9 @@ func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
 }
 
-// TestTLS runs a shard over wss://: every layer reports ok, a drop resumes
-// over TLS, and a certificate the client does not trust is a TLS failure.
-func TestTLS(t *testing.T) {
+// tlsEnvConfig returns an environment whose simulator serves wss:// with
+// a certificate that only the client's transport trusts.
+func tlsEnvConfig(t testing.TB) envConfig {
 	cert, pool := selfSigned(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -206,10 +206,18 @@ func TestTLS(t *testing.T) {
 	}
 	tln := tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
 	wss := "wss://" + ln.Addr().String() + "/"
-	e := newEnv(t, envConfig{sim: gatewaysim.Config{Listener: tln}, noDiscover: true, tr: func(c *Config, _ *gatewaysim.Server) {
+	return envConfig{sim: gatewaysim.Config{Listener: tln}, noDiscover: true, tr: func(c *Config, _ *gatewaysim.Server) {
 		c.GatewayURL = wss
 		c.TLSConfig = &tls.Config{RootCAs: pool}
-	}})
+	}}
+}
+
+// TestTLS runs a shard over wss://: every layer reports ok, a drop resumes
+// over TLS, and a certificate the client does not trust is a TLS failure.
+func TestTLS(t *testing.T) {
+	ec := tlsEnvConfig(t)
+	e := newEnv(t, ec)
+	wss := e.tr.cfg.GatewayURL
 	e.start()
 	if cs := e.diag(0).Conn; cs != (core.ConnState{TCP: core.LayerOK, TLS: core.LayerOK, WS: core.LayerOK}) {
 		t.Errorf("Diag().Conn = %+v; want every layer ok", cs)
@@ -230,9 +238,7 @@ func TestTLS(t *testing.T) {
 			e.synced(0)
 			e.waitParked(1)
 		}
-		if got := goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume"); got != 0 {
-			t.Errorf("%d reader goroutines with the TLS connection parked; want 0", got)
-		}
+		waitNoReaders(t)
 		if d := e.diag(0); d.Reconnects != 0 || d.State != core.Ready {
 			t.Errorf("after parked reads over TLS: %v, %d reconnects; want READY, none", d.State, d.Reconnects)
 		}
@@ -258,9 +264,15 @@ func TestTLS(t *testing.T) {
 	l, _ := node.ShardEvents(0)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	for !strings.Contains(logText(l, 0), "event=backoff") {
+	for {
+		// The channel is taken before the log is read: a line appended in
+		// between still wakes the wait.
+		ch := l.Notify()
+		if strings.Contains(logText(l, 0), "event=backoff") {
+			break
+		}
 		select {
-		case <-l.Notify():
+		case <-ch:
 		case <-ctx.Done():
 			t.Fatalf("no backoff after a TLS failure:\n%s", logText(l, 0))
 		}
@@ -470,7 +482,7 @@ func TestShardRecord(t *testing.T) {
 	next.claim()             // the core resumed from 3
 	next.deliver(4, "E", nil)
 	next.deliver(5, "E", nil)
-	old.closing.Store(true)
+	old.Close(4000)
 	old.deliver(6, "E", nil) // a buffered event of the closed connection
 	next.deliver(6, "E", nil)
 
