@@ -1048,7 +1048,7 @@ func (c *conn) tick() {
 		return
 	}
 	var e *connError
-	beat := false
+	beat, missed := false, false
 	switch {
 	case !c.waitUntil.IsZero() && !now.Before(c.waitUntil):
 		e = transient(faultStalled, fmt.Errorf("no %s within %v", c.waitWhat, c.waitTimeout()))
@@ -1057,6 +1057,7 @@ func (c *conn) tick() {
 		// connection. Half an interval of slack keeps a heartbeat the
 		// gateway asked for just before this one from counting.
 		if c.awaiting && now.Sub(c.unacked) >= c.interval/2 {
+			missed = true
 			e = &connError{class: core.Transient, fault: faultStalled, code: 4000,
 				err: fmt.Errorf("heartbeat not acknowledged for %v: zombie connection", now.Sub(c.unacked))}
 		} else {
@@ -1075,6 +1076,9 @@ func (c *conn) tick() {
 	ws := c.ws
 	c.mu.Unlock()
 	if e != nil {
+		if missed {
+			c.link.HeartbeatMissed() // before the failure: it counts on this connection
+		}
 		c.report(e)
 		return
 	}

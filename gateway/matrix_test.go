@@ -241,6 +241,13 @@ func runMatrixRow(t *testing.T, flavor core.Flavor, compress Compression, row ma
 	if st.MaxLiveSessions > 1 {
 		t.Errorf("MaxLiveSessions = %d; want no duplicate session", st.MaxLiveSessions)
 	}
+	wantMisses := uint64(0)
+	if row.fault.Kind == gatewaysim.FaultStopAcks || row.fault.Kind == gatewaysim.FaultDelay {
+		wantMisses = 1 // the one that made the connection a zombie
+	}
+	if got := d.HeartbeatMissesTotal - diag0.HeartbeatMissesTotal; got != wantMisses || d.HeartbeatMisses != 0 {
+		t.Errorf("heartbeat misses += %d, %d on the new connection; want %d and 0", got, d.HeartbeatMisses, wantMisses)
+	}
 	sessions, last := e.sink.checkContiguous(t, 0)
 	if sessions != wantSessions {
 		t.Errorf("sink saw %d sessions; want %d", sessions, wantSessions)
