@@ -179,7 +179,7 @@ func checkPacer(rt *rapid.T, discord bool) {
 			id := ids
 			ids++
 			shard := rapid.IntRange(0, 11).Draw(t, "shard")
-			now, cancel := p.Request(shard, func() {
+			now, cancel := p.Request(shard, false, func() {
 				if done[id] != "" {
 					t.Fatalf("request %d granted after it was %s", id, done[id])
 				}
