@@ -2,8 +2,10 @@ package core_test
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/core/coretest"
+	"github.com/shardfs/shardfs/lease/local"
 )
 
 // pacerModel is the pacer written the slow and obvious way: a list of live
@@ -248,4 +252,282 @@ func fmtGrants(gs []pacerGrant) string {
 		s += fmt.Sprintf(" %d@%v", g.id, g.at.Sub(clock.Epoch))
 	}
 	return s
+}
+
+// requestN asks for n automatic slots for shard, one per Discord window,
+// and returns how many were granted.
+func requestN(clk *clock.Fake, p *core.Pacer, shard, n int, operator bool) (granted int) {
+	for range n {
+		if now, cancel := p.Request(shard, operator, func() { granted++ }); now {
+			granted++
+		} else {
+			clk.Advance(core.DiscordWindow)
+			cancel()
+		}
+		clk.Advance(core.DiscordWindow)
+	}
+	return granted
+}
+
+// The reserve: automatic requests leave the last starts (1% of the total,
+// at least 1) to the operator, who may spend them, and nobody more.
+func TestPacerReserve(t *testing.T) {
+	for _, tc := range []struct {
+		total, reserve, want int
+	}{
+		{5, -1, 1}, {1000, -1, 10}, {250, -1, 2}, {1, -1, 0}, {5, 0, 0}, {5, 3, 3},
+	} {
+		clk := clock.NewFake()
+		p := core.NewDiscordPacer(clk, 1)
+		p.SetReserve(tc.reserve)
+		p.SetStartLimit(core.StartLimit{Total: tc.total, Remaining: tc.total, ResetAfter: 24 * time.Hour, MaxConcurrency: 1})
+		if b := p.Budget(); b.Reserve != tc.want {
+			t.Errorf("total %d, --identify-reserve %d: reserve %d; want %d", tc.total, tc.reserve, b.Reserve, tc.want)
+		}
+		if got := requestN(clk, p, 0, tc.total+3, false); got != tc.total-tc.want {
+			t.Errorf("total %d, reserve %d: %d automatic identifies; want %d", tc.total, tc.want, got, tc.total-tc.want)
+		}
+		if got := requestN(clk, p, 0, tc.total+3, true); got != tc.want {
+			t.Errorf("total %d, reserve %d: the operator got %d; want the reserve, %d", tc.total, tc.want, got, tc.want)
+		}
+		if b := p.Budget(); b.Remaining != 0 || b.Used24h != tc.total {
+			t.Errorf("total %d: remaining %d, used_24h %d; want 0, %d", tc.total, b.Remaining, b.Used24h, tc.total)
+		}
+	}
+}
+
+// An operator's request goes ahead of the automatic ones held back by the
+// reserve, and BudgetWait says until when each kind waits.
+func TestPacerOperatorAhead(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 1)
+	p.SetStartLimit(core.StartLimit{Total: 5, Remaining: 1, ResetAfter: time.Hour, MaxConcurrency: 1})
+	var order []int
+	for _, shard := range []int{1, 2} {
+		if now, _ := p.Request(shard, false, func() { order = append(order, shard) }); now {
+			t.Fatalf("shard %d granted the reserve automatically", shard)
+		}
+	}
+	reset := clock.Epoch.Add(time.Hour)
+	if at := p.BudgetWait(false); !at.Equal(reset) {
+		t.Errorf("BudgetWait(automatic) = %v; want the reset, %v", at, reset)
+	}
+	if at := p.BudgetWait(true); !at.IsZero() {
+		t.Errorf("BudgetWait(operator) = %v with one start left; want zero", at)
+	}
+	if now, _ := p.Request(3, true, func() { order = append(order, 3) }); !now {
+		t.Fatal("the operator's request waited behind automatic ones held by the reserve")
+	}
+	if at := p.BudgetWait(true); !at.Equal(reset) {
+		t.Errorf("BudgetWait(operator) = %v with none left; want %v", at, reset)
+	}
+	// Nothing left: the operator waits too, ahead of the others.
+	p.Request(4, true, func() { order = append(order, 4) })
+	clk.Advance(time.Hour - time.Millisecond)
+	if len(order) != 0 {
+		t.Fatalf("granted %v before the reset", order)
+	}
+	clk.Advance(time.Minute)
+	if got := fmt.Sprint(order); got != "[4 1 2]" {
+		t.Errorf("after the reset the waiting requests were granted as %s; want [4 1 2]", got)
+	}
+}
+
+// Remaining is raised only when the clock reaches the reset time: not by
+// an answer with a higher remaining, nor by one with an earlier reset; an
+// answer may lower it.
+func TestPacerNeverRaisedBeforeReset(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 1)
+	p.SetReserve(0)
+	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 4, ResetAfter: time.Hour, MaxConcurrency: 1})
+	if got := requestN(clk, p, 0, 2, false); got != 2 {
+		t.Fatalf("granted %d of 2", got)
+	}
+	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 10, ResetAfter: time.Minute, MaxConcurrency: 1})
+	if b := p.Budget(); b.Remaining != 2 || !b.ResetAt.Equal(clock.Epoch.Add(time.Hour)) {
+		t.Fatalf("after a lagging answer: remaining %d, reset_at %v; want 2, %v", b.Remaining, b.ResetAt, clock.Epoch.Add(time.Hour))
+	}
+	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 1, ResetAfter: time.Hour, MaxConcurrency: 1})
+	if b := p.Budget(); b.Remaining != 1 {
+		t.Fatalf("an answer with remaining 1 left %d", b.Remaining)
+	}
+	if got := requestN(clk, p, 0, 5, false); got != 1 {
+		t.Fatalf("granted %d with 1 left; want 1", got)
+	}
+	clk.Advance(time.Hour - clk.Now().Sub(clock.Epoch) - time.Millisecond)
+	if b := p.Budget(); b.Remaining != 0 {
+		t.Fatalf("a millisecond before the reset: remaining %d; want 0", b.Remaining)
+	}
+	clk.Advance(time.Millisecond)
+	if b := p.Budget(); b.Remaining != 10 || !b.ResetAt.IsZero() {
+		t.Fatalf("at the reset: remaining %d, reset_at %v; want 10, unknown until the next grant", b.Remaining, b.ResetAt)
+	}
+	requestN(clk, p, 0, 1, false)
+	if b := p.Budget(); b.Remaining != 9 || !b.ResetAt.Equal(clock.Epoch.Add(time.Hour).Add(core.DiscordStartPeriod)) {
+		t.Fatalf("after the first grant of the period: remaining %d, reset_at %v", b.Remaining, b.ResetAt)
+	}
+}
+
+// The first answer counts less the slots granted before it (a
+// connection discovers after its slot); LimitTotal, for --gateway, does
+// the same with Discord's documented total.
+func TestPacerFirstFigureLessGrants(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 2)
+	requestN(clk, p, 0, 1, false)
+	requestN(clk, p, 1, 1, false)
+	p.SetStartLimit(core.StartLimit{Total: 1000, Remaining: 1000, ResetAfter: 2 * time.Hour, MaxConcurrency: 2})
+	if b := p.Budget(); b.Total != 1000 || b.Remaining != 998 || !b.ResetAt.Equal(clk.Now().Add(2*time.Hour)) {
+		t.Errorf("first answer after 2 grants: %+v; want total 1000, remaining 998", b)
+	}
+
+	clk = clock.NewFake()
+	p = core.NewDiscordPacer(clk, 1)
+	if b := p.Budget(); b.Total != 0 {
+		t.Fatalf("a new pacer knows a total: %+v", b)
+	}
+	requestN(clk, p, 0, 3, false)
+	p.LimitTotal(core.DiscordStartTotal)
+	if b := p.Budget(); b.Total != 1000 || b.Remaining != 997 || b.ResetAt.IsZero() || b.Used24h != 3 {
+		t.Errorf("--gateway after 3 grants: %+v; want total 1000, remaining 997, a reset time, used_24h 3", b)
+	}
+	// --identify-total caps what discovery says.
+	p.SetStartLimit(core.StartLimit{Total: 5000, Remaining: 5000, ResetAfter: time.Hour, MaxConcurrency: 1})
+	if b := p.Budget(); b.Total != 1000 || b.Remaining != 997 {
+		t.Errorf("an answer above the limit: %+v; want total 1000, remaining 997", b)
+	}
+}
+
+// event=identify-budget at 50% and 80% used and at the reserve, once each
+// per reset period.
+func TestPacerBudgetNotes(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 1)
+	var notes []string
+	p.SetBudgetNotify(func(n core.BudgetNote) {
+		notes = append(notes, fmt.Sprintf("%s@%d/%d", n.Mark, n.Used, n.Total))
+	})
+	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 10, ResetAfter: time.Hour, MaxConcurrency: 1})
+	requestN(clk, p, 0, 12, false)
+	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 0, ResetAfter: time.Hour, MaxConcurrency: 1})
+	want := "[50%@5/10 80%@8/10 reserve@9/10]"
+	if got := fmt.Sprint(notes); got != want {
+		t.Fatalf("notes %s; want %s", got, want)
+	}
+	clk.Advance(time.Hour)
+	notes = nil
+	requestN(clk, p, 0, 5, false)
+	if got := fmt.Sprint(notes); got != "[50%@5/10]" {
+		t.Errorf("next period: notes %s; want [50%%@5/10]", got)
+	}
+}
+
+// Fluxer's /identify figures are its window.
+func TestPacerFluxerBudget(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewFluxerPacer(clk, core.FluxerPacing{Budget: 3, Window: time.Minute})
+	for range 3 {
+		p.Request(0, false, func() {})
+		clk.Advance(10 * time.Second)
+	}
+	p.Request(1, false, func() {})
+	b := p.Budget()
+	if b.Total != 3 || b.Remaining != 0 || !b.ResetAt.Equal(clock.Epoch.Add(time.Minute)) || b.Waiting != 1 || b.Used24h != 3 || b.Reserve != 0 {
+		t.Errorf("Budget() = %+v; want total 3, remaining 0, reset at +1m, 1 waiting, used 3, no reserve", b)
+	}
+	if at := p.BudgetWait(false); !at.Equal(clock.Epoch.Add(time.Minute)) {
+		t.Errorf("BudgetWait = %v; want +1m", at)
+	}
+}
+
+// The issue-11 overspend: a connection's own discovery runs after its
+// identify slot was granted, before the identify reached the gateway, so
+// the answer counts none of the identifies in flight. Raising remaining
+// from such an answer let the node spend more than session_start_limit.
+func TestPacerLaggingAnswerNeverRaises(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 1)
+	lag := core.StartLimit{Total: 5, Remaining: 5, ResetAfter: 24 * time.Hour, MaxConcurrency: 1}
+	granted := 0
+	for i := range 20 {
+		if now, _ := p.Request(0, false, func() { granted++ }); now {
+			granted++
+		}
+		if i%3 == 0 {
+			// Every rediscovery answers as if none of ours was sent.
+			p.SetStartLimit(lag)
+		}
+		clk.Advance(core.DiscordWindow)
+	}
+	// 5 starts, the last one the operator's reserve.
+	if granted != 4 {
+		t.Fatalf("%d automatic identifies granted with session_start_limit.total 5; want 4 (the last start is the reserve)", granted)
+	}
+}
+
+// A shard held back by the budget says so in its diag (phase
+// wait-identify-budget, identify_wait_until), the node's events carry the
+// identify-budget lines, an operator's identify may spend the reserve and
+// retry too.
+func TestShardWaitsForBudget(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 4)
+	p.SetStartLimit(core.StartLimit{Total: 4, Remaining: 4, ResetAfter: time.Hour, MaxConcurrency: 4})
+	e2 := &env{t: t, clk: clk, tr: &coretest.Transport{}, lease: local.New(clk)}
+	node, err := core.New(core.Config{
+		Plan: core.Range(4, 0, 3), Transport: e2.tr, Clock: clk, Lease: e2.lease, Pacer: p,
+		Backoff: core.Fixed(5 * time.Second), Rand: func() float64 { return 0.5 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2.node = node
+	t.Cleanup(node.Close)
+	e2.node.Start() // shards 0-2 identify; shard 3 meets the reserve
+	for id := range 3 {
+		e2.ready(id, 1)
+	}
+	d := e2.diag(3)
+	reset := clock.Epoch.Add(time.Hour)
+	if d.Phase.String() != "wait-identify-budget" || !d.IdentifyWaitUntil.Equal(reset) {
+		t.Fatalf("shard 3: phase %s until %v; want wait-identify-budget until %v", d.Phase, d.IdentifyWaitUntil, reset)
+	}
+	text := string(d.AppendText(nil, clk.Now()))
+	if !strings.Contains(text, "phase wait-identify-budget\nidentify_wait_until 2026-11-30T08:00:00Z\n") {
+		t.Errorf("shard 3's diag:\n%s", text)
+	}
+	if d := e2.diag(0); d.Phase.String() != "ready" || !d.IdentifyWaitUntil.IsZero() {
+		t.Errorf("shard 0: phase %s, wait until %v", d.Phase, d.IdentifyWaitUntil)
+	}
+	buf := make([]byte, e2.node.Events().Size())
+	n, _ := e2.node.Events().ReadAt(buf, 0)
+	nodeEvents := string(buf[:n])
+	if !strings.Contains(nodeEvents, "shard=1 event=identify-budget mark=50% used=2 total=4 remaining=2 reset_at=2026-11-30T08:00:00Z\n") ||
+		!strings.Contains(nodeEvents, "shard=2 event=identify-budget mark=reserve used=3 total=4 remaining=1 reset_at=2026-11-30T08:00:00Z\n") {
+		t.Errorf("node events lack the identify-budget lines:\n%s", nodeEvents)
+	}
+	if !strings.Contains(e2.events(2), "event=identify-budget mark=reserve") {
+		t.Errorf("shard 2's events lack the reserve line:\n%s", e2.events(2))
+	}
+
+	// The operator's identify on shard 3 spends the reserve.
+	e2.exec(3, "identify")
+	if d := e2.diag(3); d.Phase != core.PhaseDial {
+		t.Fatalf("after the operator's identify shard 3 is in phase %s; want dial", d.Phase)
+	}
+	e2.ready(3, 1)
+	if !strings.Contains(e2.events(3), "event=identify-budget mark=80% used=4 total=4 remaining=0") {
+		t.Errorf("shard 3's events lack the 80%% line:\n%s", e2.events(3))
+	}
+	// A FATAL shard's retry may spend it too, but none is left now.
+	e2.conn(0).Link.Fail(core.Failure{Class: core.FatalFailure, Err: errors.New("4004"), Code: 4004})
+	e2.exec(0, "retry")
+	if d := e2.diag(0); d.Phase.String() != "wait-identify-budget" {
+		t.Fatalf("retry with no start left: phase %s", d.Phase)
+	}
+	clk.Advance(time.Hour)
+	if d := e2.diag(0); d.Phase != core.PhaseDial {
+		t.Fatalf("retry after the reset: phase %s; want dial", d.Phase)
+	}
 }
