@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"syscall"
@@ -81,5 +82,22 @@ func TestServeIdentifyBudget(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("serve exited with %v:\n%s", err, stderr.String())
+	}
+}
+
+// The budget flags refuse what makes no sense, before any token is read.
+func TestServeIdentifyFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--flavor", "discord", "--total", "1", "--identify-total", "-5"}, "--identify-total -5"},
+		{[]string{"serve", "--flavor", "discord", "--total", "1", "--identify-reserve", "-2"}, "--identify-reserve -2"},
+	} {
+		var out, errb strings.Builder
+		err := run(context.Background(), tc.args, strings.NewReader(""), &out, &errb)
+		if err == nil || !strings.Contains(err.Error()+errb.String(), tc.want) {
+			t.Errorf("shardfs %v = %v (stderr %q); want an error containing %q", tc.args, err, errb.String(), tc.want)
+		}
 	}
 }
