@@ -43,6 +43,14 @@ const (
 	DiscordStartPeriod = 24 * time.Hour
 )
 
+// startMargin bounds how long after its slot an identify reaches the
+// gateway (dial, TLS, upgrade and Hello are bounded by the transport's
+// timeouts, 30 s and 20 s). A reset time this pacer guesses (the period
+// starts with an identify the gateway counts when it arrives) lies that
+// much later, and the slots granted that close before a reset still count
+// after it: the gateway may count them in its new period.
+const startMargin = time.Minute
+
 // Pacer is the in-memory IdentifyPacer for one node. Requests wait in FIFO
 // queues, one per rate-limit key, so a fleet started in shard order
 // identifies in shard order; an operator's request goes ahead of the
@@ -55,14 +63,18 @@ const (
 //   - remaining goes down by one at every slot granted, when the slot is
 //     granted (not at READY: an identify in flight counts);
 //   - it goes up only when the clock reaches the reset time (resetAt <=
-//     now): then it is the total again, and the next grant (or a
-//     discovery answer) sets the next reset time;
+//     now): then it is the total again, less the slots granted in the
+//     minute before (they may reach the gateway in its new period);
 //   - a discovery answer (SetStartLimit) may lower remaining, and sets the
 //     reset time when none is known, but never raises remaining nor moves
 //     a known reset time: the gateway's figure may lag the identifies in
 //     flight, and the first answer, which may come after some slots were
 //     granted (a connection discovers after its slot), is taken less those
 //     grants;
+//   - an answer with nothing used leaves the reset time unknown (the
+//     gateway's period starts with the identify it counts next); a reset
+//     time the pacer sets itself, at the first grant of a period, lies a
+//     period and a minute (startMargin) after it;
 //   - automatic requests never spend the last Reserve starts (default 1%
 //     of the total, at least 1, less than the total); an operator's may.
 //
@@ -84,10 +96,11 @@ type Pacer struct {
 	total          int // session starts per reset period; 0 = unknown, unlimited
 	ceiling        int // LimitTotal: the total never goes above it (0 = none)
 	remaining      int
-	resetAt        time.Time // zero: unknown, the period starts at the next grant
-	unknownUsed    int       // slots granted while the total was unknown
-	reserve        int       // -1: the default
-	notified       uint8     // the thresholds already reported this period
+	resetAt        time.Time   // zero: unknown, the period starts at the next grant
+	unknownUsed    int         // slots granted while the total was unknown
+	lately         []time.Time // grant times within startMargin, oldest first
+	reserve        int         // -1: the default
+	notified       uint8       // the thresholds already reported this period
 	notify         func(BudgetNote)
 	// Fluxer
 	budget  int
@@ -252,6 +265,18 @@ func (p *Pacer) SetStartLimit(l StartLimit) {
 			total = min(total, p.ceiling)
 		}
 		rem := max(min(l.Remaining, total), 0)
+		if p.resetAt.IsZero() {
+			switch {
+			case l.Remaining < l.Total && l.ResetAfter > 0:
+				// The gateway's period has begun: its end is fixed.
+				p.resetAt = now.Add(l.ResetAfter)
+			case l.Remaining < l.Total || p.total == 0 && p.unknownUsed > 0:
+				// Begun, at the latest with our grants, before now.
+				p.resetAt = now.Add(DiscordStartPeriod + startMargin)
+			}
+			// Otherwise nothing is used: the period starts with the
+			// next identify, and take sets the time.
+		}
 		if p.total == 0 {
 			// The first figure: slots granted before it may not be in it.
 			p.remaining = max(rem-p.unknownUsed, 0)
@@ -260,13 +285,6 @@ func (p *Pacer) SetStartLimit(l StartLimit) {
 			p.remaining = min(p.remaining, rem)
 		}
 		p.total = total
-		if p.resetAt.IsZero() {
-			d := l.ResetAfter
-			if d <= 0 {
-				d = DiscordStartPeriod
-			}
-			p.resetAt = now.Add(d)
-		}
 		p.noteLocked(-1)
 	}
 	if mc := max(l.MaxConcurrency, 1); mc != p.maxConcurrency {
@@ -316,7 +334,7 @@ func (p *Pacer) LimitTotal(total int) {
 		p.total, p.remaining = total, max(total-p.unknownUsed, 0)
 		if p.unknownUsed > 0 && p.resetAt.IsZero() {
 			// The period began with those grants, before now.
-			p.resetAt = p.clock.Now().Add(DiscordStartPeriod)
+			p.resetAt = p.clock.Now().Add(DiscordStartPeriod + startMargin)
 		}
 		p.unknownUsed = 0
 	} else {
@@ -354,8 +372,19 @@ func (p *Pacer) reserveLocked() int {
 // rollLocked starts a new period once the clock has reached the reset
 // time: the only way remaining goes up.
 func (p *Pacer) rollLocked(now time.Time) {
-	if p.total > 0 && !p.resetAt.IsZero() && !now.Before(p.resetAt) {
-		p.remaining, p.resetAt, p.notified = p.total, time.Time{}, 0
+	if p.total == 0 || p.resetAt.IsZero() || now.Before(p.resetAt) {
+		return
+	}
+	p.remaining, p.notified = p.total, 0
+	reset := p.resetAt
+	p.resetAt = time.Time{}
+	for _, t := range p.lately {
+		if !t.Before(reset.Add(-startMargin)) {
+			if p.resetAt.IsZero() {
+				p.resetAt = t.Add(DiscordStartPeriod + startMargin)
+			}
+			p.remaining--
+		}
 	}
 }
 
@@ -578,9 +607,14 @@ func (p *Pacer) take(q *pacerQueue, now time.Time, shard int) {
 			return
 		}
 		if p.resetAt.IsZero() {
-			p.resetAt = now.Add(DiscordStartPeriod)
+			p.resetAt = now.Add(DiscordStartPeriod + startMargin)
 		}
 		p.remaining--
+		i := 0
+		for i < len(p.lately) && !p.lately[i].Add(startMargin).After(now) {
+			i++
+		}
+		p.lately = append(p.lately[i:], now)
 		p.noteLocked(shard)
 		return
 	}

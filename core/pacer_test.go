@@ -364,7 +364,9 @@ func TestPacerNeverRaisedBeforeReset(t *testing.T) {
 		t.Fatalf("at the reset: remaining %d, reset_at %v; want 10, unknown until the next grant", b.Remaining, b.ResetAt)
 	}
 	requestN(clk, p, 0, 1, false)
-	if b := p.Budget(); b.Remaining != 9 || !b.ResetAt.Equal(clock.Epoch.Add(time.Hour).Add(core.DiscordStartPeriod)) {
+	// The gateway's period starts when that identify arrives: a minute's
+	// margin.
+	if b := p.Budget(); b.Remaining != 9 || !b.ResetAt.Equal(clock.Epoch.Add(time.Hour).Add(core.DiscordStartPeriod+time.Minute)) {
 		t.Fatalf("after the first grant of the period: remaining %d, reset_at %v", b.Remaining, b.ResetAt)
 	}
 }
@@ -373,17 +375,28 @@ func TestPacerNeverRaisedBeforeReset(t *testing.T) {
 // connection discovers after its slot); LimitTotal, for --gateway, does
 // the same with Discord's documented total.
 func TestPacerFirstFigureLessGrants(t *testing.T) {
-	clk := clock.NewFake()
-	p := core.NewDiscordPacer(clk, 2)
-	requestN(clk, p, 0, 1, false)
-	requestN(clk, p, 1, 1, false)
-	p.SetStartLimit(core.StartLimit{Total: 1000, Remaining: 1000, ResetAfter: 2 * time.Hour, MaxConcurrency: 2})
-	if b := p.Budget(); b.Total != 1000 || b.Remaining != 998 || !b.ResetAt.Equal(clk.Now().Add(2*time.Hour)) {
-		t.Errorf("first answer after 2 grants: %+v; want total 1000, remaining 998", b)
+	for _, tc := range []struct {
+		remaining, want int
+		reset           time.Duration
+	}{
+		// Nothing counted yet: the period starts as ours arrive, within
+		// a minute.
+		{1000, 998, 24*time.Hour + time.Minute},
+		// The gateway's period has begun: its reset_after holds.
+		{999, 997, 2 * time.Hour},
+	} {
+		clk := clock.NewFake()
+		p := core.NewDiscordPacer(clk, 2)
+		requestN(clk, p, 0, 1, false)
+		requestN(clk, p, 1, 1, false)
+		p.SetStartLimit(core.StartLimit{Total: 1000, Remaining: tc.remaining, ResetAfter: 2 * time.Hour, MaxConcurrency: 2})
+		if b := p.Budget(); b.Total != 1000 || b.Remaining != tc.want || !b.ResetAt.Equal(clk.Now().Add(tc.reset)) {
+			t.Errorf("first answer (remaining %d) after 2 grants: %+v; want remaining %d, reset in %v", tc.remaining, b, tc.want, tc.reset)
+		}
 	}
 
-	clk = clock.NewFake()
-	p = core.NewDiscordPacer(clk, 1)
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 1)
 	if b := p.Budget(); b.Total != 0 {
 		t.Fatalf("a new pacer knows a total: %+v", b)
 	}
@@ -415,7 +428,7 @@ func TestPacerBudgetNotes(t *testing.T) {
 	if got := fmt.Sprint(notes); got != want {
 		t.Fatalf("notes %s; want %s", got, want)
 	}
-	clk.Advance(time.Hour)
+	clk.Advance(p.Budget().ResetAt.Sub(clk.Now()))
 	notes = nil
 	requestN(clk, p, 0, 5, false)
 	if got := fmt.Sprint(notes); got != "[50%@5/10]" {
@@ -489,12 +502,14 @@ func TestShardWaitsForBudget(t *testing.T) {
 		e2.ready(id, 1)
 	}
 	d := e2.diag(3)
-	reset := clock.Epoch.Add(time.Hour)
+	// Nothing was used when discovery answered: the period began with
+	// the first identify, give or take the minute it takes to arrive.
+	reset := clock.Epoch.Add(24*time.Hour + time.Minute)
 	if d.Phase.String() != "wait-identify-budget" || !d.IdentifyWaitUntil.Equal(reset) {
 		t.Fatalf("shard 3: phase %s until %v; want wait-identify-budget until %v", d.Phase, d.IdentifyWaitUntil, reset)
 	}
 	text := string(d.AppendText(nil, clk.Now()))
-	if !strings.Contains(text, "phase wait-identify-budget\nidentify_wait_until 2026-11-30T08:00:00Z\n") {
+	if !strings.Contains(text, "phase wait-identify-budget\nidentify_wait_until 2026-12-01T07:01:00Z\n") {
 		t.Errorf("shard 3's diag:\n%s", text)
 	}
 	if d := e2.diag(0); d.Phase.String() != "ready" || !d.IdentifyWaitUntil.IsZero() {
@@ -503,8 +518,8 @@ func TestShardWaitsForBudget(t *testing.T) {
 	buf := make([]byte, e2.node.Events().Size())
 	n, _ := e2.node.Events().ReadAt(buf, 0)
 	nodeEvents := string(buf[:n])
-	if !strings.Contains(nodeEvents, "shard=1 event=identify-budget mark=50% used=2 total=4 remaining=2 reset_at=2026-11-30T08:00:00Z\n") ||
-		!strings.Contains(nodeEvents, "shard=2 event=identify-budget mark=reserve used=3 total=4 remaining=1 reset_at=2026-11-30T08:00:00Z\n") {
+	if !strings.Contains(nodeEvents, "shard=1 event=identify-budget mark=50% used=2 total=4 remaining=2 reset_at=2026-12-01T07:01:00Z\n") ||
+		!strings.Contains(nodeEvents, "shard=2 event=identify-budget mark=reserve used=3 total=4 remaining=1 reset_at=2026-12-01T07:01:00Z\n") {
 		t.Errorf("node events lack the identify-budget lines:\n%s", nodeEvents)
 	}
 	if !strings.Contains(e2.events(2), "event=identify-budget mark=reserve") {
@@ -526,8 +541,26 @@ func TestShardWaitsForBudget(t *testing.T) {
 	if d := e2.diag(0); d.Phase.String() != "wait-identify-budget" {
 		t.Fatalf("retry with no start left: phase %s", d.Phase)
 	}
-	clk.Advance(time.Hour)
+	clk.Advance(reset.Sub(clk.Now()))
 	if d := e2.diag(0); d.Phase != core.PhaseDial {
 		t.Fatalf("retry after the reset: phase %s; want dial", d.Phase)
+	}
+}
+
+// A slot granted within a minute of the reset may reach the gateway after
+// its reset, and count in its new period: it counts in ours too.
+func TestPacerGrantNearResetCountsAfter(t *testing.T) {
+	clk := clock.NewFake()
+	p := core.NewDiscordPacer(clk, 1)
+	p.SetReserve(0)
+	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 5, ResetAfter: time.Hour, MaxConcurrency: 1})
+	clk.Advance(time.Hour - 2*time.Minute)
+	p.Request(0, false, func() {}) // two minutes before: the old period's
+	clk.Advance(90 * time.Second)
+	p.Request(0, false, func() {}) // 30 s before
+	clk.Advance(30 * time.Second)
+	b := p.Budget()
+	if want := clock.Epoch.Add(time.Hour - 30*time.Second + 24*time.Hour + time.Minute); b.Remaining != 9 || !b.ResetAt.Equal(want) {
+		t.Errorf("after the reset: remaining %d, reset_at %v; want 9, %v", b.Remaining, b.ResetAt, want)
 	}
 }
