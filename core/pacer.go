@@ -79,7 +79,9 @@ const startMargin = time.Minute
 //     of the total, at least 1, less than the total); an operator's may.
 //
 // Until a total is known (from discovery or LimitTotal) nothing is
-// enforced but the grants are counted. Events at 50% and 80% used and at
+// enforced but the grants are counted, so the binary discovers before it
+// starts the shards; only when that fails do the first slots (one per
+// bucket) go out before the figure is known. Events at 50% and 80% used and at
 // the reserve go, once each per reset period, to the function given to
 // SetBudgetNotify.
 //

@@ -564,3 +564,105 @@ func TestPacerGrantNearResetCountsAfter(t *testing.T) {
 		t.Errorf("after the reset: remaining %d, reset_at %v; want 9, %v", b.Remaining, b.ResetAt, want)
 	}
 }
+
+// gatewayBudget is Discord's side of session_start_limit as the
+// simulator keeps it: the period starts with the first identify it
+// counts, an identify counts when it arrives, and one over the total
+// resets the token.
+type gatewayBudget struct {
+	total    int
+	start    time.Time // zero: no period running
+	used     int
+	arrivals []time.Time // identifies in flight, by arrival time
+	over     string
+}
+
+func (g *gatewayBudget) send(at time.Time, n int) {
+	// Dial, TLS and Hello take up to 50 s, less than the pacer's minute.
+	delay := time.Duration(n*7919%51) * time.Second
+	g.arrivals = append(g.arrivals, at.Add(delay))
+	slices.SortFunc(g.arrivals, func(a, b time.Time) int { return a.Compare(b) })
+}
+
+func (g *gatewayBudget) arrive(now time.Time) {
+	for len(g.arrivals) > 0 && !g.arrivals[0].After(now) {
+		a := g.arrivals[0]
+		g.arrivals = g.arrivals[1:]
+		if !g.start.IsZero() && !a.Before(g.start.Add(core.DiscordStartPeriod)) {
+			g.start, g.used = time.Time{}, 0
+		}
+		if g.start.IsZero() {
+			g.start = a
+		}
+		if g.used >= g.total && g.over == "" {
+			g.over = fmt.Sprintf("identify %d of a total of %d arrived at %v, in the period from %v", g.used+1, g.total, a.Sub(clock.Epoch), g.start.Sub(clock.Epoch))
+		}
+		g.used++
+	}
+}
+
+func (g *gatewayBudget) answer(now time.Time) core.StartLimit {
+	g.arrive(now)
+	l := core.StartLimit{Total: g.total, Remaining: g.total, ResetAfter: core.DiscordStartPeriod, MaxConcurrency: 1}
+	if !g.start.IsZero() && now.Before(g.start.Add(core.DiscordStartPeriod)) {
+		l.Remaining, l.ResetAfter = g.total-g.used, g.start.Add(core.DiscordStartPeriod).Sub(now)
+	}
+	return l
+}
+
+// Whatever the order of requests (automatic or the operator's), cancels,
+// discovery answers (which lag the identifies in flight) and clock
+// advances across periods, the gateway never counts an identify beyond
+// its total.
+func TestPropertyBudgetNeverExceeded(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		clk := clock.NewFake()
+		g := &gatewayBudget{total: rapid.IntRange(1, 8).Draw(rt, "total")}
+		p := core.NewDiscordPacer(clk, 1)
+		sent := 0
+		grant := func() { sent++; g.send(clk.Now(), sent) }
+		// Until a total is known the pacer enforces nothing: serve
+		// discovers before it starts the shards, or with --gateway takes
+		// the documented total.
+		if rapid.Bool().Draw(rt, "--gateway") {
+			p.LimitTotal(g.total)
+		} else {
+			p.SetStartLimit(g.answer(clk.Now()))
+		}
+		var cancels []func()
+		rt.Repeat(map[string]func(*rapid.T){
+			"request": func(t *rapid.T) {
+				now, cancel := p.Request(rapid.IntRange(0, 3).Draw(t, "shard"), rapid.Bool().Draw(t, "operator"), grant)
+				if now {
+					grant()
+				}
+				cancels = append(cancels, cancel)
+			},
+			"cancel": func(t *rapid.T) {
+				if len(cancels) == 0 {
+					t.Skip("nothing requested")
+				}
+				cancels[rapid.IntRange(0, len(cancels)-1).Draw(t, "i")]()
+			},
+			"discover": func(t *rapid.T) { p.SetStartLimit(g.answer(clk.Now())) },
+			"advance": func(t *rapid.T) {
+				d := time.Duration(rapid.Int64Range(0, int64(30*time.Hour)).Draw(t, "d"))
+				if rapid.Bool().Draw(t, "short") {
+					d = time.Duration(rapid.IntRange(0, 120).Draw(t, "s")) * time.Second
+				}
+				clk.Advance(d)
+			},
+			"": func(t *rapid.T) {
+				g.arrive(clk.Now())
+				if g.over != "" {
+					t.Fatal(g.over)
+				}
+			},
+		})
+		clk.Advance(time.Hour) // every identify in flight arrives
+		g.arrive(clk.Now())
+		if g.over != "" {
+			rt.Fatal(g.over)
+		}
+	})
+}

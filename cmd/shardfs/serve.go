@@ -120,8 +120,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		closeListeners(ls)
 		return err
 	}
-	if limit != nil && flavor == core.Discord {
+	switch {
+	case flavor != core.Discord:
+	case limit != nil:
 		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
+	case *gatewayURL == "":
+		// The identify budget must be known before the first identify:
+		// until then the pacer enforces nothing. A failure is the
+		// shards' to report, as they discover again when they connect.
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := sup.Transport.Discover(dctx); err != nil {
+			log.Debug("discovery before the start failed; the shards discover when they connect", "err", err)
+		}
+		cancel()
 	}
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
