@@ -22,7 +22,8 @@ type IdentifyPacer interface {
 	Request(shard int, operator bool, grant func()) (now bool, cancel func())
 	// BudgetWait returns, while the identify budget (not a bucket's pacing)
 	// holds back a request of that kind, when it lets the next one
-	// through; zero otherwise.
+	// through; zero otherwise. A shard's diagnostics call it under that
+	// shard's lock, as Request is: it must answer from memory, at once.
 	BudgetWait(operator bool) time.Time
 }
 
