@@ -120,7 +120,7 @@ func BenchmarkCancelAll16384(b *testing.B) {
 				for b.Loop() {
 					b.StopTimer()
 					for i := range cancels {
-						_, cancels[i] = p.Request(i, func() { b.Fatal("granted while the clock stands still") })
+						_, cancels[i] = p.Request(i, false, func() { b.Fatal("granted while the clock stands still") })
 					}
 					if order == "reverse" {
 						slices.Reverse(cancels)

@@ -32,6 +32,9 @@ type Diag struct {
 	ReconnectDeadline time.Time
 	Waiting           bool
 	Phase             Phase
+	// IdentifyWaitUntil is, in PhaseWaitBudget, when the identify budget
+	// lets the shard's request through.
+	IdentifyWaitUntil time.Time
 	Conn              ConnState
 	Latency           time.Duration
 	// HeartbeatMisses counts heartbeats the gateway did not acknowledge
@@ -70,6 +73,11 @@ func (s *shard) diag(now time.Time) Diag {
 		d.Session = "invalid"
 		if s.sessionValid {
 			d.Session = "resumable"
+		}
+	}
+	if s.phase == PhaseWaitSlot && s.slotCancel != nil {
+		if until := s.node.pacer.BudgetWait(s.slotOperator); !until.IsZero() {
+			d.Phase, d.IdentifyWaitUntil = PhaseWaitBudget, until
 		}
 	}
 	if s.state == Backoff {
@@ -127,6 +135,9 @@ func (d *Diag) AppendText(b []byte, now time.Time) []byte {
 		kv("reconnect_deadline", "none")
 	}
 	kv("phase", d.Phase.String())
+	if !d.IdentifyWaitUntil.IsZero() {
+		kv("identify_wait_until", d.IdentifyWaitUntil.UTC().Format(time.RFC3339))
+	}
 	kv("tcp", d.Conn.TCP.String())
 	kv("tls", d.Conn.TLS.String())
 	kv("ws", d.Conn.WS.String())

@@ -24,7 +24,13 @@
 //   - A shard connects only while its lease is valid; a lease that expires
 //     stops it (STOPPED, reason "lease expired"), and arming the lease again
 //     or turning it off starts the shards that the expiry stopped.
-//   - Identifies wait for the IdentifyPacer; resumes never do.
+//   - Identifies wait for the IdentifyPacer; resumes never do. The
+//     identify budget is counted down at every slot granted and raised
+//     only by a reset the clock has reached, never by a discovery answer,
+//     which may lag the identifies in flight (see Pacer). The operator's
+//     identify and retry may spend the reserve that automatic new
+//     sessions leave; a shard the budget holds back reports phase
+//     wait-identify-budget and identify_wait_until.
 //   - The session epoch is 0 until the first new session and takes a new,
 //     larger value at every new session (never on a resume). It comes from
 //     one count for the whole node, at least the Unix time in

@@ -122,6 +122,9 @@ func New(cfg Config) (*Node, error) {
 			n.pacer = NewDiscordPacer(n.clock, 1)
 		}
 	}
+	if bn, ok := n.pacer.(interface{ SetBudgetNotify(func(BudgetNote)) }); ok {
+		bn.SetBudgetNotify(n.budgetNote)
+	}
 	retention := orDefault(cfg.EventRetention, 16<<10)
 	n.events = journal.New(orDefault(cfg.NodeEventRetention, 1<<20))
 	n.shards = make(map[int]*shard, len(n.plan.Local))
@@ -132,6 +135,28 @@ func New(cfg Config) (*Node, error) {
 		n.order[i] = s
 	}
 	return n, nil
+}
+
+// budgetNote logs an identify-budget threshold to the node's events and
+// to those of the shard whose slot crossed it. It runs under the pacer's
+// lock, and perhaps under that shard's: it takes neither.
+func (n *Node) budgetNote(b BudgetNote) {
+	now := n.clock.Now()
+	level := slog.LevelInfo
+	if b.Mark == "reserve" {
+		level = slog.LevelWarn
+	}
+	e := newEventLine(now, b.Shard, "identify-budget", level, n.log).str("mark", b.Mark).
+		int("used", int64(b.Used)).int("total", int64(b.Total)).int("remaining", int64(b.Remaining))
+	if !b.ResetAt.IsZero() {
+		e.str("reset_at", b.ResetAt.UTC().Format(time.RFC3339))
+	}
+	line := e.finish(n.log)
+	n.events.Append(line, now)
+	if s := n.shards[b.Shard]; s != nil {
+		s.events.Append(line, now)
+	}
+	e.release()
 }
 
 func orDefault(v, def int) int {

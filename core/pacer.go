@@ -11,13 +11,20 @@ import (
 )
 
 // IdentifyPacer hands out identify slots. It is an interface so that
-// several nodes can share one budget.
+// several nodes can share one budget (the etcd pacer implements it too).
 type IdentifyPacer interface {
 	// Request asks for an identify slot for shard. It returns true when the
 	// shard may identify now. Otherwise grant is called once, later, from
 	// another goroutine or the clock's Advance and never from within Request,
-	// unless cancel is called first.
-	Request(shard int, grant func()) (now bool, cancel func())
+	// unless cancel is called first. operator marks a request made by an
+	// operator's command (identify, retry): it may spend the reserve, and
+	// it goes ahead of the automatic requests waiting with it.
+	Request(shard int, operator bool, grant func()) (now bool, cancel func())
+	// BudgetWait returns, while the identify budget (not a bucket's pacing)
+	// holds back a request of that kind, when it lets the next one
+	// through; zero otherwise. A shard's diagnostics call it under that
+	// shard's lock, as Request is: it must answer from memory, at once.
+	BudgetWait(operator bool) time.Time
 }
 
 // StartLimit is Discord's session_start_limit.
@@ -30,15 +37,58 @@ type StartLimit struct {
 // DiscordWindow is the time one bucket needs between two identifies.
 const DiscordWindow = 5 * time.Second
 
+// Discord's documented session start limit of a bot that has not been
+// told otherwise, the figure used when discovery is skipped.
+const (
+	DiscordStartTotal  = 1000
+	DiscordStartPeriod = 24 * time.Hour
+)
+
+// startMargin bounds how long after its slot an identify reaches the
+// gateway (dial, TLS, upgrade and Hello are bounded by the transport's
+// timeouts, 30 s and 20 s). A reset time this pacer guesses (the period
+// starts with an identify the gateway counts when it arrives) lies that
+// much later, and the slots granted that close before a reset still count
+// after it: the gateway may count them in its new period.
+const startMargin = time.Minute
+
 // Pacer is the in-memory IdentifyPacer for one node. Requests wait in FIFO
 // queues, one per rate-limit key, so a fleet started in shard order
-// identifies in shard order.
+// identifies in shard order; an operator's request goes ahead of the
+// automatic ones of its queue.
 //
 // Discord: the key is shard % max_concurrency and each key identifies at
-// most once per 5 s; no identify is granted while session_start_limit's
-// remaining count is used up, until its reset_after has passed.
+// most once per 5 s. The session start budget is counted here, and only
+// here is it trusted:
+//
+//   - remaining goes down by one at every slot granted, when the slot is
+//     granted (not at READY: an identify in flight counts);
+//   - it goes up only when the clock reaches the reset time (resetAt <=
+//     now): then it is the total again, less the slots granted in the
+//     minute before (they may reach the gateway in its new period);
+//   - a discovery answer (SetStartLimit) may lower remaining, and sets the
+//     reset time when none is known, but never raises remaining nor moves
+//     a known reset time: the gateway's figure may lag the identifies in
+//     flight, and the first answer, which may come after some slots were
+//     granted (a connection discovers after its slot), is taken less those
+//     grants;
+//   - an answer with nothing used leaves the reset time unknown (the
+//     gateway's period starts with the identify it counts next); a reset
+//     time the pacer sets itself, at the first grant of a period, lies a
+//     period and a minute (startMargin) after it;
+//   - automatic requests never spend the last Reserve starts (default 1%
+//     of the total, at least 1, less than the total); an operator's may.
+//
+// Until a total is known (from discovery or LimitTotal) nothing is
+// enforced but the grants are counted, so the binary discovers before it
+// starts the shards; only when that fails do the first slots (one per
+// bucket) go out before the figure is known. Events at 50% and 80% used and at
+// the reserve go, once each per reset period, to the function given to
+// SetBudgetNotify.
+//
 // Fluxer: one key; at most Budget identifies in any Window, at least Spacing
-// apart. Fluxer's discovery limits are constant and are not paced from.
+// apart, and no reserve (the window refills within a minute). Fluxer's
+// discovery limits are constant and are not paced from.
 type Pacer struct {
 	clock   clock.Clock
 	discord bool
@@ -47,16 +97,57 @@ type Pacer struct {
 	// Discord
 	maxConcurrency int
 	total          int // session starts per reset period; 0 = unknown, unlimited
+	ceiling        int // LimitTotal: the total never goes above it (0 = none)
 	remaining      int
-	resetAt        time.Time
+	resetAt        time.Time   // zero: unknown, the period starts at the next grant
+	unknownUsed    int         // slots granted while the total was unknown
+	lately         []time.Time // grant times within startMargin, oldest first
+	reserve        int         // -1: the default
+	notified       uint8       // the thresholds already reported this period
+	notify         func(BudgetNote)
 	// Fluxer
 	budget  int
 	window  time.Duration
 	spacing time.Duration
 	recent  []time.Time // identify times within the window, oldest first
 
+	day    dayCount
 	queues map[int]*pacerQueue
 	seq    uint64
+}
+
+// BudgetNote reports a threshold of the session start budget crossed.
+type BudgetNote struct {
+	// Shard is the shard whose slot crossed it, -1 for a discovery answer.
+	Shard int
+	// Mark is "50%", "80%" (of the total used) or "reserve" (no start
+	// left but the reserve).
+	Mark                   string
+	Used, Total, Remaining int
+	ResetAt                time.Time
+}
+
+const (
+	noted50 uint8 = 1 << iota
+	noted80
+	notedReserve
+)
+
+// Budget is what /identify shows.
+type Budget struct {
+	// Total is the session starts per period (Fluxer: per window); 0 when
+	// not known yet.
+	Total, Remaining int
+	// ResetAt is when Remaining is the total again (Fluxer: when the
+	// oldest identify in the window leaves it); zero when not known.
+	ResetAt time.Time
+	// Used24h counts the slots this pacer granted in the last 24 hours.
+	Used24h        int
+	Reserve        int
+	MaxConcurrency int
+	// Waiting requests, and the time of the next grant (zero if none).
+	Waiting  int
+	NextSlot time.Time
 }
 
 type pacerQueue struct {
@@ -66,6 +157,7 @@ type pacerQueue struct {
 	// unlinks its waiter in O(1): "stop all" cancels every waiting request,
 	// and with a slice each cancel cost a search and a shift under mu.
 	head, tail *pacerWaiter
+	lastOp     *pacerWaiter // the operators' requests come first
 	n          int
 	timer      clock.Timer
 	armed      bool
@@ -73,6 +165,7 @@ type pacerQueue struct {
 
 type pacerWaiter struct {
 	shard      int
+	operator   bool
 	seq        uint64
 	grant      func()
 	q          *pacerQueue // nil once granted or cancelled
@@ -80,6 +173,10 @@ type pacerWaiter struct {
 }
 
 func (q *pacerQueue) push(w *pacerWaiter) {
+	if w.operator {
+		q.pushOperator(w)
+		return
+	}
 	w.q, w.prev, w.next = q, q.tail, nil
 	if q.tail != nil {
 		q.tail.next = w
@@ -90,7 +187,30 @@ func (q *pacerQueue) push(w *pacerWaiter) {
 	q.n++
 }
 
+// pushOperator queues w after the operators' requests already waiting and
+// before every automatic one.
+func (q *pacerQueue) pushOperator(w *pacerWaiter) {
+	w.q, w.prev = q, q.lastOp
+	if w.prev != nil {
+		w.next = w.prev.next
+		w.prev.next = w
+	} else {
+		w.next = q.head
+		q.head = w
+	}
+	if w.next != nil {
+		w.next.prev = w
+	} else {
+		q.tail = w
+	}
+	q.lastOp = w
+	q.n++
+}
+
 func (q *pacerQueue) remove(w *pacerWaiter) {
+	if q.lastOp == w {
+		q.lastOp = w.prev // an operator's too, or nil
+	}
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -109,7 +229,7 @@ func (q *pacerQueue) remove(w *pacerWaiter) {
 // says otherwise, max_concurrency is maxConcurrency (at least 1) and the
 // daily start limit is unknown and not enforced.
 func NewDiscordPacer(c clock.Clock, maxConcurrency int) *Pacer {
-	return &Pacer{clock: clock.Or(c), discord: true, maxConcurrency: max(maxConcurrency, 1), queues: map[int]*pacerQueue{}}
+	return &Pacer{clock: clock.Or(c), discord: true, maxConcurrency: max(maxConcurrency, 1), reserve: -1, queues: map[int]*pacerQueue{}}
 }
 
 // FluxerPacing is Fluxer's identify budget.
@@ -131,17 +251,45 @@ func NewFluxerPacer(c clock.Clock, p FluxerPacing) *Pacer {
 	return &Pacer{clock: clock.Or(c), budget: p.Budget, window: p.Window, spacing: p.Spacing, queues: map[int]*pacerQueue{}}
 }
 
-// SetStartLimit applies Discord's session_start_limit from discovery. A
-// changed max_concurrency re-buckets the waiting requests, keeping their
-// order. Fluxer pacers ignore it.
+// SetStartLimit applies Discord's session_start_limit from discovery,
+// under the rules of the type's doc: it may lower remaining, never raise
+// it. A changed max_concurrency re-buckets the waiting requests, keeping
+// their order. Fluxer pacers ignore it.
 func (p *Pacer) SetStartLimit(l StartLimit) {
 	if !p.discord {
 		return
 	}
 	p.mu.Lock()
 	now := p.clock.Now()
-	p.total, p.remaining = l.Total, l.Remaining
-	p.resetAt = now.Add(l.ResetAfter)
+	p.rollLocked(now)
+	if l.Total > 0 {
+		total := l.Total
+		if p.ceiling > 0 {
+			total = min(total, p.ceiling)
+		}
+		rem := max(min(l.Remaining, total), 0)
+		if p.resetAt.IsZero() {
+			switch {
+			case l.Remaining < l.Total && l.ResetAfter > 0:
+				// The gateway's period has begun: its end is fixed.
+				p.resetAt = now.Add(l.ResetAfter)
+			case l.Remaining < l.Total || p.total == 0 && p.unknownUsed > 0:
+				// Begun, at the latest with our grants, before now.
+				p.resetAt = now.Add(DiscordStartPeriod + startMargin)
+			}
+			// Otherwise nothing is used: the period starts with the
+			// next identify, and take sets the time.
+		}
+		if p.total == 0 {
+			// The first figure: slots granted before it may not be in it.
+			p.remaining = max(rem-p.unknownUsed, 0)
+			p.unknownUsed = 0
+		} else {
+			p.remaining = min(p.remaining, rem)
+		}
+		p.total = total
+		p.noteLocked(-1)
+	}
 	if mc := max(l.MaxConcurrency, 1); mc != p.maxConcurrency {
 		p.maxConcurrency = mc
 		var all []*pacerWaiter
@@ -173,21 +321,153 @@ func (p *Pacer) SetStartLimit(l StartLimit) {
 	p.mu.Unlock()
 }
 
+// LimitTotal sets the session start total when discovery is skipped
+// (Discord's documented DiscordStartTotal unless the operator says
+// otherwise), or caps what discovery says. With no total known yet, the
+// full total remains, less the slots already granted, and the period
+// starts at the next grant. Fluxer pacers ignore it.
+func (p *Pacer) LimitTotal(total int) {
+	if !p.discord || total <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ceiling = total
+	if p.total == 0 {
+		p.total, p.remaining = total, max(total-p.unknownUsed, 0)
+		if p.unknownUsed > 0 && p.resetAt.IsZero() {
+			// The period began with those grants, before now.
+			p.resetAt = p.clock.Now().Add(DiscordStartPeriod + startMargin)
+		}
+		p.unknownUsed = 0
+	} else {
+		p.total, p.remaining = min(p.total, total), min(p.remaining, total)
+	}
+	p.noteLocked(-1)
+}
+
+// SetReserve sets the starts automatic requests never spend; negative
+// means the default, 1% of the total, at least 1 and less than the total.
+func (p *Pacer) SetReserve(n int) {
+	p.mu.Lock()
+	p.reserve = n
+	p.mu.Unlock()
+}
+
+// SetBudgetNotify sets the function told of the budget's thresholds. It is
+// called with the pacer's lock held: it must not call the pacer.
+func (p *Pacer) SetBudgetNotify(f func(BudgetNote)) {
+	p.mu.Lock()
+	p.notify = f
+	p.mu.Unlock()
+}
+
+func (p *Pacer) reserveLocked() int {
+	if !p.discord || p.total == 0 {
+		return 0
+	}
+	if p.reserve >= 0 {
+		return min(p.reserve, p.total)
+	}
+	return min(max(p.total/100, 1), p.total-1)
+}
+
+// rollLocked starts a new period once the clock has reached the reset
+// time: the only way remaining goes up.
+func (p *Pacer) rollLocked(now time.Time) {
+	if p.total == 0 || p.resetAt.IsZero() || now.Before(p.resetAt) {
+		return
+	}
+	p.remaining, p.notified = p.total, 0
+	reset := p.resetAt
+	p.resetAt = time.Time{}
+	for _, t := range p.lately {
+		if !t.Before(reset.Add(-startMargin)) {
+			if p.resetAt.IsZero() {
+				p.resetAt = t.Add(DiscordStartPeriod + startMargin)
+			}
+			p.remaining--
+		}
+	}
+}
+
+// noteLocked reports the thresholds newly crossed.
+func (p *Pacer) noteLocked(shard int) {
+	if p.total == 0 || p.notify == nil {
+		return
+	}
+	used := p.total - p.remaining
+	for _, m := range []struct {
+		bit  uint8
+		mark string
+		hit  bool
+	}{
+		{noted50, "50%", used*2 >= p.total},
+		{noted80, "80%", used*5 >= p.total*4},
+		{notedReserve, "reserve", p.remaining <= p.reserveLocked()},
+	} {
+		if m.hit && p.notified&m.bit == 0 {
+			p.notified |= m.bit
+			p.notify(BudgetNote{Shard: shard, Mark: m.mark, Used: used, Total: p.total, Remaining: p.remaining, ResetAt: p.resetAt})
+		}
+	}
+}
+
 // Request implements IdentifyPacer.
-func (p *Pacer) Request(shard int, grant func()) (bool, func()) {
+func (p *Pacer) Request(shard int, operator bool, grant func()) (bool, func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.clock.Now()
+	p.rollLocked(now)
 	q := p.queue(shard)
-	if q.n == 0 && !p.allowAt(q, now).After(now) {
-		p.take(q, now)
+	if (q.n == 0 || operator && q.lastOp == nil) && !p.allowAt(q, now, operator).After(now) {
+		p.take(q, now, shard)
 		return true, func() {}
 	}
 	p.seq++
-	w := &pacerWaiter{shard: shard, seq: p.seq, grant: grant}
+	w := &pacerWaiter{shard: shard, operator: operator, seq: p.seq, grant: grant}
 	q.push(w)
+	if q.armed && q.head == w {
+		// A new head, perhaps allowed sooner than the one it passed.
+		q.timer.Stop()
+		q.armed = false
+	}
 	p.schedule(q, now)
 	return false, func() { p.cancel(w) }
+}
+
+// BudgetWait implements IdentifyPacer.
+func (p *Pacer) BudgetWait(operator bool) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock.Now()
+	p.rollLocked(now)
+	at := p.budgetAt(now, operator)
+	if !at.After(now) {
+		return time.Time{}
+	}
+	return at
+}
+
+// Budget returns the figures of /identify.
+func (p *Pacer) Budget() Budget {
+	p.mu.Lock()
+	now := p.clock.Now()
+	p.day.advance(now)
+	b := Budget{Used24h: p.day.sum, MaxConcurrency: 1}
+	if p.discord {
+		p.rollLocked(now)
+		b.Total, b.Remaining, b.ResetAt, b.Reserve, b.MaxConcurrency = p.total, p.remaining, p.resetAt, p.reserveLocked(), p.maxConcurrency
+	} else {
+		i := p.windowStart(now)
+		b.Total, b.Remaining = p.budget, max(p.budget-(len(p.recent)-i), 0)
+		if i < len(p.recent) {
+			b.ResetAt = p.recent[i].Add(p.window)
+		}
+	}
+	p.mu.Unlock()
+	b.Waiting, b.NextSlot = p.Waiting()
+	return b
 }
 
 // MaxConcurrency returns Discord's max_concurrency in force (1 for Fluxer).
@@ -211,7 +491,7 @@ func (p *Pacer) Waiting() (n int, next time.Time) {
 			continue
 		}
 		n += q.n
-		if at := p.allowAt(q, now); next.IsZero() || at.Before(next) {
+		if at := p.allowAt(q, now, q.head.operator); next.IsZero() || at.Before(next) {
 			next = at
 		}
 	}
@@ -230,7 +510,7 @@ func (p *Pacer) DrainTime() time.Duration {
 		if n == 0 {
 			continue
 		}
-		d := p.allowAt(q, now).Sub(now)
+		d := p.allowAt(q, now, q.head.operator).Sub(now)
 		if p.discord {
 			d += time.Duration(n-1) * DiscordWindow
 		} else {
@@ -264,16 +544,36 @@ func (p *Pacer) queue(shard int) *pacerQueue {
 }
 
 // allowAt returns the earliest time, not before now, at which q may
-// identify.
-func (p *Pacer) allowAt(q *pacerQueue, now time.Time) time.Time {
-	t := now
+// identify a request of that kind.
+func (p *Pacer) allowAt(q *pacerQueue, now time.Time, operator bool) time.Time {
 	if p.discord {
-		t = later(t, q.next)
-		if p.total > 0 && p.remaining <= 0 && now.Before(p.resetAt) {
-			t = later(t, p.resetAt)
-		}
-		return t
+		return later(later(now, q.next), p.budgetAt(now, operator))
 	}
+	return p.budgetAt(now, false)
+}
+
+// budgetAt returns the earliest time, not before now, at which the budget
+// lets a request of that kind through, whatever its bucket.
+func (p *Pacer) budgetAt(now time.Time, operator bool) time.Time {
+	if p.discord {
+		floor := 0
+		if !operator {
+			floor = p.reserveLocked()
+		}
+		if p.total == 0 || p.remaining > floor {
+			return now
+		}
+		switch {
+		case p.resetAt.IsZero():
+			// Only a reserve of the whole total gets here: nothing
+			// automatic ever starts a period.
+			return now.Add(DiscordStartPeriod)
+		case !p.resetAt.After(now):
+			return now // reached: rollLocked raises remaining first
+		}
+		return p.resetAt
+	}
+	t := now
 	if n := len(p.recent); n > 0 {
 		t = later(t, p.recent[n-1].Add(p.spacing))
 	}
@@ -291,23 +591,37 @@ func (p *Pacer) allowAt(q *pacerQueue, now time.Time) time.Time {
 	}
 }
 
-func (p *Pacer) take(q *pacerQueue, now time.Time) {
-	if p.discord {
-		q.next = now.Add(DiscordWindow)
-		if p.total > 0 {
-			if !now.Before(p.resetAt) {
-				// A new period began; discovery will correct the figures.
-				p.remaining = p.total
-				p.resetAt = now.Add(24 * time.Hour)
-			}
-			p.remaining--
-		}
-		return
-	}
+// windowStart is the index of the oldest identify still in the window.
+func (p *Pacer) windowStart(now time.Time) int {
 	i := 0
 	for i < len(p.recent) && !p.recent[i].Add(p.window).After(now) {
 		i++
 	}
+	return i
+}
+
+func (p *Pacer) take(q *pacerQueue, now time.Time, shard int) {
+	p.day.add(now)
+	if p.discord {
+		q.next = now.Add(DiscordWindow)
+		p.rollLocked(now)
+		if p.total == 0 {
+			p.unknownUsed++
+			return
+		}
+		if p.resetAt.IsZero() {
+			p.resetAt = now.Add(DiscordStartPeriod + startMargin)
+		}
+		p.remaining--
+		i := 0
+		for i < len(p.lately) && !p.lately[i].Add(startMargin).After(now) {
+			i++
+		}
+		p.lately = append(p.lately[i:], now)
+		p.noteLocked(shard)
+		return
+	}
+	i := p.windowStart(now)
 	p.recent = append(p.recent[i:], now)
 }
 
@@ -315,7 +629,7 @@ func (p *Pacer) schedule(q *pacerQueue, now time.Time) {
 	if q.armed || q.n == 0 {
 		return
 	}
-	d := p.allowAt(q, now).Sub(now)
+	d := p.allowAt(q, now, q.head.operator).Sub(now)
 	if q.timer == nil {
 		q.timer = p.clock.AfterFunc(d, func() { p.fire(q) })
 	} else {
@@ -332,13 +646,14 @@ func (p *Pacer) fire(q *pacerQueue) {
 		return
 	}
 	now := p.clock.Now()
-	if p.allowAt(q, now).After(now) {
+	p.rollLocked(now)
+	w := q.head
+	if p.allowAt(q, now, w.operator).After(now) {
 		p.schedule(q, now)
 		p.mu.Unlock()
 		return
 	}
-	p.take(q, now)
-	w := q.head
+	p.take(q, now, w.shard)
 	q.remove(w)
 	p.schedule(q, now)
 	p.mu.Unlock()
@@ -360,4 +675,33 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// dayCount counts grants over the last 24 hours in one-minute buckets.
+type dayCount struct {
+	min  [24 * 60]int32
+	last int64 // the minute of the newest bucket
+	sum  int
+}
+
+func (d *dayCount) advance(now time.Time) {
+	m := now.Unix() / 60
+	switch {
+	case d.sum == 0:
+	case m-d.last >= int64(len(d.min)):
+		d.min, d.sum = [len(d.min)]int32{}, 0
+	default:
+		for i := d.last + 1; i <= m; i++ {
+			k := i % int64(len(d.min))
+			d.sum -= int(d.min[k])
+			d.min[k] = 0
+		}
+	}
+	d.last = max(d.last, m)
+}
+
+func (d *dayCount) add(now time.Time) {
+	d.advance(now)
+	d.min[d.last%int64(len(d.min))]++
+	d.sum++
 }

@@ -51,11 +51,11 @@ type faultPacer struct {
 	f *faults
 }
 
-func (p faultPacer) Request(shard int, grant func()) (bool, func()) {
+func (p faultPacer) Request(shard int, op bool, grant func()) (bool, func()) {
 	if p.f.fires(shard, false) {
 		panic(fmt.Sprintf("pacer exploded on shard %d", shard))
 	}
-	return p.IdentifyPacer.Request(shard, grant)
+	return p.IdentifyPacer.Request(shard, op, grant)
 }
 
 // newFaultEnv is newEnv with a transport and a pacer that panic on demand.

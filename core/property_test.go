@@ -48,11 +48,13 @@ type checkedPacer struct {
 	fail   func(string, ...any)
 }
 
-func (p *checkedPacer) Request(shard int, g func()) (bool, func()) {
+func (p *checkedPacer) BudgetWait(op bool) time.Time { return p.inner.BudgetWait(op) }
+
+func (p *checkedPacer) Request(shard int, op bool, g func()) (bool, func()) {
 	if p.models[shard].resumable() {
 		p.fail("shard %d asked for an identify slot while resumable", shard)
 	}
-	now, cancel := p.inner.Request(shard, func() {
+	now, cancel := p.inner.Request(shard, op, func() {
 		p.grants = append(p.grants, grant{shard, p.clk.Now()})
 		g()
 	})

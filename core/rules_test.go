@@ -507,7 +507,7 @@ func TestRuleDiscordIdentifyPacing(t *testing.T) {
 	p := core.NewDiscordPacer(clk, 2)
 	var order []string
 	for _, id := range []int{0, 1, 2, 3, 4, 5, 6, 7} {
-		if now, _ := p.Request(id, func() { order = append(order, fmt.Sprintf("%d@%v", id, clk.Now().Sub(clock.Epoch))) }); now {
+		if now, _ := p.Request(id, false, func() { order = append(order, fmt.Sprintf("%d@%v", id, clk.Now().Sub(clock.Epoch))) }); now {
 			order = append(order, fmt.Sprintf("%d@0s", id))
 		}
 	}
@@ -524,18 +524,18 @@ func TestRuleDiscordIdentifyPacing(t *testing.T) {
 	}
 }
 
-// session_start_limit: no identify while remaining is used up, until
-// reset_after.
+// session_start_limit: no automatic identify while remaining is down to
+// the reserve (10 of 1,000), until reset_after.
 func TestDiscordPacerStartLimit(t *testing.T) {
 	clk := clock.NewFake()
 	p := core.NewDiscordPacer(clk, 1)
-	p.SetStartLimit(core.StartLimit{Total: 1000, Remaining: 1, ResetAfter: time.Hour, MaxConcurrency: 1})
-	if now, _ := p.Request(0, func() {}); !now {
-		t.Fatal("first identify with remaining 1 waited")
+	p.SetStartLimit(core.StartLimit{Total: 1000, Remaining: 11, ResetAfter: time.Hour, MaxConcurrency: 1})
+	if now, _ := p.Request(0, false, func() {}); !now {
+		t.Fatal("first identify with remaining 11 waited")
 	}
 	granted := false
-	if now, _ := p.Request(1, func() { granted = true }); now {
-		t.Fatal("identify with remaining 0 granted at once")
+	if now, _ := p.Request(1, false, func() { granted = true }); now {
+		t.Fatal("identify with remaining 10, the reserve, granted at once")
 	}
 	clk.Advance(59 * time.Minute)
 	if granted {
@@ -556,7 +556,7 @@ func TestDiscordPacerRebuckets(t *testing.T) {
 	p := core.NewDiscordPacer(clk, 1)
 	var order []string
 	for id := range 6 {
-		if now, _ := p.Request(id, func() { order = append(order, fmt.Sprintf("%d@%v", id, clk.Now().Sub(clock.Epoch))) }); now {
+		if now, _ := p.Request(id, false, func() { order = append(order, fmt.Sprintf("%d@%v", id, clk.Now().Sub(clock.Epoch))) }); now {
 			order = append(order, fmt.Sprintf("%d@0s", id))
 		}
 	}
@@ -576,7 +576,7 @@ func TestRuleFluxerIdentifyPacing(t *testing.T) {
 	p := core.NewFluxerPacer(clk, core.FluxerPacing{Budget: 3, Window: 10 * time.Second, Spacing: time.Second})
 	var times []time.Duration
 	for id := range 7 {
-		if now, _ := p.Request(id, func() { times = append(times, clk.Now().Sub(clock.Epoch)) }); now {
+		if now, _ := p.Request(id, false, func() { times = append(times, clk.Now().Sub(clock.Epoch)) }); now {
 			times = append(times, 0)
 		}
 	}
@@ -591,10 +591,10 @@ func TestRuleFluxerIdentifyPacing(t *testing.T) {
 func TestPacerCancel(t *testing.T) {
 	clk := clock.NewFake()
 	p := core.NewDiscordPacer(clk, 1)
-	p.Request(0, func() {})
+	p.Request(0, false, func() {})
 	var got []int
-	_, cancel1 := p.Request(1, func() { got = append(got, 1) })
-	p.Request(2, func() { got = append(got, 2) })
+	_, cancel1 := p.Request(1, false, func() { got = append(got, 1) })
+	p.Request(2, false, func() { got = append(got, 2) })
 	cancel1()
 	clk.Advance(time.Minute)
 	if !reflect.DeepEqual(got, []int{2}) {

@@ -69,6 +69,10 @@ type shard struct {
 	leaseTimer clock.Timer
 	slotCancel func() // pending identify slot request
 	slotSeq    uint64
+	// operatorNext makes the next slot request an operator's (identify,
+	// retry), which may spend the budget's reserve; slotOperator is the
+	// kind of the pending one.
+	operatorNext, slotOperator bool
 }
 
 // Link carries one connection attempt's events to its shard. Events from a
@@ -384,9 +388,11 @@ func (s *shard) requestSlotLocked() {
 	s.phase = PhaseWaitSlot
 	s.slotSeq++
 	seq := s.slotSeq
+	op := s.operatorNext
+	s.operatorNext, s.slotOperator = false, op
 	var granted bool
 	var cancel func()
-	if err := s.callout(func() { granted, cancel = s.node.pacer.Request(s.id, func() { s.slotGranted(seq) }) }); err != nil {
+	if err := s.callout(func() { granted, cancel = s.node.pacer.Request(s.id, op, func() { s.slotGranted(seq) }) }); err != nil {
 		s.panicFailLocked(err)
 		return
 	}
@@ -700,13 +706,17 @@ func (s *shard) apply(v Verb) {
 	case VerbStart, VerbRetry:
 		s.emit(s.line(now, v.String(), slog.LevelInfo).str("state", s.state.String()))
 		s.failures = 0
+		s.operatorNext = v == VerbRetry
 		s.resetAndStartLocked(now)
+		s.operatorNext = false
 	case VerbIdentify:
 		s.emit(s.line(now, "identify", slog.LevelInfo).str("state", s.state.String()))
 		s.closeConnLocked(1000)
 		s.sessionValid = false
 		s.failures = 0
+		s.operatorNext = true
 		s.resetAndStartLocked(now)
+		s.operatorNext = false
 	}
 }
 

@@ -114,9 +114,12 @@ const (
 	PhaseReady          // session live
 	PhaseBackoff        // waiting for the reconnect deadline
 	PhaseStopped        // no connection by decision
+	// PhaseWaitBudget is PhaseWaitSlot while the identify budget, not a
+	// bucket's pacing, holds the request back; only Diag reports it.
+	PhaseWaitBudget
 )
 
-var phaseNames = [...]string{"none", "wait-identify-slot", "dial", "tls", "upgrade", "hello", "identify", "resume", "ready", "backoff", "stopped"}
+var phaseNames = [...]string{"none", "wait-identify-slot", "dial", "tls", "upgrade", "hello", "identify", "resume", "ready", "backoff", "stopped", "wait-identify-budget"}
 
 func (p Phase) String() string {
 	if int(p) < len(phaseNames) {

@@ -313,11 +313,13 @@ type countingPacer struct {
 	n  int
 }
 
-func (c *countingPacer) Request(shard int, grant func()) (bool, func()) {
+func (c *countingPacer) BudgetWait(op bool) time.Time { return c.p.BudgetWait(op) }
+
+func (c *countingPacer) Request(shard int, op bool, grant func()) (bool, func()) {
 	c.mu.Lock()
 	c.n++
 	c.mu.Unlock()
-	return c.p.Request(shard, grant)
+	return c.p.Request(shard, op, grant)
 }
 
 func (c *countingPacer) requests() int {

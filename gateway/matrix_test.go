@@ -279,7 +279,8 @@ func runMatrixRow(t *testing.T, flavor core.Flavor, compress Compression, row ma
 // misconfigured shared budget would.
 type alwaysGrant struct{}
 
-func (alwaysGrant) Request(int, func()) (bool, func()) { return true, func() {} }
+func (alwaysGrant) Request(int, bool, func()) (bool, func()) { return true, func() {} }
+func (alwaysGrant) BudgetWait(bool) time.Time                { return time.Time{} }
 
 // TestFaultMatrixStartup holds the rows of the matrix whose fault comes
 // before the first READY: an identify (or discovery) refused for its

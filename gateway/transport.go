@@ -45,8 +45,10 @@ type Config struct {
 	// Sink receives dispatches; nil drops them.
 	Sink Sink
 	// OnStartLimit receives Discord's session_start_limit after each
-	// discovery; the binary passes (*core.Pacer).SetStartLimit. It is never
-	// called for Fluxer, whose figures are constants.
+	// discovery; the binary passes (*core.Pacer).SetStartLimit. The figure
+	// may lag the identifies in flight (a connection discovers after its
+	// slot was granted), so the pacer only ever lowers its count from it.
+	// It is never called for Fluxer, whose figures are constants.
 	OnStartLimit func(core.StartLimit)
 
 	// Clock drives heartbeats and the Hello and READY timeouts; nil means

@@ -31,6 +31,7 @@ var (
 	descLeaseGen   = prometheus.NewDesc("shardfs_shard_lease_generation", "Lease generation (fencing token).", []string{"shard"}, nil)
 	descDispEvents = prometheus.NewDesc("shardfs_dispatch_events_total", "Dispatch events written to the dispatch logs.", nil, nil)
 	descDispBytes  = prometheus.NewDesc("shardfs_dispatch_bytes_total", "Bytes written to the node's dispatch log.", nil, nil)
+	descIdRemain   = prometheus.NewDesc("shardfs_identify_remaining", "Session starts left in the identify budget (absent while the total is unknown).", nil, nil)
 )
 
 // eventBuckets span a lifecycle event's handling time, from a
@@ -74,7 +75,7 @@ func (t *Tree) ObserveEvent(kind string, d time.Duration) {
 type collector struct{ t *Tree }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descShards, descState, descReconnects, descIdentifies, descResumes, descDispatches, descSequence, descLatency, descEpoch, descLeaseGen, descDispEvents, descDispBytes} {
+	for _, d := range []*prometheus.Desc{descShards, descState, descReconnects, descIdentifies, descResumes, descDispatches, descSequence, descLatency, descEpoch, descLeaseGen, descDispEvents, descDispBytes, descIdRemain} {
 		ch <- d
 	}
 }
@@ -101,6 +102,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descDispEvents, prometheus.CounterValue, float64(c.t.dispatchEvents.Load()))
 	ch <- prometheus.MustNewConstMetric(descDispBytes, prometheus.CounterValue, float64(c.t.dispatchBytes.Load()))
+	if c.t.cfg.Identify != nil {
+		if b := c.t.cfg.Identify(); b.Total > 0 {
+			ch <- prometheus.MustNewConstMetric(descIdRemain, prometheus.GaugeValue, float64(b.Remaining))
+		}
+	}
 }
 
 // metrics renders the registry in the Prometheus text format.

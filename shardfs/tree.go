@@ -27,6 +27,9 @@ type Config struct {
 	// (flavor, total, shards), e.g. gateway and max_concurrency. It is
 	// called at every open of /plan.
 	Info func() [][2]string
+	// Identify, when set, gives the identify budget that /identify and the
+	// metric shardfs_identify_remaining show (the node's pacer's Budget).
+	Identify func() core.Budget
 	// LeaseBackend names the lease backend in /lease ("local" when empty).
 	LeaseBackend string
 	// DispatchRetention and NodeDispatchRetention bound each shard's
@@ -88,6 +91,9 @@ func New(cfg Config) *Tree {
 		&fsrv.Text{Name: "lease", Content: t.lease},
 		&fsrv.Text{Name: "metrics", Content: t.metrics},
 		&fsrv.Log{Name: "dispatch", Source: t.dispatch, Private: true},
+	}
+	if cfg.Identify != nil {
+		t.top = append(t.top, &fsrv.Text{Name: "identify", Content: t.identify})
 	}
 	t.root = &fsrv.Dir{Name: "/", List: t.list, Lookup: t.lookup}
 	return t
@@ -309,6 +315,36 @@ func (t *Tree) plan() []byte {
 			fmt.Fprintf(&b, "%s %s\n", kv[0], kv[1])
 		}
 	}
+	return []byte(b.String())
+}
+
+// identify is /identify (DESIGN.md section 7.2). A total not known yet
+// (no discovery answer so far) shows as unknown, like every figure that
+// depends on it.
+func (t *Tree) identify() []byte {
+	now := t.node.Clock().Now()
+	bg := t.cfg.Identify()
+	var b strings.Builder
+	ms := func(k string, at time.Time) {
+		if at.IsZero() {
+			fmt.Fprintf(&b, "%s none\n", k)
+		} else {
+			fmt.Fprintf(&b, "%s %d\n", k, max(at.Sub(now), 0).Milliseconds())
+		}
+	}
+	if bg.Total == 0 {
+		b.WriteString("total unknown\nremaining unknown\n")
+	} else {
+		fmt.Fprintf(&b, "total %d\nremaining %d\n", bg.Total, bg.Remaining)
+	}
+	if bg.ResetAt.IsZero() {
+		b.WriteString("reset_at none\n")
+	} else {
+		fmt.Fprintf(&b, "reset_at %s\n", bg.ResetAt.UTC().Format(time.RFC3339))
+	}
+	ms("reset_in_ms", bg.ResetAt)
+	fmt.Fprintf(&b, "used_24h %d\nreserve %d\nmax_concurrency %d\nwaiting %d\n", bg.Used24h, bg.Reserve, bg.MaxConcurrency, bg.Waiting)
+	ms("next_slot_ms", bg.NextSlot)
 	return []byte(b.String())
 }
 

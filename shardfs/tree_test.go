@@ -386,3 +386,27 @@ func TestFormatShardList(t *testing.T) {
 		}
 	}
 }
+
+// /identify shows the pacer's budget, and /metrics its remaining count.
+func TestIdentifyFile(t *testing.T) {
+	var p *core.Pacer
+	e := newEnv(t, func(c *Config) { c.Identify = func() core.Budget { return p.Budget() } })
+	p = core.NewDiscordPacer(e.clk, 2)
+	root := e.dotl()
+	want := "total unknown\nremaining unknown\nreset_at none\nreset_in_ms none\nused_24h 0\nreserve 0\nmax_concurrency 2\nwaiting 0\nnext_slot_ms none\n"
+	if got := readL(t, root, "identify"); got != want {
+		t.Errorf("identify before discovery = %q; want %q", got, want)
+	}
+	p.SetStartLimit(core.StartLimit{Total: 5, Remaining: 3, ResetAfter: 2 * time.Hour, MaxConcurrency: 2})
+	for shard := range 4 {
+		p.Request(shard, false, func() {})
+	}
+	e.clk.Advance(time.Minute)
+	want = "total 5\nremaining 1\nreset_at 2026-11-30T09:00:00Z\nreset_in_ms 7140000\nused_24h 2\nreserve 1\nmax_concurrency 2\nwaiting 2\nnext_slot_ms 7140000\n"
+	if got := readL(t, root, "identify"); got != want {
+		t.Errorf("identify = %q; want %q", got, want)
+	}
+	if m := readL(t, root, "metrics"); !strings.Contains(m, "\nshardfs_identify_remaining 1\n") {
+		t.Errorf("metrics lack shardfs_identify_remaining 1:\n%s", m)
+	}
+}

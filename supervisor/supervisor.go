@@ -40,6 +40,14 @@ type Config struct {
 	// MaxConcurrency is Discord's max_concurrency until discovery says
 	// otherwise (default 1).
 	MaxConcurrency int
+	// IdentifyTotal is Discord's session start total per 24 h when
+	// discovery is skipped (default core.DiscordStartTotal with GatewayURL),
+	// and caps what discovery says otherwise (0: no cap).
+	IdentifyTotal int
+	// IdentifyReserve is how many of those starts automatic new sessions
+	// leave to the operator's identify and retry: 0 means the default (1%
+	// of the total, at least 1), negative means none.
+	IdentifyReserve int
 	// FluxerPacing overrides Fluxer's identify budget.
 	FluxerPacing core.FluxerPacing
 	// Backoff is the reconnect policy; nil means core.DefaultBackoff.
@@ -93,6 +101,16 @@ func New(cfg Config) (*Supervisor, error) {
 		s.Pacer = core.NewFluxerPacer(clk, cfg.FluxerPacing)
 	} else {
 		s.Pacer = core.NewDiscordPacer(clk, cfg.MaxConcurrency)
+		if cfg.IdentifyReserve != 0 {
+			s.Pacer.SetReserve(max(cfg.IdentifyReserve, 0))
+		}
+		total := cfg.IdentifyTotal
+		if total == 0 && cfg.GatewayURL != "" {
+			// No discovery will say: Discord's documented figure, and the
+			// period starts with the first identify.
+			total = core.DiscordStartTotal
+		}
+		s.Pacer.LimitTotal(total)
 	}
 	var tree *shardfs.Tree // set below; the sink runs only after Start
 	tr, err := gateway.New(gateway.Config{
@@ -123,7 +141,7 @@ func New(cfg Config) (*Supervisor, error) {
 	}
 	s.Node = node
 	tree = shardfs.New(shardfs.Config{
-		Node: node, Info: s.info, LeaseBackend: "local",
+		Node: node, Info: s.info, Identify: s.Pacer.Budget, LeaseBackend: "local",
 		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
 		Registry: cfg.Registry, Logger: log,
 	})

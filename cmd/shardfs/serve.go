@@ -28,6 +28,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	shards := fl.String("shards", "", "local shard IDs, e.g. 0-3,7 (default: all of the total)")
 	intents := fl.Uint64("intents", 0, "Discord gateway intents bit field")
 	maxConc := fl.Int("max-concurrency", 1, "Discord max_concurrency until discovery says otherwise (with --gateway there is no discovery)")
+	idTotal := fl.Int("identify-total", 0, "Discord session starts per 24 h: with --gateway the total (default 1000), else a cap on what discovery says")
+	idReserve := fl.Int("identify-reserve", -1, "session starts automatic new sessions leave to the operator's identify and retry (-1: 1% of the total, at least 1)")
 	compress := fl.String("compress", "none", "transport compression: none, zlib-stream or zstd-stream")
 	backoffFlag := fl.String("backoff", "default", "reconnect backoff: default or fixed:DURATION")
 	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
@@ -44,6 +46,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	flavor, err := core.ParseFlavor(*flavorName)
 	if err != nil {
 		return flagErr(fl, "--flavor: %v", err)
+	}
+	if *idTotal < 0 {
+		return flagErr(fl, "--identify-total %d: want 0 (from discovery) or more", *idTotal)
+	}
+	if *idReserve < -1 {
+		return flagErr(fl, "--identify-reserve %d: want -1 (the default) or more", *idReserve)
+	}
+	reserve := *idReserve // supervisor.Config: 0 is the default, negative none
+	switch reserve {
+	case -1:
+		reserve = 0
+	case 0:
+		reserve = -1
 	}
 	comp, err := gateway.ParseCompression(*compress)
 	if err != nil {
@@ -100,15 +115,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	sup, err := supervisor.New(supervisor.Config{
 		Flavor: flavor, Token: token, API: *api, GatewayURL: *gatewayURL,
 		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
-		MaxConcurrency: *maxConc,
+		MaxConcurrency: *maxConc, IdentifyTotal: *idTotal, IdentifyReserve: reserve,
 	})
 	if err != nil {
 		closeListeners(ls)
 		return err
 	}
 	sup.Server.MaxConns = *maxConns
-	if limit != nil && flavor == core.Discord {
+	switch {
+	case flavor != core.Discord:
+	case limit != nil:
 		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
+	case *gatewayURL == "":
+		// The identify budget must be known before the first identify:
+		// until then the pacer enforces nothing. A failure is the
+		// shards' to report, as they discover again when they connect.
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := sup.Transport.Discover(dctx); err != nil {
+			log.Debug("discovery before the start failed; the shards discover when they connect", "err", err)
+		}
+		cancel()
 	}
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
