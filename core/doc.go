@@ -38,7 +38,9 @@
 //     retry. The shard never reconnects from within that handling, even at
 //     a zero delay, so a Transport that panics on every Connect meets a
 //     timer, not a recursion. A connection becomes the shard's only once
-//     Connect has returned it.
+//     Connect has returned it. A panic in the lease backend (Arm, Off)
+//     refuses the lease command, logged with its stack as
+//     event=lease-panic in the node's events, and changes no shard.
 //   - Nothing connects after Close: a lease grant or a command that
 //     arrives later leaves the shard STOPPED.
 //

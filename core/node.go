@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -486,13 +487,7 @@ func (n *Node) applyLease(c Command, targets []*shard) error {
 	for i, s := range targets {
 		ids[i] = s.id
 	}
-	var grants []LeaseGrant
-	var err error
-	if c.LeaseOff {
-		grants, err = n.lease.Off(ids)
-	} else {
-		grants, err = n.lease.Arm(ids, c.Lease)
-	}
+	grants, err := n.callLease(c, ids)
 	if err != nil {
 		return err
 	}
@@ -500,6 +495,28 @@ func (n *Node) applyLease(c Command, targets []*shard) error {
 		n.SetLease(g)
 	}
 	return nil
+}
+
+// callLease asks the backend for the command's grants. A panic in the
+// backend refuses the command, with the panic and its stack in the node's
+// events: no grant is applied, so no shard changes. The error wraps no
+// sentinel (an I/O error to 9P clients), like a backend's own errors: the
+// command was fine, the backend was not.
+func (n *Node) callLease(c Command, ids []int) (grants []LeaseGrant, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			now := n.clock.Now()
+			e := newEventLine(now, -1, "lease-panic", slog.LevelError, n.log).
+				str("cmd", c.Verb.String()).str("panic", fmt.Sprint(r)).str("stack", string(debug.Stack()))
+			n.events.Append(e.finish(n.log), now)
+			e.release()
+			grants, err = nil, fmt.Errorf("the lease backend panicked: %v; nothing changed", r)
+		}
+	}()
+	if c.LeaseOff {
+		return n.lease.Off(ids)
+	}
+	return n.lease.Arm(ids, c.Lease)
 }
 
 // SetLease applies a lease grant to its shard: a lease whose deadline has
