@@ -180,7 +180,16 @@ func TestSnapshotLoadRules(t *testing.T) {
 				store.Put(victim, *tc.snap)
 			}
 			e := newStoreEnv(t, core.Config{Flavor: tc.flavor, Gateway: tc.gateway, ResumeWindow: tc.window, StoreTimeout: tc.timeout}, store)
+			var unmarked []int
+			e.tr.Probe = func(a core.Attempt) {
+				if got, _ := store.Get(a.Shard); a.Resume && !got.Used() {
+					unmarked = append(unmarked, a.Shard) // the core holds the shard: report later
+				}
+			}
 			e.node.Start()
+			if len(unmarked) > 0 {
+				t.Fatalf("shards %v resumed while the store still held a resumable copy", unmarked)
+			}
 
 			for _, id := range e.node.Plan().Local {
 				c := e.conn(id)
@@ -485,7 +494,7 @@ func TestStartLoadsConcurrently(t *testing.T) {
 			store.Put(id, s)
 		}
 	}
-	e := newStoreEnv(t, core.Config{Plan: core.Range(shards, 0, shards-1), StoreTimeout: 10 * time.Second}, store, shards)
+	e := newStoreEnv(t, core.Config{Plan: core.Range(shards, 0, shards-1), StoreTimeout: 2 * time.Second}, store, shards)
 	e.node.Start()
 	conns := e.tr.Conns()
 	if len(conns) != shards {
