@@ -65,6 +65,13 @@ func storeCall[T any](n *Node, f func(ctx context.Context) (T, error)) (T, error
 		}
 		return r.v, r.err
 	case <-ctx.Done():
+		select {
+		case r := <-done: // it made the deadline after all
+			if r.err == nil {
+				return r.v, nil
+			}
+		default:
+		}
 		return zero, storeTimeoutError{n.storeTimeout}
 	}
 }
@@ -267,7 +274,11 @@ func (s *shard) save(snap Snapshot) {
 	s.mu.Lock()
 	defer s.unlock()
 	now := s.node.clock.Now()
+	var timeout storeTimeoutError
 	if err != nil {
+		// A save that outlived its bound may still land: count it as
+		// stored, so that a start marks it used before resuming.
+		s.stored, s.storedAt = errors.As(err, &timeout), snap.SavedAt
 		s.emit(s.line(now, "snapshot-error", slog.LevelError).str("op", "save").err(err))
 		return
 	}
