@@ -45,12 +45,17 @@ func (s *faultyStore) fault(ctx context.Context, shard int) error {
 		return coretest.Block(ctx)
 	case 4:
 		panic("store panicked")
+	case 5:
+		return errLate
 	}
 	return nil
 }
 
+// errLate asks the call to do its work and then hang past its deadline.
+var errLate = errors.New("late")
+
 func (s *faultyStore) Load(ctx context.Context, shard int) (core.Snapshot, bool, error) {
-	if err := s.fault(ctx, shard); err != nil {
+	if err := s.fault(ctx, shard); err != nil && err != errLate {
 		return core.Snapshot{}, false, err
 	}
 	s.mu.Lock()
@@ -61,17 +66,21 @@ func (s *faultyStore) Load(ctx context.Context, shard int) (core.Snapshot, bool,
 }
 
 func (s *faultyStore) Save(ctx context.Context, shard int, snap core.Snapshot) error {
-	if err := s.fault(ctx, shard); err != nil {
+	err := s.fault(ctx, shard)
+	if err != nil && err != errLate {
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.snaps[shard] = snap
 	if snap.Used() {
 		s.versions[shard] = 0
 	} else {
 		s.next++
 		s.versions[shard] = s.next
+	}
+	s.mu.Unlock()
+	if err == errLate {
+		return coretest.Block(ctx) // saved, but too late to say so
 	}
 	return nil
 }
