@@ -509,3 +509,28 @@ func TestStartLoadsConcurrently(t *testing.T) {
 		t.Fatalf("a load failed:\n%s", ev)
 	}
 }
+
+// An operator's start of a shard that Node.Start never started loads its
+// snapshot first, like Node.Start would.
+func TestStartCommandLoadsFirst(t *testing.T) {
+	store := &coretest.Store{}
+	store.Put(3, snapAt(core.Discord, time.Second))
+	e := newStoreEnv(t, core.Config{}, store)
+	e.exec(3, "start")
+	if a := e.conn(3).Attempt; !a.Resume || a.Session.ID != restoredID || a.Sequence != 77 {
+		t.Fatalf("start of an unstarted shard: resume %v at %d; want the snapshot resumed at 77\n%s", a.Resume, a.Sequence, e.events(3))
+	}
+	if got, _ := store.Get(3); !got.Used() {
+		t.Errorf("stored copy %+v; want it marked used", got)
+	}
+	e.node.Start() // the other shards; shard 3 is not loaded again
+	loads := 0
+	for _, c := range store.Calls() {
+		if c.Op == "load" && c.Shard == 3 {
+			loads++
+		}
+	}
+	if loads != 1 {
+		t.Errorf("shard 3 loaded %d times; want 1", loads)
+	}
+}
