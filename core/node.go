@@ -234,7 +234,7 @@ func (n *Node) Start() {
 		}
 		return
 	}
-	n.prepareAll(n.order, (*shard).startAssigned)
+	n.prepareAll(n.order, true, (*shard).startAssigned)
 }
 
 // Close stops every shard (closing connections with 4000 so that sessions
@@ -522,7 +522,7 @@ func (n *Node) Apply(c Command) error {
 	case n.sessions != nil && c.Verb == VerbStop:
 		n.stopAndSave(targets, func(s *shard) { s.apply(VerbStop) })
 	case n.sessions != nil && c.Verb == VerbStart:
-		n.prepareAll(targets, func(s *shard) { s.apply(VerbStart) })
+		n.prepareAll(targets, false, func(s *shard) { s.apply(VerbStart) })
 	default:
 		for _, s := range targets {
 			s.apply(c.Verb)

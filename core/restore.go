@@ -136,7 +136,7 @@ func sameEndpoint(a, b string) bool {
 // own preparation and those before it are done, so that identify slots are
 // still requested in shard order. Each shard's store lock is held from its
 // preparation to the end of its start.
-func (n *Node) prepareAll(targets []*shard, start func(*shard)) {
+func (n *Node) prepareAll(targets []*shard, nodeStart bool, start func(*shard)) {
 	done := make([]chan struct{}, len(targets))
 	for i := range done {
 		done[i] = make(chan struct{})
@@ -149,7 +149,7 @@ func (n *Node) prepareAll(targets []*shard, start func(*shard)) {
 			defer wg.Done()
 			for i := range work {
 				targets[i].storeMu.Lock()
-				targets[i].prepareStart()
+				targets[i].prepareStart(nodeStart)
 				close(done[i])
 			}
 		}()
@@ -170,15 +170,22 @@ func (n *Node) prepareAll(targets []*shard, start func(*shard)) {
 
 // prepareStart, called with storeMu held before a shard starts, loads the
 // shard's snapshot the first time, or marks used the copy its own clean
-// stop saved, so that whatever it resumes has no resumable copy left.
-func (s *shard) prepareStart() {
+// stop saved, so that whatever it resumes has no resumable copy left. It
+// does neither for a shard the start will not start (Node.Start starts
+// only ASSIGNED shards), so that the store keeps what nothing resumes.
+func (s *shard) prepareStart(nodeStart bool) {
 	if s.node.closed.Load() {
 		return
 	}
 	s.mu.Lock()
-	startable := s.state == Assigned || s.state == Stopped
+	startable := s.state == Assigned
+	if !nodeStart {
+		startable = s.checkLocked(VerbStart, s.node.clock.Now()) == nil
+	}
 	load := startable && !s.loadDone && !s.session.exists()
-	s.loadDone = true
+	if startable {
+		s.loadDone = true
+	}
 	mark := startable && s.stored && s.resumable()
 	var snap Snapshot
 	if mark {

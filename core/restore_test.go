@@ -534,3 +534,45 @@ func TestStartCommandLoadsFirst(t *testing.T) {
 		t.Errorf("shard 3 loaded %d times; want 1", loads)
 	}
 }
+
+// A start that does not start a shard leaves its snapshot alone: Node.Start
+// skips a shard the operator stopped before it, and start all skips a
+// shard whose lease has expired; the store keeps what nothing resumed.
+func TestNoStartNoLoad(t *testing.T) {
+	store := &coretest.Store{}
+	store.Put(2, snapAt(core.Discord, time.Second))
+	e := newStoreEnv(t, core.Config{}, store)
+	e.exec(2, "stop")
+	e.node.Start()
+	for _, c := range store.Calls() {
+		if c.Shard == 2 {
+			t.Fatalf("Node.Start called the store for a stopped shard: %+v", c)
+		}
+	}
+	e.exec(2, "start")
+	if a := e.conn(2).Attempt; !a.Resume || a.Sequence != 77 {
+		t.Fatalf("start after Node.Start: resume %v at %d; want the snapshot resumed at 77\n%s", a.Resume, a.Sequence, e.events(2))
+	}
+
+	// Saved by stop, then its lease expires: start all cannot start it
+	// and must not mark its copy used.
+	e.ready(1, 5)
+	e.exec(1, "stop")
+	if got, ok := store.Get(1); !ok || got.Used() {
+		t.Fatalf("stop saved %+v (%v); want a resumable copy", got, ok)
+	}
+	e.exec(-1, "lease 10s")
+	e.clk.Advance(10 * time.Second)
+	before := len(store.Calls())
+	if err := e.node.ExecNode("start all"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range store.Calls()[before:] {
+		if c.Shard == 1 {
+			t.Fatalf("start all called the store for shard 1, which its lease keeps stopped: %+v", c)
+		}
+	}
+	if got, _ := store.Get(1); got.Used() {
+		t.Fatalf("shard 1's copy %+v was marked used", got)
+	}
+}
