@@ -102,7 +102,9 @@
 //   - Node.Start loads every shard's snapshot before the shard's first
 //     start, 64 loads at a time, and starts the shards in shard order as
 //     their loads end; an operator's start of a shard never started loads
-//     it too. Every store call is bounded (StoreTimeout, 5 s): the core
+//     it too. A start that will not start a shard (Node.Start of one
+//     stopped before it, start all of one its lease keeps stopped) calls
+//     the store for nothing. Every store call is bounded (StoreTimeout, 5 s): the core
 //     passes a context with that deadline and stops waiting at it, whether
 //     or not the store honours the context; an answer that came at the
 //     deadline is still taken. A store that hangs on every call delays the
