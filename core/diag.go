@@ -52,6 +52,11 @@ type Diag struct {
 	Dispatches   uint64
 	ReadySince   time.Time
 	SendQueued   int
+	// Restored is set while the session is one loaded from the session
+	// store, until the shard next starts a new session; SnapshotAge is
+	// the snapshot's age when it was loaded.
+	Restored    bool
+	SnapshotAge time.Duration
 }
 
 func (s *shard) diag(now time.Time) Diag {
@@ -68,6 +73,7 @@ func (s *shard) diag(now time.Time) Diag {
 		Lease: s.lease, LeaseExpired: s.leaseExpire,
 		Identifies: s.identifies, Resumes: s.resumes, Dispatches: s.dispatches,
 		SendQueued: len(s.sendQ),
+		Restored:   s.restored, SnapshotAge: s.restoredAge,
 	}
 	if s.session.exists() {
 		d.Session = "invalid"
@@ -120,6 +126,13 @@ func (d *Diag) AppendText(b []byte, now time.Time) []byte {
 	kv("session", d.Session)
 	num("epoch", int64(d.Epoch))
 	num("session_epoch", int64(d.Epoch))
+	if d.Restored {
+		kv("session_restored", "yes")
+		num("snapshot_age_ms", d.SnapshotAge.Milliseconds())
+	} else {
+		kv("session_restored", "no")
+		kv("snapshot_age_ms", "none")
+	}
 	num("reconnects", int64(d.Reconnects))
 	num("attempt", int64(d.Attempt))
 	if d.Recovery {

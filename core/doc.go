@@ -44,7 +44,9 @@
 //     retry. The shard never reconnects from within that handling, even at
 //     a zero delay, so a Transport that panics on every Connect meets a
 //     timer, not a recursion. A connection becomes the shard's only once
-//     Connect has returned it.
+//     Connect has returned it. A panic in the lease backend (Arm, Off)
+//     refuses the lease command, logged with its stack as
+//     event=lease-panic in the node's events, and changes no shard.
 //   - Nothing connects after Close: a lease grant or a command that
 //     arrives later leaves the shard STOPPED.
 //
@@ -99,4 +101,55 @@
 // whatever closes it or ends its session drops them with one send-dropped
 // line (dropped=N reason=...). A Resume keeps the send history but not the
 // queue, which the reset before it wipes.
+//
+// Sessions that survive a restart (DESIGN.md section 7.1), with
+// Config.Sessions set:
+//
+//   - Node.Start loads every shard's snapshot before the shard's first
+//     start, 64 loads at a time, and starts the shards in shard order as
+//     their loads end; an operator's start of a shard never started loads
+//     it too. A start that will not start a shard (Node.Start of one
+//     stopped before it, start all of one its lease keeps stopped) calls
+//     the store for nothing. Every store call is bounded (StoreTimeout, 5 s): the core
+//     passes a context with that deadline and stops waiting at it, whether
+//     or not the store honours the context; an answer that came at the
+//     deadline is still taken. A store that hangs on every call delays the
+//     last of 1,024 shards by at most 16 bounds.
+//   - A loaded snapshot is ignored, with one event=snapshot-ignored line
+//     (Warn) saying why, when it is of another flavor, used, of another
+//     total, has a negative sequence, a saved_at in the future (the clock
+//     jumped backwards), is older than the resume window (Config.
+//     ResumeWindow; 120 s Discord, 60 s Fluxer), or, for Fluxer, resumes
+//     on another endpoint than Config.Gateway (an empty Gateway refuses
+//     every Fluxer snapshot). Discord's resume URL is not checked here:
+//     the gateway client refuses one outside the discovered gateway's
+//     domain. A load that fails, panics or outlives its bound is an
+//     event=snapshot-error line at Error. Either way the shard starts a
+//     new session and nothing else changes; a store problem never stops a
+//     shard.
+//   - The order that makes a snapshot resumable at most once: load, check,
+//     mark the stored copy used (Save with Session.ID emptied), and only
+//     then give the session to the shard, which resumes it. A mark that
+//     fails or outlives its bound leaves the shard identifying. A crash at
+//     any point after the mark leaves nothing resumable; a crash before it
+//     leaves the snapshot, which was not resumed.
+//   - A clean stop saves: Close (shutdown) and the stop command (stop all
+//     included), after the shard's socket was closed with 4000, when the
+//     session and the sequence are both valid, with saved_at the clock's
+//     time; stop returns, and Close returns, once the saves have ended
+//     (Close saves every shard at once). A failed save is an
+//     event=snapshot-error line at Error; one that outlived its bound may
+//     have landed, so it counts as saved. Nothing is saved on a failure, a
+//     FATAL close, or a lease expiry: an expired lease is not a clean stop,
+//     another node may hold the shard by then.
+//   - A shard started again in the same process after its stop saved it
+//     marks that copy used before resuming, as after a load, and
+//     identifies if the mark fails.
+//   - Each shard's store calls, and the stop or start they belong to, run
+//     one at a time (the shard's store lock), so a stop's save cannot land
+//     after the next start's mark.
+//   - A shard whose session came from a snapshot keeps epoch 0 and
+//     reports session_restored yes and snapshot_age_ms (the age at load)
+//     until it next starts a new session. Session IDs never reach the
+//     events or diag; only the store holds them.
 package core

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -47,6 +48,22 @@ type Config struct {
 	// that delivered the event, after the shard's lock is released, and
 	// must be quick.
 	ObserveEvent func(kind string, d time.Duration)
+
+	// Sessions keeps each shard's snapshot across restarts (DESIGN.md
+	// section 7.1); nil keeps none.
+	Sessions SessionStore
+	// ResumeWindow is the age beyond which a loaded snapshot is not
+	// resumed; zero means the flavor's (DiscordResumeWindow,
+	// FluxerResumeWindow).
+	ResumeWindow time.Duration
+	// Gateway is the endpoint a Fluxer shard resumes on (discovered, or
+	// given with --gateway): a Fluxer snapshot whose ResumeURL is another
+	// is not resumed, nor is any while Gateway is empty. Discord needs no
+	// check here: the gateway client refuses a resume URL outside the
+	// discovered gateway's domain.
+	Gateway string
+	// StoreTimeout bounds every call to Sessions; zero means StoreTimeout.
+	StoreTimeout time.Duration
 }
 
 // ReadyReset is how long a shard must stay READY before its consecutive
@@ -78,6 +95,11 @@ type Node struct {
 	leaseMu sync.Mutex
 
 	rejects rejectLimiter // see reject
+
+	sessions     SessionStore
+	resumeWindow time.Duration
+	gateway      string
+	storeTimeout time.Duration
 }
 
 // New validates the plan and returns a node whose shards are all ASSIGNED.
@@ -102,6 +124,23 @@ func New(cfg Config) (*Node, error) {
 		log:       cfg.Logger,
 
 		observeEvent: cfg.ObserveEvent,
+
+		sessions:     cfg.Sessions,
+		resumeWindow: cfg.ResumeWindow,
+		gateway:      cfg.Gateway,
+		storeTimeout: cfg.StoreTimeout,
+	}
+	if n.resumeWindow <= 0 {
+		n.resumeWindow = DiscordResumeWindow
+		if n.flavor == Fluxer {
+			n.resumeWindow = FluxerResumeWindow
+		}
+	}
+	if n.storeTimeout <= 0 {
+		n.storeTimeout = StoreTimeout
+	}
+	if n.log == nil {
+		n.log = slog.New(slog.DiscardHandler)
 	}
 	if n.backoff == nil {
 		n.backoff = DefaultBackoff
@@ -210,22 +249,34 @@ func (n *Node) shard(id int) (*shard, error) {
 }
 
 // Start starts every ASSIGNED shard, in shard order, so that identify slots
-// are requested in that order.
+// are requested in that order. With a session store, each shard's snapshot
+// is loaded first (many at a time), and Start returns once every shard has
+// been started.
 func (n *Node) Start() {
-	for _, s := range n.order {
-		s.startAssigned()
+	if n.sessions == nil {
+		for _, s := range n.order {
+			s.startAssigned()
+		}
+		return
 	}
+	n.prepareAll(n.order, true, (*shard).startAssigned)
 }
 
 // Close stops every shard (closing connections with 4000 so that sessions
 // stay resumable) and refuses further commands. FATAL shards stay FATAL.
+// With a session store it saves, all at once, the snapshot of every shard
+// whose session stays resumable, and returns when the saves have ended.
 func (n *Node) Close() {
 	if n.closed.Swap(true) {
 		return
 	}
-	for _, s := range n.order {
-		s.shutdown()
+	if n.sessions == nil {
+		for _, s := range n.order {
+			s.shutdown()
+		}
+		return
 	}
+	n.stopAndSave(n.order, (*shard).shutdown)
 }
 
 // Diag returns a snapshot of one shard's diagnostics.
@@ -492,8 +543,15 @@ func (n *Node) Apply(c Command) error {
 			}
 		}
 	}
-	for _, s := range targets {
-		s.apply(c.Verb)
+	switch {
+	case n.sessions != nil && c.Verb == VerbStop:
+		n.stopAndSave(targets, func(s *shard) { s.apply(VerbStop) })
+	case n.sessions != nil && c.Verb == VerbStart:
+		n.prepareAll(targets, false, func(s *shard) { s.apply(VerbStart) })
+	default:
+		for _, s := range targets {
+			s.apply(c.Verb)
+		}
 	}
 	return nil
 }
@@ -511,13 +569,7 @@ func (n *Node) applyLease(c Command, targets []*shard) error {
 	for i, s := range targets {
 		ids[i] = s.id
 	}
-	var grants []LeaseGrant
-	var err error
-	if c.LeaseOff {
-		grants, err = n.lease.Off(ids)
-	} else {
-		grants, err = n.lease.Arm(ids, c.Lease)
-	}
+	grants, err := n.callLease(c, ids)
 	if err != nil {
 		return err
 	}
@@ -525,6 +577,28 @@ func (n *Node) applyLease(c Command, targets []*shard) error {
 		n.SetLease(g)
 	}
 	return nil
+}
+
+// callLease asks the backend for the command's grants. A panic in the
+// backend refuses the command, with the panic and its stack in the node's
+// events: no grant is applied, so no shard changes. The error wraps no
+// sentinel (an I/O error to 9P clients), like a backend's own errors: the
+// command was fine, the backend was not.
+func (n *Node) callLease(c Command, ids []int) (grants []LeaseGrant, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			now := n.clock.Now()
+			e := newEventLine(now, -1, "lease-panic", slog.LevelError, n.log).
+				str("cmd", c.Verb.String()).str("panic", fmt.Sprint(r)).str("stack", string(debug.Stack()))
+			n.events.Append(e.finish(n.log), now)
+			e.release()
+			grants, err = nil, fmt.Errorf("the lease backend panicked: %v; nothing changed", r)
+		}
+	}()
+	if c.LeaseOff {
+		return n.lease.Off(ids)
+	}
+	return n.lease.Arm(ids, c.Lease)
 }
 
 // SetLease applies a lease grant to its shard: a lease whose deadline has

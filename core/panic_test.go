@@ -10,6 +10,7 @@ import (
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/core/coretest"
+	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/local"
 )
 
@@ -203,4 +204,78 @@ func TestPanicOnEveryConnectBacksOff(t *testing.T) {
 		}
 		clk.Advance(d.RetryDelay)
 	}
+}
+
+// panicLease is a lease backend that panics on every call.
+type panicLease struct{}
+
+func (panicLease) Arm([]int, time.Duration) ([]core.LeaseGrant, error) {
+	panic("lease backend exploded in Arm")
+}
+func (panicLease) Off([]int) ([]core.LeaseGrant, error) { panic("lease backend exploded in Off") }
+
+// A panic in the lease backend, called from a lease command, stays in the
+// core: the command is refused with an error that says so, the panic and its
+// stack go to the node's events, no shard changes, and the node takes the
+// next command (the lease lock is not left held).
+func TestPanicInLeaseBackendRefusesTheCommand(t *testing.T) {
+	for _, tc := range []struct {
+		shard    int // -1: the node's ctl
+		line, in string
+	}{
+		{-1, "lease 10s", "Arm"},
+		{-1, "lease off", "Off"},
+		{2, "lease 10s", "Arm"},
+	} {
+		t.Run(fmt.Sprint(tc.shard, tc.line), func(t *testing.T) {
+			clk := clock.NewFake()
+			tr := &coretest.Transport{}
+			n, err := core.New(core.Config{
+				Plan: core.Range(4, 0, 3), Transport: tr, Clock: clk, Lease: panicLease{},
+				Pacer: core.NewDiscordPacer(clk, 16), NodeEventRetention: 1 << 20,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			n.Start()
+			for id := range 4 {
+				tr.Last(id).Link.Ready(core.Session{ID: secretSession}, 1)
+			}
+			for range 2 { // twice: the first must not leave the lease lock held
+				var err error
+				func() {
+					defer func() {
+						if r := recover(); r != nil {
+							t.Fatalf("the panic escaped Node.ExecNode: %v", r)
+						}
+					}()
+					if tc.shard < 0 {
+						err = n.ExecNode(tc.line)
+					} else {
+						err = n.ExecShard(tc.shard, tc.line)
+					}
+				}()
+				if err == nil || !strings.Contains(err.Error(), "lease backend") || !strings.Contains(err.Error(), "exploded in "+tc.in) {
+					t.Fatalf("ExecNode(%q) = %v; want an error naming the lease backend's panic", tc.line, err)
+				}
+			}
+			ev := readLog(n.Events())
+			if !strings.Contains(ev, "event=lease-panic") || !strings.Contains(ev, "exploded in "+tc.in) || !strings.Contains(ev, "goroutine") {
+				t.Fatalf("node events lack the panic with its stack:\n%s", ev)
+			}
+			for id := range 4 {
+				if d, _ := n.Diag(id); d.State != core.Ready || d.Lease.Generation != 0 {
+					t.Errorf("shard %d after the refused lease command: %v, generation %d; want READY, untouched", id, d.State, d.Lease.Generation)
+				}
+			}
+		})
+	}
+}
+
+// readLog returns what l retains.
+func readLog(l *journal.Log) string {
+	buf := make([]byte, l.Size()-l.Oldest())
+	n, _ := l.ReadAt(buf, l.Oldest())
+	return string(buf[:n])
 }

@@ -28,6 +28,7 @@ type SessionStore interface {
 	// none. A snapshot that cannot be decoded is an error.
 	Load(ctx context.Context, shard int) (snap Snapshot, ok bool, err error)
 	// Save replaces shard's snapshot. Saving one whose Session.ID is
-	// empty marks the stored copy used.
+	// empty marks the stored copy used. An error means nothing was
+	// replaced; a Save that outlives ctx may have replaced it.
 	Save(ctx context.Context, shard int, snap Snapshot) error
 }

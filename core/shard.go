@@ -73,6 +73,16 @@ type shard struct {
 	// retry), which may spend the budget's reserve; slotOperator is the
 	// kind of the pending one.
 	operatorNext, slotOperator bool
+
+	// The session store (see restore.go). storeMu orders each shard's
+	// store calls with the stops and starts they belong to; it is taken
+	// before mu, never inside it.
+	storeMu     sync.Mutex
+	loadDone    bool          // the snapshot was loaded, or will never be
+	stored      bool          // the store holds the session, resumable
+	storedAt    time.Time     // its saved_at
+	restored    bool          // the session came from a snapshot
+	restoredAge time.Duration // the snapshot's age when loaded
 }
 
 // Link carries one connection attempt's events to its shard. Events from a
@@ -160,6 +170,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s.seq, s.seqValid = seq, true
 	s.failedResumes = 0
 	s.dispatches++
+	s.restored, s.restoredAge = false, 0
 	s.epoch = s.node.nextEpoch(s.epoch, now)
 	s.newSessionSendsLocked()
 	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))

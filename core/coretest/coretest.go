@@ -1,5 +1,6 @@
 // Package coretest provides an in-memory core.Transport that records every
-// connection attempt, for tests of the core and of the packages above it.
+// connection attempt, and an in-memory core.SessionStore that records every
+// call, for tests of the core and of the packages above it.
 package coretest
 
 import (
