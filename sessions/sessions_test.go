@@ -145,7 +145,7 @@ func TestDecodeRefuses(t *testing.T) {
 func TestDecodeAccepts(t *testing.T) {
 	for _, tc := range []struct {
 		name, in string
-		want core.Snapshot
+		want     core.Snapshot
 	}{
 		{"any field order, spaces, trailing newline",
 			" {\"total\": 1, \"saved_at\": 0, \"resume_url\": \"\", \"sequence\": 0, \"session_id\": \"\", \"flavor\": \"fluxer\"}\n\n",
