@@ -51,6 +51,7 @@ type Store struct {
 	uid  int
 	dir  int // the folder, opened once: every file is reached through it
 	lock int
+	held bool // the flock on lock is this Store's
 
 	// beforeRename, when a test sets it, runs in a save after the temp
 	// file is written and synced.
@@ -157,6 +158,7 @@ func (s *Store) takeLock() error {
 	} else if err != nil {
 		return fmt.Errorf("sessions folder %s: cannot lock %s: %w", s.path, p, err)
 	}
+	s.held = true
 	pid := strconv.Itoa(os.Getpid()) + "\n"
 	if err := unix.Ftruncate(fd, 0); err != nil {
 		return fmt.Errorf("sessions folder %s: cannot write %s: %w", s.path, p, err)
@@ -210,8 +212,10 @@ func (s *Store) release() error {
 	if s.lock >= 0 {
 		// The file stays: removing it would let two processes lock two
 		// different files of the same name. The PID goes, so that a
-		// stale one is never shown.
-		unix.Ftruncate(s.lock, 0)
+		// stale one is never shown; only the holder's own, though.
+		if s.held {
+			unix.Ftruncate(s.lock, 0)
+		}
 		err = unix.Close(s.lock) // releases the flock
 		s.lock = -1
 	}
