@@ -172,10 +172,11 @@ func (s *Store) takeLock() error {
 // removeTemps removes what saves interrupted by a crash left. The lock is
 // held, so no save of another process is under way.
 func (s *Store) removeTemps() error {
-	f, err := os.Open(s.path)
+	fd, err := unix.Openat(s.dir, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("cannot list sessions folder %s: %w", s.path, err)
 	}
+	f := os.NewFile(uintptr(fd), s.path)
 	names, err := f.Readdirnames(-1)
 	f.Close()
 	if err != nil {
