@@ -346,7 +346,7 @@ var (
 
 // rootModes is what ls -l shows at the root of the tree.
 func rootModes() map[string]string {
-	m := map[string]string{"ctl": rw, "events": ro, "status": ro, "plan": ro, "lease": ro, "metrics": ro, "dispatch": ro}
+	m := map[string]string{"ctl": rw, "events": ro, "status": ro, "plan": ro, "lease": ro, "identify": ro, "metrics": ro, "dispatch": ro}
 	for id := range shards {
 		m[strconv.Itoa(id)] = dir
 	}
@@ -490,6 +490,7 @@ var diagKeys = []string{
 	"shard", "state", "sequence", "session", "epoch", "reconnects", "attempt", "recovery_phase",
 	"retry_delay_ms", "phase", "tcp", "tls", "ws", "latency_ms", "last_error", "last_close_code",
 	"lease", "lease_expired", "lease_generation", "identifies", "resumes", "dispatches", "send_queued",
+	"session_epoch", "reconnect_deadline", "heartbeat_misses", "heartbeat_misses_total", "session_restored", "snapshot_age_ms",
 }
 
 func checkDiag(t *testing.T, r *result, name string, id int, before, after core.Diag) {
