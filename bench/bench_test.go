@@ -215,3 +215,29 @@ func TestMergeReport(t *testing.T) {
 		t.Errorf("merging again changed more than the Merged line:\n%s", again)
 	}
 }
+
+func TestBreakdownText(t *testing.T) {
+	by := map[string]float64{
+		"crypto/tls:record-buffer": 1800, "crypto/tls:keys": 1900, "crypto/tls:Conn": 900,
+		"shardfs/gateway": 1500, "time": 100, "net": 50, unusedKey: 4000,
+	}
+	got := breakdownText(by, 2)
+	want := "6,250 B in all: crypto/tls 4,600 B (keys 1,900 B, record buffer 1,800 B, Conn 900 B), shardfs/gateway 1,500 B, other 150 B; and 4,000 B of room in the heap's in-use spans that no object takes"
+	if got != want {
+		t.Errorf("breakdownText =\n%s\nwant\n%s", got, want)
+	}
+	for fn, want := range map[string]string{
+		"crypto/tls.Client":                   "crypto/tls:Conn",
+		"crypto/tls.(*Conn).readFromUntil":    "crypto/tls:record-buffer",
+		"crypto/tls.(*Conn).readRecordOrCCS":  "crypto/tls:handshake-buffer",
+		"crypto/tls.aeadAESGCMTLS13":          "crypto/tls:keys",
+		"crypto/tls.(*Conn).handshakeContext": "crypto/tls:other",
+	} {
+		if got := tlsPart(fn); got != want {
+			t.Errorf("tlsPart(%q) = %q; want %q", fn, got, want)
+		}
+	}
+	if got := funcPackage("github.com/gorilla/websocket.(*Conn).NextReader"); got != "github.com/gorilla/websocket" {
+		t.Errorf("funcPackage = %q", got)
+	}
+}

@@ -128,15 +128,21 @@ func runMemoryTLS(cfg config, log io.Writer) (*section, error) {
 	items += fmt.Sprintf("\n- shardfs, %d shards: %s", cfg.memBigShards, breakdownText(bigBD, 6))
 	sec.extra = append(sec.extra, fmt.Sprintf("Where the memory goes: the Go heap in use per shard, summed by the package that allocated it (the innermost frame outside the runtime, the standard library's containers and codecs and crypto/tls's ciphers, so that a buffer is charged to the code that asked for it), from one more run of each column with runtime.MemProfileRate = %d, after the measurement; those runs are not in the medians. Heap only: stacks and the runtime's own overhead are the rest of the resident size.%s",
 		breakdownRate, items))
-	tlsShare := bigBD["crypto/tls"]
 	var bounds []string
 	if ratio > 1.0/3 {
-		bounds = append(bounds, fmt.Sprintf("The 1/3 target is missed at %d shards: shardfs's %s B per TLS shard against %s's %s B. crypto/tls's state per connection (its Conn, record buffers and keys) is %s B of shardfs's heap per shard and %s B of %s's, a cost every Go client pays per connection whatever sits above it.",
-			cfg.memShards, num(median(rssV[sideShardfs]), 0), best, num(median(rssV[best]), 0), num(bd[sideShardfs]["crypto/tls"], 0), num(bd[best]["crypto/tls"], 0), best))
+		own := bd[sideShardfs]
+		budget := median(rssV[best]) / 3
+		bounds = append(bounds, fmt.Sprintf("The 1/3 target is missed at %d shards: it asks for at most %s B per TLS shard (a third of %s's %s B) and shardfs uses %s B. "+
+			"crypto/tls's own state per connection is %s B of shardfs's heap per shard (%s), %.0f%% of that budget, and about the same in %s (%s B): a cost every Go client pays per connection, whatever sits above crypto/tls, and the record and handshake buffers in it are kept for the connection's life by crypto/tls itself. "+
+			"Besides it, shardfs's own packages hold %s B per shard, gorilla/websocket %s B, and the heap's in-use spans %s B of room no object takes.",
+			cfg.memShards, num(budget, 0), best, num(median(rssV[best]), 0), num(median(rssV[sideShardfs]), 0),
+			num(tlsTotal(own), 0), tlsPartsText(own), 100*tlsTotal(own)/budget, best, num(tlsTotal(bd[best]), 0),
+			num(shardfsShare(own), 0), num(own["gorilla/websocket"], 0), num(own[unusedKey], 0)))
 	}
 	if bigMed > bigTarget {
-		bounds = append(bounds, fmt.Sprintf("The 16 KiB target is missed at %d shards: %s B resident per TLS shard, %s B of it Go heap and stacks; crypto/tls alone holds %s B of heap per connection (its Conn, record buffers and keys), against %s B for everything shardfs's own packages hold.",
-			cfg.memBigShards, num(bigMed, 0), num(median(bigGo[sideShardfs]), 0), num(tlsShare, 0), num(shardfsShare(bigBD), 0)))
+		bounds = append(bounds, fmt.Sprintf("The 16 KiB target is missed at %d shards: %s B resident per TLS shard, %s B of it Go heap and stacks. Of the heap, crypto/tls holds %s B per connection (%s), shardfs's own packages %s B, gorilla/websocket %s B, and the in-use spans hold %s B of room no object takes.",
+			cfg.memBigShards, num(bigMed, 0), num(median(bigGo[sideShardfs]), 0), num(tlsTotal(bigBD), 0), tlsPartsText(bigBD),
+			num(shardfsShare(bigBD), 0), num(bigBD["gorilla/websocket"], 0), num(bigBD[unusedKey], 0)))
 	}
 	if z := bd[colShardfsZlib]; len(z) > 0 {
 		bounds = append(bounds, fmt.Sprintf("With zlib-stream a connection cannot park (its inflater holds state mid-stream), so it keeps its reader goroutine (%.2f goroutines per shard), and the inflater's window and tables (klauspost/compress/flate: %s B per shard) stay with it: %s B resident per shard against %s B uncompressed.",

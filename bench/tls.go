@@ -8,12 +8,14 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -176,6 +178,11 @@ func heapBreakdown([]string) (string, error) {
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s=%.0f ", k, by[k])
 	}
+	unused := []metrics.Sample{{Name: "/memory/classes/heap/unused:bytes"}}
+	metrics.Read(unused)
+	if unused[0].Value.Kind() == metrics.KindUint64 {
+		fmt.Fprintf(&b, "%s=%d", unusedKey, unused[0].Value.Uint64())
+	}
 	return strings.TrimSpace(b.String()), nil
 }
 
@@ -200,6 +207,9 @@ func allocPackage(stack []uintptr) string {
 				break
 			}
 		}
+		if pkg == "crypto/tls" {
+			return tlsPart(f.Function)
+		}
 		if !pass && pkg != "" {
 			return shortPackage(pkg)
 		}
@@ -207,6 +217,45 @@ func allocPackage(stack []uintptr) string {
 			return shortPackage(first)
 		}
 	}
+}
+
+// tlsPart names what crypto/tls allocated from the function that did:
+// the Conn itself, its keys and secrets, the buffer records are read into
+// (rawInput, which keeps the room of the largest record read so far), the
+// buffer handshake messages are gathered in (hand, which keeps its room
+// after the handshake), or other.
+func tlsPart(fn string) string {
+	name := strings.TrimPrefix(fn, "crypto/tls.")
+	switch {
+	case name == "Client" || name == "Server":
+		return tlsPrefix + "Conn"
+	case strings.Contains(name, "readFromUntil"):
+		return tlsPrefix + "record-buffer"
+	case strings.Contains(name, "readRecordOrCCS"), strings.Contains(name, "readHandshake"):
+		return tlsPrefix + "handshake-buffer"
+	case strings.Contains(name, "aead"), strings.Contains(name, "cipherSuite"), strings.Contains(name, "trafficKey"),
+		strings.Contains(name, "Secret"), strings.Contains(name, "setTrafficSecret"):
+		return tlsPrefix + "keys"
+	}
+	return tlsPrefix + "other"
+}
+
+// tlsPrefix begins the heapsum keys of crypto/tls's parts.
+const tlsPrefix = "crypto/tls:"
+
+// unusedKey is heapsum's key for the room in the heap's in-use spans that
+// no object takes (/memory/classes/heap/unused).
+const unusedKey = "~unused"
+
+// tlsTotal is what crypto/tls holds in a breakdown, all parts.
+func tlsTotal(by map[string]float64) float64 {
+	t := 0.0
+	for k, v := range by {
+		if strings.HasPrefix(k, tlsPrefix) {
+			t += v
+		}
+	}
+	return t
 }
 
 // funcPackage is the import path of a function's package: the name up to
@@ -245,13 +294,28 @@ func (c *client) heapBreakdown(n int, into map[string]float64) error {
 }
 
 // breakdownText renders a heapsum per shard: the largest packages, the
-// rest summed.
+// rest summed; crypto/tls as one package, its parts in parentheses; then
+// the room the heap's spans hold unused.
 func breakdownText(by map[string]float64, top int) string {
 	keys := make([]string, 0, len(by))
 	total := 0.0
+	hasTLS := false
 	for k, v := range by {
+		switch {
+		case k == unusedKey:
+			continue
+		case strings.HasPrefix(k, tlsPrefix):
+			hasTLS = true
+			total += v
+			continue
+		}
 		keys = append(keys, k)
 		total += v
+	}
+	if hasTLS {
+		keys = append(keys, "crypto/tls")
+		by = maps.Clone(by)
+		by["crypto/tls"] = tlsTotal(by)
 	}
 	slices.SortFunc(keys, func(a, b string) int {
 		if by[a] != by[b] {
@@ -266,7 +330,11 @@ func breakdownText(by map[string]float64, top int) string {
 	rest := 0.0
 	for i, k := range keys {
 		if i < top {
-			parts = append(parts, fmt.Sprintf("%s %s B", k, num(by[k], 0)))
+			p := fmt.Sprintf("%s %s B", k, num(by[k], 0))
+			if k == "crypto/tls" {
+				p += " (" + tlsPartsText(by) + ")"
+			}
+			parts = append(parts, p)
 		} else {
 			rest += by[k]
 		}
@@ -274,5 +342,39 @@ func breakdownText(by map[string]float64, top int) string {
 	if rest > 0 {
 		parts = append(parts, fmt.Sprintf("other %s B", num(rest, 0)))
 	}
-	return fmt.Sprintf("%s B in all: %s", num(total, 0), strings.Join(parts, ", "))
+	s := fmt.Sprintf("%s B in all: %s", num(total, 0), strings.Join(parts, ", "))
+	if u, ok := by[unusedKey]; ok {
+		s += fmt.Sprintf("; and %s B of room in the heap's in-use spans that no object takes", num(u, 0))
+	}
+	return s
+}
+
+// partsText lists crypto/tls's parts, largest first.
+func partsText(parts map[string]float64) string {
+	keys := slices.Collect(maps.Keys(parts))
+	slices.SortFunc(keys, func(a, b string) int {
+		if parts[a] != parts[b] {
+			if parts[a] > parts[b] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	var out []string
+	for _, k := range keys {
+		out = append(out, fmt.Sprintf("%s %s B", strings.ReplaceAll(k, "-", " "), num(parts[k], 0)))
+	}
+	return strings.Join(out, ", ")
+}
+
+// tlsPartsText lists crypto/tls's parts in a breakdown.
+func tlsPartsText(by map[string]float64) string {
+	parts := map[string]float64{}
+	for k, v := range by {
+		if p, ok := strings.CutPrefix(k, tlsPrefix); ok {
+			parts[p] = v
+		}
+	}
+	return partsText(parts)
 }
