@@ -47,6 +47,7 @@ func smokeConfig() config {
 		observerPhase:      300 * time.Millisecond,
 		observerFlapRate:   20,
 		breakdown:          true,
+		memTLSHeartbeat:    200 * time.Millisecond,
 	}
 }
 

@@ -5,12 +5,19 @@
 //	cd bench && go run . -runs 5
 //
 // It compares 9P serving against diod, the memory of idle shards and the
-// dispatch throughput against discordgo and disgo, and measures startup
-// pacing, mass recovery (beside disgo) and the core's event latency under
-// observer load. Every side, and the gateway simulator, runs in a process
-// of its own (the harness re-executes itself in a role), so that resident
-// memory and CPU time read from /proc/PID are charged to the right side;
-// the runs of the sides are interleaved, A B A B.
+// dispatch throughput against discordgo and disgo (plain, then over TLS
+// with a CA made for the run, shardfs also with zlib-stream), and measures
+// startup pacing, mass recovery (beside disgo) and the core's event latency
+// under observer load. -only runs some comparisons and merges their
+// sections into the existing report; the TLS ones alone, as after a change
+// to the gateway:
+//
+//	cd bench && go run . -only tls -runs 5
+//
+// Every side, and the gateway simulator, runs in a process of its own (the
+// harness re-executes itself in a role), so that resident memory and CPU
+// time read from /proc/PID are charged to the right side; the runs of the
+// sides are interleaved, A B A B.
 //
 // It is a module of its own so that the peer libraries never enter
 // shardfs's go.mod.

@@ -22,6 +22,7 @@ type section struct {
 	columns []string // side names, shardfs first
 	rows    []row
 	extra   []string // further paragraphs or tables, after the main table
+	notes   []string // runs that had to be repeated, said after extra
 	failed  string
 	skipped string
 	elapsed time.Duration
@@ -173,6 +174,9 @@ func render(cfg config, machine string, sections []*section) string {
 		}
 		for _, p := range s.extra {
 			b.WriteString(p + "\n\n")
+		}
+		if len(s.notes) > 0 {
+			b.WriteString("Repeated runs: " + strings.Join(s.notes, " ") + "\n\n")
 		}
 		if s.failed != "" {
 			fmt.Fprintf(&b, "**Failed:** %s\n\n", strings.ReplaceAll(s.failed, "\n", " "))

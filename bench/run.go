@@ -43,6 +43,10 @@ type config struct {
 	observerFlapRate int // faults injected per second
 
 	breakdown bool // the comparisons over TLS sum a further run's heap by package
+	// memTLSHeartbeat is the heartbeat interval of the memory comparison
+	// over TLS: longer than memHeartbeat, since thousands of TLS handshakes
+	// on a loaded machine can hold a heartbeat past 1.5 intervals.
+	memTLSHeartbeat time.Duration
 
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
@@ -73,6 +77,7 @@ func defaultConfig() config {
 		observerPhase:      15 * time.Second,
 		observerFlapRate:   200,
 		breakdown:          true,
+		memTLSHeartbeat:    10 * time.Second,
 	}
 }
 
