@@ -17,9 +17,14 @@ type throughput struct {
 // client process's CPU time until its handler (or shardfs's dispatch logs)
 // has every event.
 func floodClient(cfg config, side string) (throughput, error) {
+	return floodClientOver(cfg, wire{}, side)
+}
+
+// floodClientOver is floodClient with the client connecting as w says.
+func floodClientOver(cfg config, w wire, side string) (throughput, error) {
 	var t throughput
 	n := cfg.dispatchShards
-	s, err := startSim(n, "-max-concurrency", fmt.Sprint(n))
+	s, err := startSimOver(w, n, "-max-concurrency", fmt.Sprint(n))
 	if err != nil {
 		return t, err
 	}

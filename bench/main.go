@@ -5,12 +5,19 @@
 //	cd bench && go run . -runs 5
 //
 // It compares 9P serving against diod, the memory of idle shards and the
-// dispatch throughput against discordgo and disgo, and measures startup
-// pacing, mass recovery (beside disgo) and the core's event latency under
-// observer load. Every side, and the gateway simulator, runs in a process
-// of its own (the harness re-executes itself in a role), so that resident
-// memory and CPU time read from /proc/PID are charged to the right side;
-// the runs of the sides are interleaved, A B A B.
+// dispatch throughput against discordgo and disgo (plain, then over TLS
+// with a CA made for the run, shardfs also with zlib-stream), and measures
+// startup pacing, mass recovery (beside disgo) and the core's event latency
+// under observer load. -only runs some comparisons and merges their
+// sections into the existing report; the TLS ones alone, as after a change
+// to the gateway:
+//
+//	cd bench && go run . -only tls -runs 5
+//
+// Every side, and the gateway simulator, runs in a process of its own (the
+// harness re-executes itself in a role), so that resident memory and CPU
+// time read from /proc/PID are charged to the right side; the runs of the
+// sides are interleaved, A B A B.
 //
 // It is a module of its own so that the peer libraries never enter
 // shardfs's go.mod.
@@ -36,25 +43,36 @@ func main() {
 	}
 	cfg := defaultConfig()
 	out := flag.String("out", "RESULTS.md", "where to write the report")
-	only := flag.String("only", "", "comma-separated comparisons to run: "+strings.Join(comparisonNames(), ","))
+	only := flag.String("only", "", "comma-separated comparisons to run: "+strings.Join(comparisonNames(), ",")+", or tls for memory-tls,dispatch-tls")
 	flag.IntVar(&cfg.runs, "runs", cfg.runs, "runs of each side of each comparison (at least 5 for the report)")
 	flag.IntVar(&cfg.startupRuns, "startup-runs", cfg.startupRuns, "runs of each side of the startup pacing comparison (about 80 s each)")
 	flag.IntVar(&cfg.memBigRuns, "mem-big-runs", cfg.memBigRuns, "runs of shardfs alone at the larger scale")
 	flag.DurationVar(&cfg.observerInterval, "observer-interval", cfg.observerInterval, "how often each observer polls")
 	flag.BoolVar(&verbose, "v", false, "copy the children's stderr to ours")
+	merge := flag.Bool("merge", true, "with -only, put the comparisons run into the existing -out file, replacing their sections and summary rows and keeping the others")
 	flag.Parse()
 	if *only != "" {
 		cfg.only = map[string]bool{}
 		for _, name := range strings.Split(*only, ",") {
-			cfg.only[strings.TrimSpace(name)] = true
+			name = strings.TrimSpace(name)
+			cfg.only[name] = true
+			for _, n := range groups[name] {
+				cfg.only[n] = true
+			}
 		}
 	}
 	cfg.requireDiod = os.Getenv("CI") == "true"
 	cfg.command = "cd bench && go run ." + strings.TrimPrefix(strings.Join(append([]string{""}, os.Args[1:]...), " "), "")
 	start := time.Now()
+	cfg.loadStart = loadAverage()
 	report, err := run(cfg, os.Stderr)
 	if report != "" {
-		report += fmt.Sprintf("\nOne full run of the harness took %v of wall time.\n", time.Since(start).Round(time.Second))
+		old, rerr := os.ReadFile(*out)
+		if cfg.only != nil && *merge && rerr == nil {
+			report = mergeReport(string(old), report, selectedNumbers(cfg), provenance(cfg, time.Since(start)))
+		} else {
+			report += fmt.Sprintf("\n%s %v of wall time.\n", footerPrefix, time.Since(start).Round(time.Second))
+		}
 		fmt.Print(report)
 		if werr := os.WriteFile(*out, []byte(report), 0o644); werr != nil {
 			fmt.Fprintln(os.Stderr, "bench:", werr)

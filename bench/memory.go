@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 )
 
@@ -22,13 +23,24 @@ type memorySample struct {
 // cfg.memHeartbeat) and measures the process before any shard exists and
 // after all are READY and have heartbeated.
 func idleShards(cfg config, side string, n int) (memorySample, error) {
+	return idleShardsOver(cfg, wire{}, side, n, nil)
+}
+
+// idleShardsOver is idleShards with the clients connecting as w says.
+// When breakdown is set, the client's heap is also summed by package after
+// the measurement (see heapBreakdown) into it.
+func idleShardsOver(cfg config, w wire, side string, n int, breakdown map[string]float64) (memorySample, error) {
 	var m memorySample
-	s, err := startSim(n, "-max-concurrency", fmt.Sprint(n), "-heartbeat", cfg.memHeartbeat.String())
+	s, err := startSimOver(w, n, "-max-concurrency", fmt.Sprint(n), "-heartbeat", cfg.memHeartbeat.String())
 	if err != nil {
 		return m, err
 	}
 	defer s.close()
-	c, err := startClient(side, s, n, n)
+	var extra []string
+	if breakdown != nil {
+		extra = []string{"-memprofilerate", strconv.Itoa(breakdownRate)}
+	}
+	c, err := startClient(side, s, n, n, extra...)
 	if err != nil {
 		return m, err
 	}
@@ -63,6 +75,11 @@ func idleShards(cfg config, side string, n int) (memorySample, error) {
 	}
 	if _, err := s.call(time.Minute, "wait-live %d 10s", n); err != nil {
 		return m, fmt.Errorf("not every shard stayed live: %w", err)
+	}
+	if breakdown != nil {
+		if err := c.heapBreakdown(n, breakdown); err != nil {
+			return m, err
+		}
 	}
 	m.rssPerShard = float64(after.rss-before.rss) / float64(n)
 	m.goroutinesPerShard = float64(after.goroutines-before.goroutines) / float64(n)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/supervisor"
 )
@@ -35,6 +36,7 @@ func runNode(args []string) error {
 	total := fs.Int("total", 0, "the bot's shard count (default: shards)")
 	alias := fs.Bool("alias", false, "also serve /ctl/null = 0/state on a second listener, for diodload")
 	latency := fs.Bool("latency", false, "record the core's event-handling times (for lat)")
+	compression := fs.String("compression", "none", "transport compression: none, zlib-stream or zstd-stream")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the node's life here")
 	memProfile := fs.String("memprofile", "", "write an allocation profile here at exit")
 	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0 keeps the default), for the heap command")
@@ -43,6 +45,10 @@ func runNode(args []string) error {
 	}
 	if *total <= 0 {
 		*total = *shards
+	}
+	comp, err := gateway.ParseCompression(*compression)
+	if err != nil {
+		return err
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -67,7 +73,7 @@ func runNode(args []string) error {
 	if *memRate > 0 {
 		runtime.MemProfileRate = *memRate
 	}
-	n := &nodeRole{api: *api, shards: *shards, total: *total, alias: *alias, latency: *latency}
+	n := &nodeRole{api: *api, shards: *shards, total: *total, alias: *alias, latency: *latency, compression: comp}
 	defer n.close()
 	serveCommands("", map[string]func([]string) (string, error){
 		"start":      n.start,
@@ -79,6 +85,7 @@ func runNode(args []string) error {
 		"lat-reset":  n.latReset,
 		"heap":       heapProfile,
 		"memstats":   memClasses,
+		"heapsum":    heapBreakdown,
 		"retries":    n.retries,
 	})
 	return nil
@@ -90,6 +97,7 @@ type nodeRole struct {
 	total        int
 	alias        bool
 	latency      bool
+	compression  gateway.Compression
 	sup          *supervisor.Supervisor
 	addr, alAddr string
 	cancel       context.CancelFunc
@@ -100,16 +108,20 @@ type nodeRole struct {
 
 // start: builds the node, starts its shards and serves 9P on a loopback
 // TCP port; answers with that address (and the alias listener's).
+// Over TLS the node checks the simulator's certificate against the system
+// roots, as the binary does: SSL_CERT_FILE and SSL_CERT_DIR (see trust)
+// make them the harness's CA.
 func (n *nodeRole) start([]string) (string, error) {
 	if n.sup != nil {
 		return "", errors.New("already started")
 	}
 	cfg := supervisor.Config{
-		Flavor:  core.Discord,
-		Token:   os.Getenv(tokenEnv),
-		API:     n.api,
-		Plan:    core.Range(n.total, 0, n.shards-1),
-		Intents: gatewaysim.IntentGuilds | gatewaysim.IntentGuildMessages,
+		Flavor:      core.Discord,
+		Token:       os.Getenv(tokenEnv),
+		API:         n.api,
+		Plan:        core.Range(n.total, 0, n.shards-1),
+		Intents:     gatewaysim.IntentGuilds | gatewaysim.IntentGuildMessages,
+		Compression: n.compression,
 	}
 	if n.latency {
 		cfg.ObserveEvent = n.observe

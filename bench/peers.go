@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,8 @@ type peerFlags struct {
 	total        int
 	mc           int
 	seqs         bool
+	logErrors    bool          // disgo: its errors to stderr
+	openTimeout  time.Duration // disgo: give up opening after this long
 }
 
 func parsePeerFlags(role string, args []string) (peerFlags, error) {
@@ -36,6 +39,9 @@ func parsePeerFlags(role string, args []string) (peerFlags, error) {
 	fs.IntVar(&p.total, "total", 0, "the bot's shard count (default: shards)")
 	fs.IntVar(&p.mc, "max-concurrency", 1, "max_concurrency")
 	fs.BoolVar(&p.seqs, "seqs", false, "record every dispatch sequence, to count lost events")
+	fs.BoolVar(&p.logErrors, "log-errors", false, "disgo: log its errors to stderr")
+	fs.DurationVar(&p.openTimeout, "open-timeout", 0, "disgo: stop opening after this long (0: never); it retries a failed dial for ever")
+	fs.IntVar(&runtime.MemProfileRate, "memprofilerate", runtime.MemProfileRate, "runtime.MemProfileRate, for heapsum")
 	if err := fs.Parse(args); err != nil {
 		return p, err
 	}
@@ -126,8 +132,9 @@ func peerCommands(p *peerState, open func() (string, error)) map[string]func([]s
 			}
 			return waitFor(timeout, want, p.readyCount)
 		},
-		"count": func([]string) (string, error) { return strconv.FormatInt(p.messages.Load(), 10), nil },
-		"gc":    collect,
+		"count":   func([]string) (string, error) { return strconv.FormatInt(p.messages.Load(), 10), nil },
+		"gc":      collect,
+		"heapsum": heapBreakdown,
 		// got UPTO...: for each shard, how many of sequences 1..UPTO it
 		// received (the simulator's last sequences, from "seqs").
 		"got": func(args []string) (string, error) {
@@ -237,6 +244,9 @@ func runDisgo(args []string) error {
 		return err
 	}
 	log := slog.New(slog.DiscardHandler)
+	if f.logErrors {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	}
 	st := newPeerState(f.shards, f.seqs)
 	handler := func(_ disgogw.EventType, seq int, shardID int, ev disgogw.EventData) {
 		switch ev.(type) {
@@ -276,8 +286,14 @@ func runDisgo(args []string) error {
 		}
 		opened = true
 		start := time.Now()
+		ctx := context.Background()
+		if f.openTimeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, f.openTimeout)
+			defer cancel()
+		}
 		for _, id := range ids {
-			if err := m.OpenShard(context.Background(), id); err != nil {
+			if err := m.OpenShard(ctx, id); err != nil {
 				return "", fmt.Errorf("OpenShard(%d): %w", id, err)
 			}
 		}

@@ -54,8 +54,13 @@ func self() string {
 // startChild starts the harness binary as role with args and waits for its
 // "ready" line.
 func startChild(role string, args ...string) (*child, error) {
+	return startChildEnv(role, nil, args...)
+}
+
+// startChildEnv is startChild with env added to the child's environment.
+func startChildEnv(role string, env []string, args ...string) (*child, error) {
 	cmd := exec.Command(self(), args...)
-	cmd.Env = append(os.Environ(), childEnv+"="+role, tokenEnv+"="+benchToken)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+role, tokenEnv+"="+benchToken), env...)
 	c := &child{role: role, cmd: cmd, stderr: &tailBuffer{max: 64 << 10}, done: make(chan struct{})}
 	if verbose {
 		cmd.Stderr = io.MultiWriter(c.stderr, prefixWriter{role, os.Stderr})

@@ -22,6 +22,7 @@ type section struct {
 	columns []string // side names, shardfs first
 	rows    []row
 	extra   []string // further paragraphs or tables, after the main table
+	notes   []string // runs that had to be repeated, said after extra
 	failed  string
 	skipped string
 	elapsed time.Duration
@@ -109,7 +110,11 @@ func metText(m *bool) string {
 func render(cfg config, machine string, sections []*section) string {
 	var b strings.Builder
 	b.WriteString("# shardfs side by side\n\n")
-	fmt.Fprintf(&b, "Produced by `%s` on %s.\n\n", cfg.command, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Produced by `%s` on %s.", cfg.command, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	if l := loadText(cfg.loadStart, loadAverage()); l != "" {
+		b.WriteString(" " + l)
+	}
+	b.WriteString("\n\n")
 	b.WriteString("## Machine\n\n")
 	b.WriteString(machine)
 	b.WriteString("\nEvery cell is the median of the runs, then their range (min–max) and count. ")
@@ -169,6 +174,9 @@ func render(cfg config, machine string, sections []*section) string {
 		}
 		for _, p := range s.extra {
 			b.WriteString(p + "\n\n")
+		}
+		if len(s.notes) > 0 {
+			b.WriteString("Repeated runs: " + strings.Join(s.notes, " ") + "\n\n")
 		}
 		if s.failed != "" {
 			fmt.Fprintf(&b, "**Failed:** %s\n\n", strings.ReplaceAll(s.failed, "\n", " "))
@@ -249,4 +257,161 @@ func diodVersion() string {
 		return "(version unknown)"
 	}
 	return string(out) + " (Debian)"
+}
+
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute figures.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// loadText says how busy the machine was during the run.
+func loadText(start, end string) string {
+	if start == "" || end == "" {
+		return ""
+	}
+	return fmt.Sprintf("Load average (1, 5, 15 min; /proc/loadavg) %s at the start and %s at the end, on %d cores: other work shared the machine, which is why every figure is a median of repeated, interleaved runs.", start, end, runtime.NumCPU())
+}
+
+// mdBlock is a part of a report from one "## " heading to the next.
+type mdBlock struct {
+	heading string // "## 7. ...", or "" for what precedes the first heading
+	number  int    // the section's number, 0 if none
+	body    string // the heading line included
+}
+
+func splitReport(md string) []mdBlock {
+	var out []mdBlock
+	cur := mdBlock{}
+	for _, line := range strings.SplitAfter(md, "\n") {
+		if strings.HasPrefix(line, "## ") {
+			out = append(out, cur)
+			cur = mdBlock{heading: strings.TrimSpace(line)}
+			if n, _, ok := strings.Cut(strings.TrimPrefix(cur.heading, "## "), ". "); ok {
+				cur.number, _ = strconv.Atoi(n)
+			}
+		}
+		cur.body += line
+	}
+	return append(out, cur)
+}
+
+// summaryNumber is the section number of a summary table row, 0 if the line
+// is none.
+func summaryNumber(line string) int {
+	f := strings.SplitN(line, "|", 3)
+	if len(f) < 3 || strings.TrimSpace(f[0]) != "" {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(f[1]))
+	return n
+}
+
+const footerPrefix = "One full run of the harness took"
+
+// mergeReport puts fresh, a report of some comparisons (numbers), into
+// old, an earlier report: their sections and summary rows replace those of
+// the same number, the others are kept, and a line after old's first one
+// says where the merged sections came from (replacing such a line about
+// the same sections).
+func mergeReport(old, fresh string, numbers []int, provenance string) string {
+	replaced := map[int]bool{}
+	for _, n := range numbers {
+		replaced[n] = true
+	}
+	freshBlocks := splitReport(fresh)
+	var freshSummary []string
+	freshSections := map[int]string{}
+	for _, b := range freshBlocks {
+		switch {
+		case b.heading == "## Summary":
+			for _, line := range strings.SplitAfter(b.body, "\n") {
+				if n := summaryNumber(line); n > 0 {
+					freshSummary = append(freshSummary, line)
+				}
+			}
+		case b.number > 0:
+			freshSections[b.number] = b.body
+		}
+	}
+	var out strings.Builder
+	footer := ""
+	sections := map[int]string{}
+	var order []int
+	for _, b := range splitReport(old) {
+		var kept []string
+		for _, line := range strings.SplitAfter(b.body, "\n") {
+			if strings.HasPrefix(line, footerPrefix) {
+				footer = line
+				continue
+			}
+			kept = append(kept, line)
+		}
+		body := strings.Join(kept, "")
+		switch {
+		case b.heading == "":
+			var lines []string
+			for _, line := range strings.SplitAfter(body, "\n") {
+				if strings.HasPrefix(line, "Merged: sections ") && mergedCovered(line, replaced) {
+					continue
+				}
+				lines = append(lines, line)
+			}
+			body = strings.TrimRight(strings.Join(lines, ""), "\n") + "\n\n" + provenance + "\n\n"
+			out.WriteString(body)
+		case b.heading == "## Summary":
+			var rows []string
+			for _, line := range strings.SplitAfter(body, "\n") {
+				if n := summaryNumber(line); n > 0 && !replaced[n] {
+					rows = append(rows, line)
+				} else if line == b.heading+"\n" {
+					out.WriteString(line + "\n")
+				} else if n == 0 && strings.TrimSpace(line) != "" {
+					out.WriteString(line)
+				}
+			}
+			rows = append(rows, freshSummary...)
+			slices.SortStableFunc(rows, func(a, b string) int { return summaryNumber(a) - summaryNumber(b) })
+			out.WriteString(strings.Join(rows, "") + "\n")
+		case b.number > 0:
+			if !replaced[b.number] {
+				sections[b.number] = body
+				order = append(order, b.number)
+			}
+		default:
+			out.WriteString(body)
+		}
+	}
+	for n, body := range freshSections {
+		sections[n] = body
+		order = append(order, n)
+	}
+	slices.Sort(order)
+	for _, n := range slices.Compact(order) {
+		out.WriteString(strings.TrimRight(sections[n], "\n") + "\n\n")
+	}
+	if footer != "" {
+		out.WriteString("\n" + footer)
+	}
+	return out.String()
+}
+
+// mergedCovered reports whether a "Merged: sections 7, 8 from ..." line is
+// only about sections in replaced.
+func mergedCovered(line string, replaced map[int]bool) bool {
+	list, _, _ := strings.Cut(strings.TrimPrefix(line, "Merged: sections "), " from")
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(f), "and ")))
+		if err != nil || !replaced[n] {
+			return false
+		}
+	}
+	return true
 }

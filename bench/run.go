@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -40,7 +42,14 @@ type config struct {
 	observerPhase    time.Duration
 	observerFlapRate int // faults injected per second
 
-	only map[string]bool
+	breakdown bool // the comparisons over TLS sum a further run's heap by package
+	// memTLSHeartbeat is the heartbeat interval of the memory comparison
+	// over TLS: longer than memHeartbeat, since thousands of TLS handshakes
+	// on a loaded machine can hold a heartbeat past 1.5 intervals.
+	memTLSHeartbeat time.Duration
+
+	only      map[string]bool
+	loadStart string // /proc/loadavg when the run began
 }
 
 func defaultConfig() config {
@@ -67,6 +76,8 @@ func defaultConfig() config {
 		observerInterval:   time.Second,
 		observerPhase:      15 * time.Second,
 		observerFlapRate:   200,
+		breakdown:          true,
+		memTLSHeartbeat:    10 * time.Second,
 	}
 }
 
@@ -84,7 +95,12 @@ var comparisons = []comparison{
 	{"startup", "Startup pacing: shardfs (disgo beside it)", runStartup},
 	{"recovery", "Mass recovery: shardfs vs disgo", runRecovery},
 	{"observer", "Observer load: the core's event latency", runObserver},
+	{"memory-tls", "Memory per idle shard over TLS: shardfs vs discordgo vs disgo", runMemoryTLS},
+	{"dispatch-tls", "Dispatch throughput over TLS with zlib-stream: shardfs vs discordgo vs disgo", runDispatchTLS},
 }
+
+// groups are names -only accepts for several comparisons.
+var groups = map[string][]string{"tls": {"memory-tls", "dispatch-tls"}}
 
 func comparisonNames() []string {
 	var out []string
@@ -119,4 +135,29 @@ func run(cfg config, log io.Writer) (string, error) {
 		sections = append(sections, s)
 	}
 	return render(cfg, machineInfo(), sections), errors.Join(errs...)
+}
+
+// selectedNumbers are the section numbers of the comparisons cfg runs.
+func selectedNumbers(cfg config) []int {
+	var out []int
+	for i, c := range comparisons {
+		if cfg.only == nil || cfg.only[c.name] {
+			out = append(out, i+1)
+		}
+	}
+	return out
+}
+
+// provenance is the line a merged report gets about the sections merged in.
+func provenance(cfg config, took time.Duration) string {
+	var nums []string
+	for _, n := range selectedNumbers(cfg) {
+		nums = append(nums, strconv.Itoa(n))
+	}
+	s := fmt.Sprintf("Merged: sections %s from `%s` on %s, which took %v.", strings.Join(nums, ", "), cfg.command,
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), took.Round(time.Second))
+	if l := loadText(cfg.loadStart, loadAverage()); l != "" {
+		s += " " + l
+	}
+	return s
 }

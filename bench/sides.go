@@ -21,10 +21,21 @@ const (
 type sim struct {
 	*child
 	api, gateway string
+	wire         wire // how its clients connect
 }
 
 func startSim(shards int, args ...string) (*sim, error) {
-	c, err := startChild("sim", append([]string{"-shards", strconv.Itoa(shards)}, args...)...)
+	return startSimOver(wire{}, shards, args...)
+}
+
+// startSimOver starts a simulator that serves over w's TLS, if any; the
+// clients started against it connect as w says.
+func startSimOver(w wire, shards int, args ...string) (*sim, error) {
+	args = append([]string{"-shards", strconv.Itoa(shards)}, args...)
+	if w.trust != nil {
+		args = append(args, "-tls", w.trust.serverDir)
+	}
+	c, err := startChild("sim", args...)
 	if err != nil {
 		return nil, err
 	}
@@ -33,7 +44,7 @@ func startSim(shards int, args ...string) (*sim, error) {
 		c.close()
 		return nil, fmt.Errorf("sim: ready line %q", c.info)
 	}
-	return &sim{child: c, api: f[0], gateway: f[1]}, nil
+	return &sim{child: c, api: f[0], gateway: f[1], wire: w}, nil
 }
 
 // client is one side's gateway client in its own process: a shardfs node,
@@ -54,6 +65,9 @@ func startClient(side string, s *sim, n, maxConcurrency int, extra ...string) (*
 	switch side {
 	case sideShardfs:
 		role = "shardfs-node"
+		if s.wire.compression != "" {
+			args = append(args, "-compression", s.wire.compression)
+		}
 		// For profiling: e.g. SHARDFS_BENCH_NODE_FLAGS="-cpuprofile /tmp/node.pprof".
 		extra = append(extra, strings.Fields(os.Getenv("SHARDFS_BENCH_NODE_FLAGS"))...)
 	case sideDiscordgo, sideDisgo:
@@ -61,7 +75,11 @@ func startClient(side string, s *sim, n, maxConcurrency int, extra ...string) (*
 	default:
 		return nil, fmt.Errorf("unknown side %q", side)
 	}
-	c, err := startChild(role, append(args, extra...)...)
+	var env []string
+	if s.wire.trust != nil {
+		env = s.wire.trust.env()
+	}
+	c, err := startChildEnv(role, env, append(args, extra...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,13 +25,23 @@ func runSim(args []string) error {
 	mc := fs.Int("max-concurrency", 0, "max_concurrency (default: shards)")
 	window := fs.Duration("identify-interval", 5*time.Second, "identify window per bucket")
 	heartbeat := fs.Duration("heartbeat", 41250*time.Millisecond, "heartbeat interval")
+	tlsDir := fs.String("tls", "", "serve over TLS with the certificate and key in this directory (cert.pem, key.pem)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *mc <= 0 {
 		*mc = *shards
 	}
+	var tc *tls.Config
+	if *tlsDir != "" {
+		cert, err := tls.LoadX509KeyPair(filepath.Join(*tlsDir, "cert.pem"), filepath.Join(*tlsDir, "key.pem"))
+		if err != nil {
+			return err
+		}
+		tc = &tls.Config{Certificates: []tls.Certificate{cert}}
+	}
 	srv, err := gatewaysim.New(gatewaysim.Config{
+		TLS:               tc,
 		Flavor:            gatewaysim.Discord,
 		Token:             os.Getenv(tokenEnv),
 		Shards:            *shards,

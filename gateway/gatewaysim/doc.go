@@ -5,7 +5,7 @@
 // platforms' documentation and sharing no code with package gateway, so that
 // a misunderstanding in one cannot hide in both. New starts it on a
 // listener; APIURL serves GET /gateway/bot and GatewayURL the WebSocket
-// gateway. Publish, PublishGuild, Flood and SetTraffic make events; Inject
+// gateway, both over TLS when Config.TLS is set. Publish, PublishGuild, Flood and SetTraffic make events; Inject
 // and Drain misbehave; Stats, Totals and Sessions count what happened; Wait
 // blocks until a condition on them holds. Every timer reads Config.Clock.
 //

@@ -2,6 +2,7 @@ package gatewaysim
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +48,9 @@ type Config struct {
 	// Listener, when set, is served instead of listening on Addr. Close
 	// closes it.
 	Listener net.Listener
+	// TLS, when set, serves discovery and the gateway over TLS, as the
+	// real platforms do: the URLs say https:// and wss://.
+	TLS *tls.Config
 
 	// Token is the bot token identify, resume and discovery must present
 	// (without the "Bot " prefix); empty means "sim-token".
@@ -271,6 +275,9 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("gatewaysim: listen: %w", err)
 		}
 	}
+	if cfg.TLS != nil {
+		ln = tls.NewListener(ln, cfg.TLS)
+	}
 	s := &Server{
 		cfg:      cfg,
 		clock:    cfg.Clock,
@@ -325,18 +332,18 @@ func New(cfg Config) (*Server, error) {
 // APIURL is the HTTP API base: http://HOST/api/v10 or http://HOST/api/v1.
 func (s *Server) APIURL() string {
 	if s.cfg.Flavor == Fluxer {
-		return "http://" + s.base + "/api/v1"
+		return s.scheme("http") + s.base + "/api/v1"
 	}
-	return "http://" + s.base + "/api/v10"
+	return s.scheme("http") + s.base + "/api/v10"
 }
 
 // GatewayURL is the gateway URL discovery returns, without query: Discord's
 // ends in a slash like wss://gateway.discord.gg/, Fluxer's does not.
 func (s *Server) GatewayURL() string {
 	if s.cfg.Flavor == Fluxer {
-		return "ws://" + s.base
+		return s.scheme("ws") + s.base
 	}
-	return "ws://" + s.base + "/"
+	return s.scheme("ws") + s.base + "/"
 }
 
 // ResumeURL is the resume_gateway_url READY carries (Discord); Fluxer
@@ -348,7 +355,15 @@ func (s *Server) ResumeURL() string {
 	if u := s.resumeURL.Load(); u != nil {
 		return *u
 	}
-	return "ws://" + s.base + "/resume"
+	return s.scheme("ws") + s.base + "/resume"
+}
+
+// scheme is plain's URL prefix, with an s over TLS.
+func (s *Server) scheme(plain string) string {
+	if s.cfg.TLS != nil {
+		return plain + "s://"
+	}
+	return plain + "://"
 }
 
 // SetResumeURL makes later READYs (Discord) carry u as resume_gateway_url,
