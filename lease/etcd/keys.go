@@ -91,6 +91,14 @@ func quote(v []byte) string {
 	return strconv.Quote(string(v))
 }
 
+// clip shows at most 64 bytes of a key's value in a log line.
+func clip(v []byte) string {
+	if len(v) > 64 {
+		return string(v[:64]) + "..."
+	}
+	return string(v)
+}
+
 // parseShard parses the id of a shards/<id> key: decimal, no sign, no
 // leading zero, so that each shard has exactly one key.
 func parseShard(s string, total int) (int, bool) {

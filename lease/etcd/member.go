@@ -222,8 +222,11 @@ func (m *Member) loop() {
 		case <-m.kick:
 		}
 		err := m.renew()
-		if m.afterRenew != nil {
-			m.afterRenew(err)
+		m.mu.Lock()
+		hook := m.afterRenew
+		m.mu.Unlock()
+		if hook != nil {
+			hook(err)
 		}
 	}
 }

@@ -133,7 +133,7 @@ func (m *Member) Owners(ctx context.Context) ([]Holder, error) {
 		}
 		node := string(kv.Value)
 		if checkName("node", node) != nil {
-			m.logOnce(kv, "etcd: ignoring a shard key whose value is not a node name", "value", quote(kv.Value))
+			m.logOnce(kv, "etcd: ignoring a shard key whose value is not a node name", "value", clip(kv.Value))
 			continue
 		}
 		h := Holder{Shard: id, Node: node, Generation: kv.CreateRevision, Live: slices.Contains(members, node)}
@@ -175,7 +175,7 @@ func (m *Member) read(ctx context.Context) ([]string, []*mvccpb.KeyValue, error)
 		case kv.Lease == 0:
 			m.logOnce(kv, "etcd: ignoring a member key without a lease (it would never expire)")
 		case string(kv.Value) != name:
-			m.logOnce(kv, "etcd: ignoring a member key whose value names another node", "value", quote(kv.Value))
+			m.logOnce(kv, "etcd: ignoring a member key whose value names another node", "value", clip(kv.Value))
 		default:
 			members = append(members, name)
 		}
@@ -198,5 +198,5 @@ func (m *Member) logOnce(kv *mvccpb.KeyValue, msg string, args ...any) {
 	}
 	m.logged[key] = kv.ModRevision
 	m.mu.Unlock()
-	m.log.Warn(msg, append([]any{"bot", m.bot, "key", strconv.Quote(key)}, args...)...)
+	m.log.Warn(msg, append([]any{"bot", m.bot, "key", key}, args...)...)
 }
