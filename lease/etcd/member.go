@@ -54,6 +54,7 @@ type Member struct {
 	kick       chan struct{} // the renewal timer asks the loop for a renewal
 	stop       chan struct{}
 	stopOnce   sync.Once
+	closeErr   error
 	loopDone   chan struct{}
 	done       chan struct{} // closed when the membership ends
 	callCtx    context.Context
@@ -327,14 +328,18 @@ func (m *Member) LeaseID() clientv3.LeaseID { return m.id }
 // Close ends the renewal loop and revokes the lease, which deletes
 // members/<node> and every shard key of the node at once, so the others
 // can acquire them without waiting for the TTL. Callers stop their shards
-// first. A lease that already expired is no error.
+// first. A lease that already expired is no error. Later calls return the
+// first call's result.
 func (m *Member) Close() error {
 	m.mu.Lock()
 	m.loseLocked(ErrClosed)
 	m.mu.Unlock()
-	m.stopOnce.Do(func() { close(m.stop) })
-	<-m.loopDone
-	return m.revoke(m.id)
+	m.stopOnce.Do(func() {
+		close(m.stop)
+		<-m.loopDone
+		m.closeErr = m.revoke(m.id)
+	})
+	return m.closeErr
 }
 
 func (m *Member) revoke(id clientv3.LeaseID) error {
