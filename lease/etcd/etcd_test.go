@@ -487,3 +487,40 @@ func TestRenewalCost(t *testing.T) {
 		t.Fatalf("requests during %d renewals = %v; want %d %s and nothing else", renewals, calls.n, renewals, ka)
 	}
 }
+
+// TestRealClockRenews runs the loop on real time against the real server
+// for longer than the TTL: the membership lasts and its key stays. It
+// watches a real process boundary, so it polls with a bound.
+func TestRealClockRenews(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	log, _ := testLog(t)
+	ctx := etcdtest.Ctx(t, 30*time.Second)
+	a, err := Join(ctx, Config{Client: cli, Bot: "b", Node: "a", Plan: plan16, TTL: 3 * time.Second, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	end := time.Now().Add(4 * time.Second)
+	for time.Now().Before(end) {
+		if err := a.Err(); err != nil {
+			t.Fatalf("membership ended on real time: %v", err)
+		}
+		if rem := a.Remaining(); rem <= 0 || rem > 2*time.Second {
+			t.Fatalf("Remaining() = %v; want in (0, TTL-1s]", rem)
+		}
+		if d := time.Until(a.Deadline()); d <= 0 || d > 2*time.Second {
+			t.Fatalf("Deadline() in %v; want in (0, TTL-1s]", d)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	a.mu.Lock()
+	n := a.renewals
+	a.mu.Unlock()
+	if n < 3 {
+		t.Fatalf("%d renewals in 4s at TTL 3s; want at least 3 (one per second)", n)
+	}
+	if ms, err := a.Members(ctx); err != nil || fmt.Sprint(ms) != "[a]" {
+		t.Fatalf("Members() after 4s = %v, %v; want [a]", ms, err)
+	}
+}
