@@ -199,6 +199,7 @@ func TestExpiryRemovesKeys(t *testing.T) {
 	cli := srv.Client()
 	ctx := etcdtest.Ctx(t, 30*time.Second)
 	a, aclk, _ := join(t, cli, "a", 2*time.Second)
+	c, _, _ := join(t, cli, "c", 2*time.Second)
 	b, _, _ := join(t, cli, "b", 0)
 	gens := map[int]int64{}
 	for id := 0; id < 4; id++ {
@@ -217,7 +218,7 @@ func TestExpiryRemovesKeys(t *testing.T) {
 		}
 		var keys []string
 		for _, kv := range r.Kvs {
-			if k := string(kv.Key); strings.Contains(k, "/shards/") || strings.HasSuffix(k, "/members/a") {
+			if k := string(kv.Key); strings.Contains(k, "/shards/") || strings.HasSuffix(k, "/members/a") || strings.HasSuffix(k, "/members/c") {
 				keys = append(keys, k)
 			}
 		}
@@ -241,6 +242,11 @@ func TestExpiryRemovesKeys(t *testing.T) {
 		if _, err := a.Guarded(ctx, id, gens[id], clientv3.OpPut(a.Prefix()+"sessions/0", "stale")); !errors.Is(err, ErrGeneration) {
 			t.Fatalf("a.Guarded(%d) after expiry = %v; want ErrGeneration", id, err)
 		}
+	}
+	// c wakes and acquires before its first renewal: etcd's answer ends
+	// its membership.
+	if _, err := c.Acquire(ctx, 9); !errors.Is(err, ErrLeaseLost) || !isDone(c) {
+		t.Fatalf("Acquire on an expired lease = %v, done %v; want ErrLeaseLost, done", err, isDone(c))
 	}
 	// a wakes: its first renewal learns the lease is gone.
 	after := make(chan error, 1)

@@ -2,12 +2,14 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -44,6 +46,14 @@ func (m *Member) Acquire(ctx context.Context, id int) (int64, error) {
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, m.node, clientv3.WithLease(m.id))).
 		Else(clientv3.OpGet(key)).Commit()
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// etcd expired the lease before the local deadline came: the
+		// membership is over now, whatever the local clock says.
+		m.mu.Lock()
+		m.loseLocked(fmt.Errorf("%w: etcd no longer knows lease %x (it expired there)", ErrLeaseLost, int64(m.id)))
+		err = m.err
+		m.mu.Unlock()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("etcd: acquire shard %d: %w", id, err)
 	}
