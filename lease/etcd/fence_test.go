@@ -233,6 +233,10 @@ func TestFenceLateAnswerDoesNotRevive(t *testing.T) {
 	if got := r.m.Remaining(); got != 0 {
 		t.Fatalf("Remaining() after a late answer = %v; want 0", got)
 	}
+	r.clk.Advance(time.Second)
+	if got := r.m.Deadline().Sub(r.clk.Now()); got != -time.Second {
+		t.Fatalf("Deadline() 1s after the loss = Now%+v; want Now-1s (the deadline that passed)", got)
+	}
 	if r.clk.Pending() != 0 {
 		t.Fatalf("%d timers pending after the loss; want 0", r.clk.Pending())
 	}

@@ -306,11 +306,16 @@ func (m *Member) Remaining() time.Duration {
 }
 
 // Deadline is the self-fencing deadline: every shard of this node must have
-// stopped its traffic by then unless a renewal moves it. It is Now() +
-// Remaining(): with the real clock it carries the monotonic reading, so
-// comparisons with time.Now() ignore wall steps; its wall value moves with
-// the wall clock.
-func (m *Member) Deadline() time.Time { return m.clock.Now().Add(m.Remaining()) }
+// stopped its traffic by then unless a renewal moves it; once the
+// membership ended it is the deadline that passed (or the one Close cut
+// short). It is computed from Now and the monotonic time left: with the
+// real clock it carries the monotonic reading, so comparisons with
+// time.Now() ignore wall steps; its wall value moves with the wall clock.
+func (m *Member) Deadline() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.clock.Now().Add(m.deadline - clock.Mono(m.clock))
+}
 
 // TTL returns the lease's TTL as granted by etcd.
 func (m *Member) TTL() time.Duration { return m.ttl }
