@@ -31,6 +31,20 @@ func (Real) Now() time.Time { return time.Now() }
 // AfterFunc wraps time.AfterFunc.
 func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
+// Mono returns c's monotonic reading, a duration since an arbitrary origin
+// that a step of the wall clock does not move: Fake.Mono for a Fake, else
+// the monotonic part of time.Now.
+func Mono(c Clock) time.Duration {
+	if m, ok := c.(interface{ Mono() time.Duration }); ok {
+		return m.Mono()
+	}
+	return time.Since(monoOrigin)
+}
+
+// monoOrigin carries a monotonic reading, so time.Since(monoOrigin) ignores
+// wall-clock steps.
+var monoOrigin = time.Now()
+
 // Or returns c, or Real when c is nil.
 func Or(c Clock) Clock {
 	if c == nil {

@@ -63,3 +63,33 @@ func TestRealFires(t *testing.T) {
 	Or(nil).AfterFunc(time.Millisecond, func() { close(done) })
 	<-done
 }
+
+func TestFakeJumpWallMovesNowOnly(t *testing.T) {
+	c := NewFake()
+	fired := false
+	c.AfterFunc(2*time.Second, func() { fired = true })
+	c.Advance(time.Second)
+	c.JumpWall(time.Hour)
+	if got := c.Now().Sub(Epoch); got != time.Hour+time.Second {
+		t.Fatalf("Now() after JumpWall(1h) = Epoch+%v; want Epoch+1h1s", got)
+	}
+	if got := Mono(c); got != time.Second {
+		t.Fatalf("Mono() after JumpWall(1h) = %v; want 1s", got)
+	}
+	if fired {
+		t.Fatal("a wall step fired a timer")
+	}
+	c.JumpWall(-2 * time.Hour)
+	c.Advance(time.Second)
+	if !fired || Mono(c) != 2*time.Second {
+		t.Fatalf("after Advance(1s): fired %v, Mono %v; want true, 2s", fired, Mono(c))
+	}
+}
+
+func TestRealMonoGrows(t *testing.T) {
+	a := Mono(Real{})
+	b := Mono(Real{})
+	if b < a {
+		t.Fatalf("Mono(Real) went back: %v then %v", a, b)
+	}
+}

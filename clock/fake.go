@@ -12,8 +12,9 @@ import (
 // concurrent use; callbacks may create, stop and reset timers.
 type Fake struct {
 	mu     sync.Mutex
-	now    time.Time
-	seq    uint64 // breaks ties so that equal deadlines fire in creation order
+	now    time.Time     // the monotonic reading, which timers follow
+	wall   time.Duration // added to now by Now: a wall clock stepped by JumpWall
+	seq    uint64        // breaks ties so that equal deadlines fire in creation order
 	timers fakeHeap
 }
 
@@ -23,11 +24,28 @@ var Epoch = time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC)
 // NewFake returns a fake clock reading Epoch.
 func NewFake() *Fake { return &Fake{now: Epoch} }
 
-// Now returns the fake time.
+// Now returns the fake wall time.
 func (c *Fake) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.now
+	return c.now.Add(c.wall)
+}
+
+// Mono returns the fake monotonic reading: the time advanced since Epoch,
+// which JumpWall does not change.
+func (c *Fake) Mono() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now.Sub(Epoch)
+}
+
+// JumpWall steps the wall clock by d (either way), as an operator or NTP
+// setting the time does; timers and Mono are not moved, as on a real
+// system whose monotonic clock ignores the step.
+func (c *Fake) JumpWall(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wall += d
 }
 
 // AfterFunc schedules f at Now()+d. A d of zero or less fires at the next

@@ -1,0 +1,53 @@
+// Package etcd shares one bot's shards among several nodes through etcd:
+// one lease per node with a self-fencing deadline, shard keys created if
+// absent and guarded by their generation, rendezvous placement over the
+// live members, and the pacing of planned moves (DESIGN 7.3).
+//
+// Keys live under /shardfs/<bot>/: plan (JSON {"flavor","total"}, written
+// by the first node, compared by every other), members/<node> and
+// shards/<id> (value: the node name), both attached to the node's lease.
+// Bot and node names are single key segments (no '/', no spaces), so one
+// bot's keys never reach into another's.
+//
+// Self-fencing. The Member renews with its own KeepAliveOnce loop, never
+// the client's KeepAlive stream, so that it knows when each renewal was
+// sent: deadline = send time of the last answered renewal + granted TTL −
+// 1 s, kept on the monotonic clock (clock.Mono; the fake clock models a
+// wall step with JumpWall, which moves Now but neither Mono nor timers).
+// Renewals are sent every TTL/3, retried every TTL/10 after a failure; each
+// try is bounded by TTL/3 of real time because KeepAliveOnce itself retries
+// until its context ends. When the deadline passes, Done closes: the caller
+// stops every owned shard (state STOPPED, reason "lease lost"). A renewal
+// answered after the deadline does not revive the membership, since etcd
+// may already have deleted its keys and another node may own them; the
+// caller closes the Member and joins again, and the shards it acquires then
+// have new generations. Close revokes the lease, which deletes the node's
+// keys at once (also after a loss, so the others need not wait for etcd's
+// expiry).
+//
+// At steady state a node sends etcd one request per TTL/3, a
+// LeaseKeepAlive stream with one send and one answer, whatever the number
+// of shards it owns: shard keys ride on the node's lease and are written
+// only when ownership changes (TestRenewalCost counts the client's calls).
+// The caller gates its shards on Deadline (the core's lease grant) as well
+// as on Done, so that traffic stops by the deadline, not shortly after.
+//
+// A second process with the same node name cannot join while the first
+// one's member key lives (ErrMemberExists): a restarted node waits up to
+// the TTL rather than take over keys a paused predecessor may still act on.
+//
+// Generation = the CreateRevision of shards/<id>. Every etcd write about a
+// shard is a Guarded transaction that commits only while that key has that
+// CreateRevision; generation 0 is refused because an absent key compares
+// equal to it. A shard key naming a node that is not a live member is
+// reported by Owners (Live false), not trusted; malformed keys are skipped
+// with one log line per version of the key.
+//
+// etcd release: v3.7.3 of go.etcd.io/etcd/client/v3 and server/v3, the
+// newest stable release the module proxy serves (3.7.0–3.7.3, beside
+// 3.6.13–3.6.16); DESIGN asks 3.5.13 or later. It builds with Go 1.26 and
+// the race detector, its embedded server starts in about a second on
+// loopback, and go.mod's existing requirements did not move. The tests
+// start it in-process (package etcdtest); goleak finds nothing left running
+// after a server and its clients are closed, so no goroutine is ignored.
+package etcd

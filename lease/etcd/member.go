@@ -1,0 +1,359 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardfs/shardfs/clock"
+)
+
+// DefaultTTL is the lease TTL when Config.TTL is zero (--etcd-ttl).
+const DefaultTTL = 10 * time.Second
+
+// fenceMargin is taken off the granted TTL: etcd's own clock starts the TTL
+// after our send time, and the margin covers the two clocks running at
+// slightly different rates, so the node stops before the key can expire.
+const fenceMargin = time.Second
+
+// Config describes one node of one bot.
+type Config struct {
+	Client *clientv3.Client
+	Bot    string
+	Node   string
+	Plan   Plan
+	// TTL of the node's lease, in whole seconds (rounded up), at least 2 s;
+	// zero means DefaultTTL.
+	TTL    time.Duration
+	Clock  clock.Clock  // nil = real time
+	Logger *slog.Logger // nil = slog.Default()
+}
+
+// Member is one node's membership of a bot: one etcd lease, the
+// members/<node> key attached to it, and the renewal loop that keeps the
+// self-fencing deadline. A lost membership never comes back: the caller
+// stops its shards, closes it and joins again, and the shards it acquires
+// then get new generations.
+type Member struct {
+	bot, node string
+	plan      Plan
+	prefix    string
+	kv        clientv3.KV
+	lease     clientv3.Lease
+	clock     clock.Clock
+	log       *slog.Logger
+	id        clientv3.LeaseID
+	ttl       time.Duration // as granted
+
+	kick       chan struct{} // the renewal timer asks the loop for a renewal
+	stop       chan struct{}
+	stopOnce   sync.Once
+	closeErr   error
+	loopDone   chan struct{}
+	done       chan struct{} // closed when the membership ends
+	callCtx    context.Context
+	callCancel context.CancelFunc // at loss or Close: ends a renewal in flight
+	afterRenew func(error)        // test hook, called by the loop after each attempt
+
+	mu       sync.Mutex
+	deadline time.Duration // monotonic, see clock.Mono
+	err      error         // why the membership ended; nil while it lasts
+	renewT   clock.Timer
+	lossT    clock.Timer
+	renewals int
+	logged   map[string]int64 // malformed keys already logged, by key: mod revision
+}
+
+// Join checks or writes the plan, grants the node's lease and creates
+// members/<node> attached to it. It fails with ErrPlanMismatch (naming both
+// plans), ErrBadPlan, or ErrMemberExists when another lease holds the
+// member key: another process with this node name, or a previous run of
+// this node whose lease has not expired yet (it does within the TTL).
+func Join(ctx context.Context, cfg Config) (*Member, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("etcd: Join: no client")
+	}
+	if err := checkName("bot", cfg.Bot); err != nil {
+		return nil, err
+	}
+	if err := checkName("node", cfg.Node); err != nil {
+		return nil, err
+	}
+	if err := cfg.Plan.check(); err != nil {
+		return nil, err
+	}
+	ttl := cfg.TTL
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	if secs < 2 {
+		return nil, fmt.Errorf("etcd: TTL %v below the minimum of 2s", cfg.TTL)
+	}
+	m := &Member{
+		bot: cfg.Bot, node: cfg.Node, plan: cfg.Plan, prefix: Prefix(cfg.Bot),
+		kv: cfg.Client, lease: cfg.Client, clock: clock.Or(cfg.Clock), log: cfg.Logger,
+	}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	if err := m.ensurePlan(ctx); err != nil {
+		return nil, err
+	}
+	sent := clock.Mono(m.clock)
+	g, err := m.lease.Grant(ctx, secs)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: grant lease of %ds: %w", secs, err)
+	}
+	key := m.prefix + "members/" + m.node
+	r, err := m.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, m.node, clientv3.WithLease(g.ID))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err == nil && !r.Succeeded {
+		err = fmt.Errorf("%w: %s", ErrMemberExists, describeHolder(r, key))
+	}
+	if err != nil {
+		m.revoke(g.ID)
+		return nil, fmt.Errorf("etcd: join bot %s as node %s: %w", m.bot, m.node, err)
+	}
+	m.start(g.ID, time.Duration(g.TTL)*time.Second, sent, nil)
+	m.log.Info("etcd: joined", "bot", m.bot, "node", m.node, "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl", m.ttl)
+	return m, nil
+}
+
+func describeHolder(r *clientv3.TxnResponse, key string) string {
+	if len(r.Responses) == 1 {
+		if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			return fmt.Sprintf("%s is held by lease %x (value %s)", key, kvs[0].Lease, quote(kvs[0].Value))
+		}
+	}
+	return key + " is held by another lease"
+}
+
+func (m *Member) ensurePlan(ctx context.Context) error {
+	key := m.prefix + "plan"
+	r, err := m.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, m.plan.encode())).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return fmt.Errorf("etcd: read or write %s: %w", key, err)
+	}
+	if r.Succeeded {
+		return nil
+	}
+	kvs := r.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) != 1 {
+		return fmt.Errorf("%w: %s vanished while read", ErrBadPlan, key)
+	}
+	have, err := decodePlan(key, kvs[0].Value)
+	if err != nil {
+		return err
+	}
+	if have != m.plan {
+		return fmt.Errorf("%w: bot %s in etcd has %s, node %s has %s; refusing to start", ErrPlanMismatch, m.bot, have, m.node, m.plan)
+	}
+	return nil
+}
+
+// start arms the fencing deadline of a lease granted with ttl, whose grant
+// was sent at the monotonic time sent, and starts the renewal loop.
+func (m *Member) start(id clientv3.LeaseID, ttl, sent time.Duration, hook func(error)) {
+	m.id, m.ttl, m.afterRenew = id, ttl, hook
+	m.kick = make(chan struct{}, 1)
+	m.stop = make(chan struct{})
+	m.loopDone = make(chan struct{})
+	m.done = make(chan struct{})
+	m.logged = map[string]int64{}
+	m.callCtx, m.callCancel = context.WithCancel(context.Background())
+	m.mu.Lock()
+	now := clock.Mono(m.clock)
+	m.deadline = sent + ttl - fenceMargin
+	m.lossT = m.clock.AfterFunc(m.deadline-now, m.expire)
+	m.renewT = m.clock.AfterFunc(sent+ttl/3-now, m.wake)
+	m.mu.Unlock()
+	go m.loop()
+}
+
+func (m *Member) wake() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// expire runs when the fencing deadline falls due.
+func (m *Member) expire() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err == nil && clock.Mono(m.clock) >= m.deadline {
+		m.loseLocked(fmt.Errorf("%w: no renewal answered within the TTL (deadline passed)", ErrLeaseLost))
+	}
+}
+
+func (m *Member) loseLocked(err error) {
+	if m.err != nil {
+		return
+	}
+	m.err = err
+	m.renewT.Stop()
+	m.lossT.Stop()
+	m.callCancel()
+	close(m.done)
+	if !errors.Is(err, ErrClosed) {
+		m.log.Warn("etcd: lease lost; every shard of this node must stop", "bot", m.bot, "node", m.node, "lease", fmt.Sprintf("%x", int64(m.id)), "err", err)
+	}
+}
+
+// loop sends the renewals. It is the only sender, so no two renewals are
+// ever in flight.
+func (m *Member) loop() {
+	defer close(m.loopDone)
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.kick:
+		}
+		err := m.renew()
+		m.mu.Lock()
+		hook := m.afterRenew
+		m.mu.Unlock()
+		if hook != nil {
+			hook(err)
+		}
+	}
+}
+
+// retryDelay is the wait after a failed renewal: several tries fit in the
+// TTL − 1 s that the last success left.
+func (m *Member) retryDelay() time.Duration { return m.ttl / 10 }
+
+func (m *Member) renew() error {
+	m.mu.Lock()
+	if m.err != nil {
+		m.mu.Unlock()
+		return m.err
+	}
+	m.mu.Unlock()
+	sent := clock.Mono(m.clock)
+	// KeepAliveOnce retries transient errors by itself until its context
+	// ends: bound each try by a third of the TTL of real time, and by the
+	// loss of the membership.
+	ctx, cancel := context.WithTimeout(m.callCtx, m.ttl/3)
+	r, err := m.lease.KeepAliveOnce(ctx, m.id)
+	cancel()
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		// An answer after the deadline does not revive the membership: the
+		// shards stopped, and etcd may have deleted the keys already.
+		if err == nil {
+			m.log.Info("etcd: a renewal answered after the fencing deadline is ignored", "node", m.node)
+		}
+		return m.err
+	}
+	now := clock.Mono(m.clock)
+	switch {
+	case now >= m.deadline:
+		m.loseLocked(fmt.Errorf("%w: renewal answered after the fencing deadline", ErrLeaseLost))
+		return m.err
+	case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && r.TTL <= 0):
+		m.loseLocked(fmt.Errorf("%w: etcd no longer knows lease %x (it expired there)", ErrLeaseLost, int64(m.id)))
+		return m.err
+	case err != nil:
+		err = fmt.Errorf("etcd: renew lease %x: %w", int64(m.id), err)
+		m.log.Warn("etcd: renewal failed; retrying", "node", m.node, "err", err, "remaining", m.deadline-now)
+		m.renewT.Reset(m.retryDelay())
+		return err
+	}
+	m.renewals++
+	m.deadline = sent + time.Duration(r.TTL)*time.Second - fenceMargin
+	m.lossT.Reset(m.deadline - now)
+	m.renewT.Reset(sent + m.ttl/3 - now)
+	return nil
+}
+
+// Done is closed when the membership ends: its deadline passed without a
+// renewal, etcd lost the lease, or Close was called. Err says which.
+func (m *Member) Done() <-chan struct{} { return m.done }
+
+// Err is nil while the membership lasts, then wraps ErrLeaseLost or ErrClosed.
+func (m *Member) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// Remaining is the time left before the self-fencing deadline, zero once
+// the membership ended. It is measured on the monotonic clock, so a step of
+// the wall clock does not change it.
+func (m *Member) Remaining() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return 0
+	}
+	return max(0, m.deadline-clock.Mono(m.clock))
+}
+
+// Deadline is the self-fencing deadline: every shard of this node must have
+// stopped its traffic by then unless a renewal moves it; once the
+// membership ended it is the deadline that passed (or the one Close cut
+// short). It is computed from Now and the monotonic time left: with the
+// real clock it carries the monotonic reading, so comparisons with
+// time.Now() ignore wall steps; its wall value moves with the wall clock.
+func (m *Member) Deadline() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.clock.Now().Add(m.deadline - clock.Mono(m.clock))
+}
+
+// TTL returns the lease's TTL as granted by etcd.
+func (m *Member) TTL() time.Duration { return m.ttl }
+
+// Node returns the member's node name.
+func (m *Member) Node() string { return m.node }
+
+// Prefix returns the folder of the bot's keys, for the keys other packages
+// guard (sessions/<id>).
+func (m *Member) Prefix() string { return m.prefix }
+
+// LeaseID returns the etcd lease of the membership.
+func (m *Member) LeaseID() clientv3.LeaseID { return m.id }
+
+// Close ends the renewal loop and revokes the lease, which deletes
+// members/<node> and every shard key of the node at once, so the others
+// can acquire them without waiting for the TTL. Callers stop their shards
+// first. A lease that already expired is no error. Later calls return the
+// first call's result.
+func (m *Member) Close() error {
+	m.mu.Lock()
+	m.loseLocked(ErrClosed)
+	m.mu.Unlock()
+	m.stopOnce.Do(func() {
+		close(m.stop)
+		<-m.loopDone
+		m.closeErr = m.revoke(m.id)
+	})
+	return m.closeErr
+}
+
+func (m *Member) revoke(id clientv3.LeaseID) error {
+	// Bounded: the lease expires by itself within the TTL anyway.
+	ctx, cancel := context.WithTimeout(context.Background(), min(5*time.Second, max(m.ttl, 2*time.Second)))
+	defer cancel()
+	_, err := m.lease.Revoke(ctx, id)
+	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil
+	}
+	return fmt.Errorf("etcd: revoke lease %x (it expires within the TTL anyway): %w", int64(id), err)
+}
