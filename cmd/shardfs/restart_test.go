@@ -361,7 +361,14 @@ func TestServeRestartBadSnapshots(t *testing.T) {
 	sessDir := filepath.Join(t.TempDir(), "sessions")
 	n1 := startNode(t, bin, sim, token, sessDir)
 	n1.waitReady(t, shards)
+	// An impatient second signal does not cut the saves short.
+	n1.cmd.Process.Signal(syscall.SIGTERM)
 	n1.stop(t, syscall.SIGTERM)
+	for sh := range shards {
+		if snap, _ := loadSnapshotFile(t, sessDir, sh); snap.Used() {
+			t.Fatalf("shard %d saved nothing resumable after two SIGTERMs", sh)
+		}
+	}
 
 	file := func(sh int) string { return filepath.Join(sessDir, fmt.Sprintf("shard-%d.json", sh)) }
 	b0, err := os.ReadFile(file(0))
