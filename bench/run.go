@@ -40,6 +40,8 @@ type config struct {
 	observerPhase    time.Duration
 	observerFlapRate int // faults injected per second
 
+	restart restartConfig
+
 	only map[string]bool
 }
 
@@ -67,6 +69,7 @@ func defaultConfig() config {
 		observerInterval:   time.Second,
 		observerPhase:      15 * time.Second,
 		observerFlapRate:   200,
+		restart:            defaultRestartConfig(),
 	}
 }
 
@@ -84,6 +87,7 @@ var comparisons = []comparison{
 	{"startup", "Startup pacing: shardfs (disgo beside it)", runStartup},
 	{"recovery", "Mass recovery: shardfs vs disgo", runRecovery},
 	{"observer", "Observer load: the core's event latency", runObserver},
+	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
 }
 
 func comparisonNames() []string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -412,4 +413,46 @@ func TestServeRestartBadSnapshots(t *testing.T) {
 		t.Errorf("the symlink's target changed: %q, %v", now, err)
 	}
 	n2.stop(t, syscall.SIGTERM)
+
+	// --resume-window reaches the core: snapshots older than it are not
+	// tried.
+	n3 := startNode(t, bin, sim, token, sessDir, "--resume-window", "1ms")
+	n3.waitReady(t, shards)
+	for sh := range shards {
+		if st := sim.Stats(sh); st.Identifies != 3 && sh < 3 || st.Identifies != 2 && sh == 3 {
+			t.Errorf("shard %d with --resume-window 1ms: %d identifies; want a new one", sh, st.Identifies)
+		}
+		if ev, _ := dotlRead(n3.root, fmt.Sprintf("%d/events", sh)); !strings.Contains(ev, "event=snapshot-ignored") || !strings.Contains(ev, "older than the resume window") {
+			t.Errorf("shard %d's events with --resume-window 1ms:\n%s", sh, ev)
+		}
+	}
+	n3.stop(t, syscall.SIGTERM)
+}
+
+// The session flags refuse what cannot work, before anything connects: a
+// negative window, and a --sessions path that is not a folder.
+func TestServeSessionFlags(t *testing.T) {
+	tmp := t.TempDir()
+	tokenFile := filepath.Join(tmp, "token")
+	notDir := filepath.Join(tmp, "file")
+	for _, f := range []string{tokenFile, notDir} {
+		if err := os.WriteFile(f, []byte("FLAGS-TOKEN-1234\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--resume-window", "-5s"}, "--resume-window -5s"},
+		{[]string{"--sessions", notDir}, "--sessions: cannot create sessions folder " + notDir + ": " + notDir + " is not a directory"},
+	} {
+		args := append([]string{"serve", "--flavor", "discord", "--gateway", "ws://127.0.0.1:1/", "--total", "1",
+			"--token-file", tokenFile, "--listen", "tcp!127.0.0.1!0"}, tc.args...)
+		var out, errb strings.Builder
+		err := run(context.Background(), args, strings.NewReader(""), &out, &errb)
+		if err == nil || !strings.Contains(err.Error()+errb.String(), tc.want) {
+			t.Errorf("shardfs %v = %v (stderr %q); want an error containing %q", args, err, errb.String(), tc.want)
+		}
+	}
 }
