@@ -456,3 +456,39 @@ func TestServeSessionFlags(t *testing.T) {
 		}
 	}
 }
+
+// Fluxer with --sessions and --total N discovers before the start, for the
+// endpoint its snapshots are checked against. A discovery that fails there
+// does not stop serve (a store problem never stops a shard): it says so
+// once at Error, the shards keep trying as they would without --sessions,
+// and a signal still stops it cleanly.
+func TestServeFluxerSessionsDiscoveryFails(t *testing.T) {
+	tmp := t.TempDir()
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := "http://" + dead.Addr().String() + "/api/v1"
+	dead.Close() // nothing answers there now
+	cmd := command(t, binDir(t), "serve", "--flavor", "fluxer", "--api", api, "--total", "2", "--listen", "tcp!127.0.0.1!0", "--sessions", filepath.Join(tmp, "s"))
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN=FLUXER-NODISC-TOKEN")
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	eventually(t, "serve listening after the failed discovery", func() (bool, string) {
+		s := stderr.String()
+		return strings.Contains(s, "level=ERROR msg=\"discovery before the start failed") && strings.Contains(s, "addr=tcp!"), s
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("serve exited with %v after SIGTERM:\n%s", err, stderr)
+	}
+}
