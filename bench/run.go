@@ -48,6 +48,8 @@ type config struct {
 	// on a loaded machine can hold a heartbeat past 1.5 intervals.
 	memTLSHeartbeat time.Duration
 
+	restart restartConfig
+
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
 }
@@ -78,6 +80,7 @@ func defaultConfig() config {
 		observerFlapRate:   200,
 		breakdown:          true,
 		memTLSHeartbeat:    10 * time.Second,
+		restart:            defaultRestartConfig(),
 	}
 }
 
@@ -97,6 +100,7 @@ var comparisons = []comparison{
 	{"observer", "Observer load: the core's event latency", runObserver},
 	{"memory-tls", "Memory per idle shard over TLS: shardfs vs discordgo vs disgo", runMemoryTLS},
 	{"dispatch-tls", "Dispatch throughput over TLS with zlib-stream: shardfs vs discordgo vs disgo", runDispatchTLS},
+	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
 }
 
 // groups are names -only accepts for several comparisons.

@@ -62,6 +62,18 @@ type Config struct {
 	// ObserveEvent, when set, also receives the core's event-handling
 	// times (see core.Config.ObserveEvent), which /metrics always shows.
 	ObserveEvent func(kind string, d time.Duration)
+
+	// Sessions keeps the shards' snapshots across restarts (see
+	// core.Config.Sessions); nil keeps none. The caller opens and closes
+	// it: Close leaves it open, with the clean stop's snapshots saved.
+	Sessions core.SessionStore
+	// ResumeWindow is the age beyond which a snapshot is not resumed;
+	// zero means the flavor's.
+	ResumeWindow time.Duration
+	// Gateway is the endpoint Fluxer snapshots must resume on: what the
+	// caller discovered before New, as the transport will find it; empty
+	// means GatewayURL. With neither, no Fluxer snapshot is resumed.
+	Gateway string
 }
 
 // Format hides the token from every fmt verb.
@@ -134,6 +146,7 @@ func New(cfg Config) (*Supervisor, error) {
 		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: s.Pacer, Lease: s.Lease,
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: log.With("component", "core"),
 		ObserveEvent: observe,
+		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),
 	})
 	if err != nil {
 		tr.Close()
@@ -208,8 +221,9 @@ func (s *Supervisor) Serve(ctx context.Context, ls ...net.Listener) error {
 }
 
 // Close stops the shards (their sessions stay resumable: connections close
-// with 4000), the gateway transport and the 9P server, and waits for all of
-// their goroutines.
+// with 4000, and with Config.Sessions each shard's snapshot is saved before
+// Close returns), the gateway transport and the 9P server, and waits for
+// all of their goroutines.
 func (s *Supervisor) Close() error {
 	s.closeOnce.Do(func() {
 		s.Node.Close()

@@ -4,6 +4,7 @@
 //	shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
 //	shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
 //	               [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
+//	               [--sessions DIR [--resume-window D]]
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
 //	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
@@ -21,6 +22,15 @@
 // A burst of log lines with the same long err (shards that shared one
 // failed discovery) prints it whole once and "same as shard N" after; the
 // tree's events keep every shard's full text.
+//
+// With --sessions DIR, serve locks the folder before it discovers or
+// connects, so a second serve on it fails at once and names the first's
+// PID, and closes it only after the node's Close has saved every shard.
+// For Fluxer it discovers before the start even with --total N: the core
+// checks each Fluxer snapshot against the endpoint, which it must know
+// before the first load. A failed early discovery is not fatal (a store
+// problem never stops a shard): every Fluxer shard then starts a new
+// session.
 package main
 
 import (
@@ -50,6 +60,7 @@ const usage = `usage:
   shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
   shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
                  [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
+                 [--sessions DIR [--resume-window D]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
   shardfs ls     [--addr ADDR] PATH

@@ -12,6 +12,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/sessions/dir"
 	"github.com/shardfs/shardfs/supervisor"
 )
 
@@ -37,6 +38,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var listens listenFlag
 	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro)")
 	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
+	sessDir := fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
+	resumeWindow := fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -59,6 +62,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		reserve = 0
 	case 0:
 		reserve = -1
+	}
+	if *resumeWindow < 0 {
+		return flagErr(fl, "--resume-window %v: want 0 (the flavor's) or more", *resumeWindow)
 	}
 	comp, err := gateway.ParseCompression(*compress)
 	if err != nil {
@@ -93,18 +99,50 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	log, status, stopLog := newLogger(stderr, *debug)
 	defer stopLog()
 
+	// The folder is locked before anything is spent on the gateway: a
+	// second serve on it stops here, naming the first's PID. After the
+	// re-exec of readToken, so the lock is the serving image's.
+	var store *dir.Store
+	if *sessDir != "" {
+		if store, err = dir.Open(*sessDir, dir.Options{Logger: log.With("component", "sessions")}); err != nil {
+			closeListeners(ls)
+			return fmt.Errorf("--sessions: %w", err)
+		}
+		// After the node closed: Close saves every shard into it.
+		defer func() {
+			if err := store.Close(); err != nil {
+				log.Error("closing the sessions folder", "err", err)
+			}
+		}()
+	}
+
 	var limit *core.StartLimit
-	if *totalFlag == "auto" {
+	// endpoint is the discovered gateway, what Fluxer snapshots are
+	// checked against: the URL the gateway client stores in a Fluxer
+	// session is the one it connected to, discovery's (or --gateway).
+	var endpoint string
+	fluxerResume := flavor == core.Fluxer && store != nil && *gatewayURL == ""
+	if *totalFlag == "auto" || fluxerResume {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		disc, err := gateway.Discover(dctx, nil, flavor, *api, token)
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil && *totalFlag == "auto":
 			closeListeners(ls)
 			return fmt.Errorf("--total auto: %w", err)
+		case err != nil:
+			// A store problem never stops a shard; without the
+			// endpoint no Fluxer snapshot can be checked, so none
+			// is resumed.
+			log.Error("discovery before the start failed: no saved Fluxer session can be checked, so every shard starts a new one", "err", err)
+		default:
+			endpoint = disc.URL
+			limit = &disc.StartLimit
 		}
-		total = disc.Shards
-		limit = &disc.StartLimit
-		log.Info("discovered the recommended shard count", "total", total)
+		if *totalFlag == "auto" {
+			total = disc.Shards
+			log.Info("discovered the recommended shard count", "total", total)
+		}
 	}
 	plan, err := planFor(total, *shards)
 	if err != nil {
@@ -112,11 +150,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return flagErr(fl, "%v", err)
 	}
 
-	sup, err := supervisor.New(supervisor.Config{
+	cfg := supervisor.Config{
 		Flavor: flavor, Token: token, API: *api, GatewayURL: *gatewayURL,
 		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
 		MaxConcurrency: *maxConc, IdentifyTotal: *idTotal, IdentifyReserve: reserve,
-	})
+		ResumeWindow: *resumeWindow, Gateway: endpoint,
+	}
+	if store != nil {
+		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
+	}
+	sup, err := supervisor.New(cfg)
 	if err != nil {
 		closeListeners(ls)
 		return err
