@@ -221,10 +221,7 @@ func TestTLS(t *testing.T) {
 			t.Errorf("after parked reads over TLS: %v, %d reconnects; want READY, none", d.State, d.Reconnects)
 		}
 	}
-	m := e.mark(0)
-	e.sim.Inject(0, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
-	e.waitBackoff(0, m)
-	e.simWait("the old connection to end", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+	m := e.drop(0)
 	e.clk.Advance(5 * time.Second)
 	e.waitEvent(0, m, "resumed")
 
@@ -430,10 +427,7 @@ func TestResumeUnknownSession(t *testing.T) {
 	e.start()
 	e.publish(0, 2)
 	e.synced(0)
-	m := e.mark(0)
-	e.sim.Inject(0, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
-	e.waitBackoff(0, m)
-	e.simWait("the old connection to end", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+	m := e.drop(0)
 	e.tr.mu.Lock()
 	e.tr.records = nil // forget what the sink has seen
 	e.tr.mu.Unlock()
