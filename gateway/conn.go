@@ -407,11 +407,7 @@ func (c *conn) dial() (*websocket.Conn, error) {
 				if c.phase().closing() {
 					return nil, errClosing
 				}
-				f := transient(faultDiscovery, fmt.Errorf("discovery: %w", err))
-				if errors.Is(err, ErrUnauthorized) {
-					f.class = core.FatalFailure
-				}
-				return nil, f
+				return nil, discoveryFailed(err)
 			}
 			discovered = c.t.cfg.GatewayURL == ""
 			if try > 0 && base == resumeURL {
