@@ -231,6 +231,20 @@ func (e *env) waitBackoff(id int, from int64) int64 {
 	return off
 }
 
+// poll calls cond every millisecond until it holds, for at most wait, and
+// reports whether it did: for states that follow the simulator's frames,
+// network events a test can only poll for.
+func poll(cond func() bool) bool {
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
 // drop drops shard id's connection and waits until the shard backs off
 // and the simulator has seen the connection go, as it would long before a
 // real backoff ran out. It returns the offset drop started at.
