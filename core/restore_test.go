@@ -34,6 +34,12 @@ func (w *syncBuffer) String() string {
 	return w.b.String()
 }
 
+func (w *syncBuffer) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Len()
+}
+
 const (
 	fluxerGateway = "wss://gateway.fluxer.example/"
 	restoredID    = "r3st0red-session-id"
