@@ -86,10 +86,19 @@ func TestFakeJumpWallMovesNowOnly(t *testing.T) {
 	}
 }
 
+// TestRealMonoGrows: Mono(Real) moves with the monotonic clock, by what
+// time.Since measures around it, no less and no more. (Comparing two
+// readings alone would pass a Mono that never moves.)
 func TestRealMonoGrows(t *testing.T) {
+	before := time.Now()
 	a := Mono(Real{})
+	t0 := time.Now()
+	for time.Since(t0) < time.Millisecond {
+		// Spin: the subject is the real clock itself.
+	}
 	b := Mono(Real{})
-	if b < a {
-		t.Fatalf("Mono(Real) went back: %v then %v", a, b)
+	span := time.Since(before)
+	if d := b - a; d < time.Millisecond || d > span {
+		t.Fatalf("Mono(Real) moved %v across a spin of at least 1ms within %v; want in [1ms, %v]", d, span, span)
 	}
 }

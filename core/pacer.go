@@ -172,28 +172,23 @@ type pacerWaiter struct {
 	prev, next *pacerWaiter
 }
 
+// push queues w: an operator's request after the operators' requests
+// already waiting and before every automatic one, an automatic one last.
 func (q *pacerQueue) push(w *pacerWaiter) {
 	if w.operator {
-		q.pushOperator(w)
+		q.insertAfter(q.lastOp, w)
+		q.lastOp = w
 		return
 	}
-	w.q, w.prev, w.next = q, q.tail, nil
-	if q.tail != nil {
-		q.tail.next = w
-	} else {
-		q.head = w
-	}
-	q.tail = w
-	q.n++
+	q.insertAfter(q.tail, w)
 }
 
-// pushOperator queues w after the operators' requests already waiting and
-// before every automatic one.
-func (q *pacerQueue) pushOperator(w *pacerWaiter) {
-	w.q, w.prev = q, q.lastOp
-	if w.prev != nil {
-		w.next = w.prev.next
-		w.prev.next = w
+// insertAfter links w in after prev; a nil prev puts it first.
+func (q *pacerQueue) insertAfter(prev, w *pacerWaiter) {
+	w.q, w.prev = q, prev
+	if prev != nil {
+		w.next = prev.next
+		prev.next = w
 	} else {
 		w.next = q.head
 		q.head = w
@@ -203,7 +198,6 @@ func (q *pacerQueue) pushOperator(w *pacerWaiter) {
 	} else {
 		q.tail = w
 	}
-	q.lastOp = w
 	q.n++
 }
 

@@ -1,38 +1,18 @@
 package core_test
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/shardfs/shardfs/core"
 )
-
-// countingWriter keeps what a slog handler wrote.
-type countingWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *countingWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *countingWriter) Len() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Len()
-}
 
 // junkLine returns n bytes without a newline, from every kind that needs
 // quoting or escaping in logfmt: controls, quotes, invalid UTF-8, long
@@ -52,7 +32,7 @@ func junkLine(rng *rand.Rand, n int) string {
 // a burst are counted and summed up in one line once the window ends, and
 // the next window logs again.
 func TestRejectionsBounded(t *testing.T) {
-	out := &countingWriter{}
+	out := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(out, nil))
 	e := newEnv(t, core.Config{Logger: log})
 	e.startAll()

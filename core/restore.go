@@ -96,6 +96,13 @@ func (n *Node) saveSnapshot(id int, snap Snapshot) error {
 	return err
 }
 
+// markUsed stores snap without its session id, so that the stored copy
+// can never be resumed again (Snapshot.Used).
+func (n *Node) markUsed(id int, snap Snapshot) error {
+	snap.Session.ID = ""
+	return n.saveSnapshot(id, snap)
+}
+
 // ignoreReason says why a loaded snapshot must not be resumed, or "".
 func (n *Node) ignoreReason(snap Snapshot, now time.Time) string {
 	switch {
@@ -219,9 +226,7 @@ func (s *shard) restore() {
 		return
 	}
 	age := now.Sub(snap.SavedAt)
-	used := snap
-	used.Session.ID = ""
-	if err := n.saveSnapshot(s.id, used); err != nil {
+	if err := n.markUsed(s.id, snap); err != nil {
 		// The stored copy may still be resumable: resuming now could
 		// make a second resume of it possible later.
 		s.emit(s.line(n.clock.Now(), "snapshot-error", slog.LevelError).str("op", "mark-used").err(err).str("then", "new session"))
@@ -244,8 +249,7 @@ func (s *shard) restore() {
 // before the shard resumes that session again; if the mark fails the
 // shard identifies instead.
 func (s *shard) markStoredUsed(snap Snapshot) {
-	snap.Session.ID = ""
-	err := s.node.saveSnapshot(s.id, snap)
+	err := s.node.markUsed(s.id, snap)
 	s.mu.Lock()
 	defer s.unlock()
 	now := s.node.clock.Now()

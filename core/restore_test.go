@@ -34,6 +34,12 @@ func (w *syncBuffer) String() string {
 	return w.b.String()
 }
 
+func (w *syncBuffer) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Len()
+}
+
 const (
 	fluxerGateway = "wss://gateway.fluxer.example/"
 	restoredID    = "r3st0red-session-id"
@@ -102,6 +108,11 @@ func TestSnapshotLoadRules(t *testing.T) {
 		}
 		return nil
 	}
+	// late holds a store that ignores its deadline until the test ends: a
+	// sleep past the deadline could end first on a loaded machine, and
+	// storeCall would then take the answer.
+	late := make(chan struct{})
+	t.Cleanup(func() { close(late) })
 	for _, tc := range []struct {
 		name    string
 		flavor  core.Flavor
@@ -143,7 +154,7 @@ func TestSnapshotLoadRules(t *testing.T) {
 		{name: "load ignoring its deadline", snap: ptr(snapAt(core.Discord, time.Second)), timeout: 20 * time.Millisecond,
 			onLoad: func(ctx context.Context, shard int) error {
 				<-ctx.Done()
-				time.Sleep(50 * time.Millisecond)
+				<-late
 				return nil
 			},
 			want: `event=snapshot-error op=load err="the session store took over 20ms"`, level: "ERROR"},

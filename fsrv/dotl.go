@@ -366,16 +366,10 @@ func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(err
 //     connection and Close. No request blocks, so there is nothing to
 //     cancel.
 type dotlStream struct {
+	frameReader
 	rwc      io.ReadWriteCloser
-	r        *bufio.Reader
 	maxMsize uint32
-	t        *tracker  // requests in flight and fids, bounded
-	wd       *watchdog // bounds the time inside one frame; nil: none
-
-	// Read state; p9 reads from one goroutine at a time.
-	msize     uint32 // frames larger than this are refused
-	pend      []byte // start of the current frame, not yet returned
-	remaining int    // bytes of the current frame still in r
+	msize    uint32 // frames larger than this are refused; read state
 
 	// wmu serialises whole frames: p9 writes a frame in several Writes,
 	// and a Tauth reply must not land in the middle of one.
@@ -416,85 +410,39 @@ func newDotlStream(rwc io.ReadWriteCloser, t *tracker, first []byte, msize, maxM
 	// The Tversion replayed from the sniffer is in flight like any other.
 	t.start(frameTag(first), request{typ: msgTversion})
 	return &dotlStream{
-		rwc:       rwc,
-		r:         bufio.NewReaderSize(rwc, 64<<10),
-		maxMsize:  maxMsize,
-		t:         t,
-		msize:     msize,
-		pend:      first,
-		attachQID: attachQID,
-		attaches:  make(map[uint16]p9.QID),
+		frameReader: frameReader{r: bufio.NewReaderSize(rwc, 64<<10), t: t, pend: first},
+		rwc:         rwc,
+		maxMsize:    maxMsize,
+		msize:       msize,
+		attachQID:   attachQID,
+		attaches:    make(map[uint16]p9.QID),
 	}
 }
 
 // Read implements io.Reader for p9's receive loop.
 func (s *dotlStream) Read(p []byte) (int, error) {
-	for len(s.pend) == 0 && s.remaining == 0 {
-		if err := s.nextFrame(); err != nil {
+	return s.read(p, func() error {
+		err := s.nextFrame()
+		if err != nil {
 			// p9 closes the connection only once every request in its
 			// hands is answered; a client that broke the protocol is
 			// dropped now.
 			s.t.close()
 			s.rwc.Close()
-			return 0, err
 		}
-	}
-	if len(s.pend) > 0 {
-		n := copy(p, s.pend)
-		s.pend = s.pend[n:]
-		return n, nil
-	}
-	n, err := s.r.Read(p[:min(len(p), s.remaining)])
-	s.remaining -= n
-	if s.remaining == 0 {
-		s.wd.disarm()
-	}
-	if err == io.EOF && s.remaining > 0 {
-		err = io.ErrUnexpectedEOF
-	}
-	return n, err
-}
-
-// startFrame waits until the connection may have one more request in
-// flight and the next frame begins, then arms the watchdog unless the
-// whole frame is already here. It returns the frame's header.
-func startFrame(r *bufio.Reader, t *tracker, wd *watchdog) (hdr [headerSize]byte, err error) {
-	if !t.wait() {
-		return hdr, errConnClosed
-	}
-	// Between messages a connection may idle as long as it likes.
-	if _, err := r.Peek(1); err != nil {
-		return hdr, err
-	}
-	if b, _ := r.Peek(r.Buffered()); len(b) < 4 || len(b) < int(binary.LittleEndian.Uint32(b)) {
-		wd.arm()
-	}
-	_, err = io.ReadFull(r, hdr[:])
-	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return hdr, err
+		return err
+	})
 }
 
 // nextFrame reads the next frame header and either queues the frame for p9
 // or handles it here.
 func (s *dotlStream) nextFrame() error {
-	hdr, err := startFrame(s.r, s.t, s.wd)
+	hdr, typ, tag, body, err := s.header(s.msize)
 	if err != nil {
 		return err
 	}
-	size := binary.LittleEndian.Uint32(hdr[:])
-	typ, tag := hdr[4], binary.LittleEndian.Uint16(hdr[5:])
-	if size < headerSize || size > s.msize {
-		return fmt.Errorf("%w: size %d, msize %d", errFrame, size, s.msize)
-	}
-	body := int(size) - headerSize
-	// Frames handled here are read whole: the watchdog's work is done.
-	defer func() {
-		if s.remaining == 0 {
-			s.wd.disarm()
-		}
-	}()
+	size := headerSize + body
+	defer s.wholeRead()
 	var req request
 	switch {
 	case typ == msgTauth:
@@ -504,16 +452,11 @@ func (s *dotlStream) nextFrame() error {
 		return s.inject(rlerror(tag, errno(errNoAuth)))
 	case typ == msgTversion && size <= maxVersionFrame:
 		// A remount on the same stream sends a fresh Tversion.
-		frame := make([]byte, size)
-		copy(frame, hdr[:])
-		if _, err := io.ReadFull(s.r, frame[headerSize:]); err != nil {
-			return err
-		}
-		t, err := parseVersion(frame)
-		if err == nil && t.msize < MinMsize {
-			err = fmt.Errorf("%w: msize %d is below the minimum %d", fs.ErrInvalid, t.msize, MinMsize)
-		}
+		frame, t, err := s.readVersion(hdr, body)
 		if err != nil {
+			if frame == nil {
+				return err
+			}
 			return s.inject(rlerror(tag, errno(err)))
 		}
 		if err := s.t.start(tag, request{typ: typ}); err != nil {
@@ -553,9 +496,8 @@ func (s *dotlStream) nextFrame() error {
 		}
 		return s.flush(tag, binary.LittleEndian.Uint16(old[:]))
 	case typ == msgTattach && size <= maxAttachFrame && s.attachQID != nil:
-		frame := make([]byte, size)
-		copy(frame, hdr[:])
-		if _, err := io.ReadFull(s.r, frame[headerSize:]); err != nil {
+		frame, err := s.readWhole(hdr, body)
+		if err != nil {
 			return err
 		}
 		var qid p9.QID
@@ -570,7 +512,7 @@ func (s *dotlStream) nextFrame() error {
 		} else {
 			ok = false
 		}
-		if err := s.start(tag, parseRequest(typ, frame[headerSize:], true)); err != nil {
+		if err := s.t.start(tag, parseRequest(typ, frame[headerSize:], true)); err != nil {
 			return err
 		}
 		if ok {
@@ -587,24 +529,11 @@ func (s *dotlStream) nextFrame() error {
 		}
 		req = parseRequest(typ, b, true)
 	}
-	if err := s.start(tag, req); err != nil {
-		if !errors.Is(err, errTooManyFids) {
-			return err
-		}
-		if _, err := s.r.Discard(body); err != nil {
-			return err
-		}
+	err = s.pass(hdr, body, req)
+	if errors.Is(err, errTooManyFids) {
 		return s.inject(rlerror(tag, errno(err)))
 	}
-	s.pend = append(s.pend[:0], hdr[:]...)
-	s.remaining = body
-	return nil
-}
-
-// start records a request handed to p9; a tag already in flight ends the
-// connection.
-func (s *dotlStream) start(tag uint16, r request) error {
-	return s.t.start(tag, r)
+	return err
 }
 
 // attachName returns the aname of a whole Tattach frame: fid[4] afid[4]

@@ -118,6 +118,11 @@ func listen(t testing.TB, srv *Server) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, srv, l)
+}
+
+// serveOn serves srv on l until the test ends.
+func serveOn(t testing.TB, srv *Server, l net.Listener) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()

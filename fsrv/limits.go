@@ -99,7 +99,7 @@ func parseRequest(typ uint8, body []byte, dotl bool) request {
 type tracker struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
-	reqs    map[uint16]*request
+	reqs    map[uint16]request // by value: no allocation per request
 	fids    map[uint32]struct{}
 	making  int // requests in flight that may make a fid
 	closed  bool
@@ -111,7 +111,7 @@ type tracker struct {
 
 func newTracker() *tracker {
 	t := &tracker{
-		reqs:    make(map[uint16]*request),
+		reqs:    make(map[uint16]request),
 		fids:    make(map[uint32]struct{}),
 		maxReqs: MaxRequests,
 		maxFids: MaxFids,
@@ -152,7 +152,7 @@ func (t *tracker) start(tag uint16, r request) error {
 		}
 		t.making++
 	}
-	t.reqs[tag] = &r
+	t.reqs[tag] = r
 	return nil
 }
 
@@ -170,7 +170,8 @@ func (t *tracker) startFlush(tag, oldtag uint16) (bool, error) {
 		return false, nil
 	}
 	old.flushes = append(old.flushes, tag)
-	t.reqs[tag] = &request{typ: msgTflush}
+	t.reqs[oldtag] = old
+	t.reqs[tag] = request{typ: msgTflush}
 	return true, nil
 }
 

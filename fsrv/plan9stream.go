@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"sync"
@@ -17,16 +16,10 @@ import (
 // in flight, keeps the session's msize (which error strings must fit) and
 // refuses a Tversion below MinMsize as the first one is refused.
 type plan9Stream struct {
-	r    *bufio.Reader
+	frameReader
 	w    io.Writer
 	c    io.Closer
-	t    *tracker
-	wd   *watchdog
 	sess *session
-
-	// Read state; srv9p reads from one goroutine.
-	pend      []byte
-	remaining int
 
 	// wmu serialises the frames srv9p writes (one a Write) with those the
 	// stream writes itself.
@@ -35,65 +28,34 @@ type plan9Stream struct {
 
 func newPlan9Stream(in io.Reader, w io.Writer, c io.Closer, t *tracker, sess *session, first []byte) *plan9Stream {
 	t.start(frameTag(first), request{typ: msgTversion})
-	return &plan9Stream{r: bufio.NewReaderSize(in, 64<<10), w: w, c: c, t: t, sess: sess, pend: first}
+	return &plan9Stream{
+		frameReader: frameReader{r: bufio.NewReaderSize(in, 64<<10), t: t, pend: first},
+		w:           w, c: c, sess: sess,
+	}
 }
 
 // Read implements io.Reader for srv9p's receive loop.
 func (s *plan9Stream) Read(p []byte) (int, error) {
-	for len(s.pend) == 0 && s.remaining == 0 {
-		if err := s.nextFrame(); err != nil {
-			s.sess.ending.Store(true) // srv9p now clunks every fid
-			return 0, err
-		}
-	}
-	if len(s.pend) > 0 {
-		n := copy(p, s.pend)
-		s.pend = s.pend[n:]
-		return n, nil
-	}
-	n, err := s.r.Read(p[:min(len(p), s.remaining)])
-	s.remaining -= n
-	if s.remaining == 0 {
-		s.wd.disarm()
-	}
-	if err == io.EOF && s.remaining > 0 {
-		err = io.ErrUnexpectedEOF
-	}
+	n, err := s.read(p, s.nextFrame)
 	if err != nil {
-		s.sess.ending.Store(true)
+		s.sess.ending.Store(true) // srv9p now clunks every fid
 	}
 	return n, err
 }
 
 func (s *plan9Stream) nextFrame() error {
-	hdr, err := startFrame(s.r, s.t, s.wd)
+	msize := s.sess.msize.Load()
+	hdr, typ, tag, body, err := s.header(msize)
 	if err != nil {
 		return err
 	}
-	size := binary.LittleEndian.Uint32(hdr[:])
-	typ, tag := hdr[4], binary.LittleEndian.Uint16(hdr[5:])
-	msize := s.sess.msize.Load()
-	if size < headerSize || size > msize {
-		return fmt.Errorf("%w: size %d, msize %d", errFrame, size, msize)
-	}
-	body := int(size) - headerSize
-	defer func() {
-		if s.remaining == 0 {
-			s.wd.disarm()
-		}
-	}()
-	if typ == msgTversion && size <= maxVersionFrame {
-		frame := make([]byte, size)
-		copy(frame, hdr[:])
-		if _, err := io.ReadFull(s.r, frame[headerSize:]); err != nil {
-			return err
-		}
-		t, err := parseVersion(frame)
-		if err == nil && t.msize < MinMsize {
-			err = fmt.Errorf("%w: msize %d is below the minimum %d", fs.ErrInvalid, t.msize, MinMsize)
-		}
+	defer s.wholeRead()
+	if typ == msgTversion && headerSize+body <= maxVersionFrame {
+		frame, t, err := s.readVersion(hdr, body)
 		if err != nil {
-			s.inject(rerror(tag, clipEname(ename(err), msize)))
+			if frame != nil {
+				s.inject(rerror(tag, clipEname(ename(err), msize)))
+			}
 			return err
 		}
 		if err := s.t.start(tag, request{typ: typ}); err != nil {
@@ -108,18 +70,11 @@ func (s *plan9Stream) nextFrame() error {
 	if err != nil {
 		return err
 	}
-	if err := s.t.start(tag, parseRequest(typ, b, false)); err != nil {
-		if !errors.Is(err, errTooManyFids) {
-			return err
-		}
-		if _, err := s.r.Discard(body); err != nil {
-			return err
-		}
+	err = s.pass(hdr, body, parseRequest(typ, b, false))
+	if errors.Is(err, errTooManyFids) {
 		return s.inject(rerror(tag, clipEname(ename(err), msize)))
 	}
-	s.pend = append(s.pend[:0], hdr[:]...)
-	s.remaining = body
-	return nil
+	return err
 }
 
 // inject writes a reply the stream makes itself.

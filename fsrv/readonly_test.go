@@ -1,7 +1,6 @@
 package fsrv
 
 import (
-	"context"
 	"errors"
 	"io"
 	"io/fs"
@@ -80,17 +79,7 @@ func serveRO(t *testing.T, fx *fixture) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := fx.server(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve = %v; want nil", err)
-		}
-	})
-	return l.Addr().String()
+	return serveOn(t, fx.server(t), l)
 }
 
 func listDotL(t *testing.T, root p9.File) []string {

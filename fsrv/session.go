@@ -1,6 +1,9 @@
 package fsrv
 
-import "sync/atomic"
+import (
+	"slices"
+	"sync/atomic"
+)
 
 // session is one connection's view of the server's tree: a read-only
 // connection sees no private node and may write nothing.
@@ -35,22 +38,10 @@ func (s *session) lookup(d *Dir, name string) Node {
 // list returns d's entries as this session sees them.
 func (s *session) list(d *Dir) []Node {
 	list := d.list()
-	if !s.ro {
+	if !s.ro || !slices.ContainsFunc(list, isPrivate) {
 		return list
 	}
-	for i, n := range list {
-		if isPrivate(n) {
-			out := make([]Node, 0, len(list)-1)
-			out = append(out, list[:i]...)
-			for _, n := range list[i+1:] {
-				if !isPrivate(n) {
-					out = append(out, n)
-				}
-			}
-			return out
-		}
-	}
-	return list
+	return slices.DeleteFunc(slices.Clone(list), isPrivate)
 }
 
 // perm returns a node's permission bits as this session sees them.

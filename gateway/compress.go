@@ -9,6 +9,8 @@ import (
 
 	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/shardfs/shardfs/wire"
 )
 
 // Compression is a transport compression the client asks the gateway for.
@@ -328,17 +330,17 @@ func (e *objectEnd) scan(c []byte) (int, bool, error) {
 		case '{', '[':
 			if !e.started {
 				if ch != '{' {
-					return 0, false, errNotObject
+					return 0, false, wire.ErrNotObject
 				}
 				e.started = true
 			}
 			e.depth++
-			if e.depth > maxDepth {
-				return 0, false, syntaxError("nesting too deep", i)
+			if e.depth > wire.MaxDepth {
+				return 0, false, wire.SyntaxError("nesting too deep", i)
 			}
 		case '}', ']':
 			if !e.started {
-				return 0, false, errNotObject
+				return 0, false, wire.ErrNotObject
 			}
 			e.depth--
 			if e.depth == 0 {
@@ -346,12 +348,12 @@ func (e *objectEnd) scan(c []byte) (int, bool, error) {
 			}
 		case '"':
 			if !e.started {
-				return 0, false, errNotObject
+				return 0, false, wire.ErrNotObject
 			}
 			e.inStr = true
 		default:
 			if !e.started {
-				return 0, false, errNotObject
+				return 0, false, wire.ErrNotObject
 			}
 		}
 	}

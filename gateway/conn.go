@@ -20,6 +20,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/wire"
 )
 
 // Network deadlines, in real time: they bound what the peer's kernel does,
@@ -407,11 +408,7 @@ func (c *conn) dial() (*websocket.Conn, error) {
 				if c.phase().closing() {
 					return nil, errClosing
 				}
-				f := transient(faultDiscovery, fmt.Errorf("discovery: %w", err))
-				if errors.Is(err, ErrUnauthorized) {
-					f.class = core.FatalFailure
-				}
-				return nil, f
+				return nil, discoveryFailed(err)
 			}
 			discovered = c.t.cfg.GatewayURL == ""
 			if try > 0 && base == resumeURL {
@@ -835,7 +832,7 @@ func (c *conn) resumePayload() ([]byte, error) {
 func (c *conn) dispatch(p *payload) error {
 	var name string
 	if p.nameEscaped {
-		name, _ = jsonString(append(append([]byte{'"'}, p.name...), '"'))
+		name, _ = wire.String(append(append([]byte{'"'}, p.name...), '"'))
 	} else {
 		name = c.t.names.get(p.name)
 	}

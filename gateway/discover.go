@@ -196,6 +196,16 @@ func (t *Transport) forgetURL(u string) {
 	t.dmu.Unlock()
 }
 
+// discoveryFailed is a connection's failure for err, what gatewayURL
+// returned: transient, unless the token was refused.
+func discoveryFailed(err error) *connError {
+	f := transient(faultDiscovery, fmt.Errorf("discovery: %w", err))
+	if errors.Is(err, ErrUnauthorized) {
+		f.class = core.FatalFailure
+	}
+	return f
+}
+
 // errUntrustedResume marks a resume URL that the token may not go to.
 var errUntrustedResume = errors.New("resume_gateway_url is not under the gateway's domain")
 
@@ -227,13 +237,8 @@ func (t *Transport) checkResume(ctx context.Context, raw string) error {
 			// A session this process never discovered for (one restored
 			// from elsewhere): the gateway it belongs to must be known
 			// first.
-			var err error
-			if _, err = t.gatewayURL(ctx); err != nil {
-				f := transient(faultDiscovery, fmt.Errorf("discovery: %w", err))
-				if errors.Is(err, ErrUnauthorized) {
-					f.class = core.FatalFailure
-				}
-				return f
+			if _, err := t.gatewayURL(ctx); err != nil {
+				return discoveryFailed(err)
 			}
 			t.dmu.Lock()
 			ref = t.trusted

@@ -174,14 +174,14 @@
 // record's 16 KiB) into a pooled buffer that goes back once gorilla has
 // every byte, and recordConn does the same under crypto/tls. Payload
 // buffers come from a pool when a message arrives and go back after the
-// sink. So an idle connection holds no buffer of ours. Measured with 4,096
-// idle READY shards against the simulator in another process (bench/):
-// about 7.5 KB of resident memory per shard for the whole node (gateway,
-// core, tree and its logs), no goroutine. Over wss:// (BenchmarkIdleShards
-// with SHARDFS_IDLE_TLS=1, 1,024 shards, gateway and core): about 21 KB,
-// no goroutine; crypto/tls's own state (its record buffer, about 3 KB, the
-// AES-GCM keys, the Conn) is most of the difference, against 29 KB and a
-// goroutine per shard before TLS connections parked.
+// sink. So an idle connection holds no buffer of ours. Measured for the
+// whole node (supervisor, gateway, core, tree and its logs) against the
+// simulator in another process, per idle READY shard, uncompressed and so
+// parked, with no goroutine (bench/RESULTS.md): over ws://, 8.0 KB
+// resident at 4,096 shards and 6.8 KB at 16,384 (comparison 2); over
+// wss://, 19.2 KB and 17.2 KB (comparison 7). crypto/tls's own state per
+// connection (AES-GCM keys, record and handshake buffers, the Conn: about
+// 6 KB of heap) is most of the difference.
 //
 // Secrets. The token goes into identify, resume and the discovery request
 // only; Config hides it from fmt and slog, and no error quotes it. Session

@@ -231,6 +231,32 @@ func (e *env) waitBackoff(id int, from int64) int64 {
 	return off
 }
 
+// poll calls cond every millisecond until it holds, for at most wait, and
+// reports whether it did: for states that follow the simulator's frames,
+// network events a test can only poll for.
+func poll(cond func() bool) bool {
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
+// drop drops shard id's connection and waits until the shard backs off
+// and the simulator has seen the connection go, as it would long before a
+// real backoff ran out. It returns the offset drop started at.
+func (e *env) drop(id int) int64 {
+	e.t.Helper()
+	m := e.mark(id)
+	e.sim.Inject(id, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
+	e.waitBackoff(id, m)
+	e.simWait("the old connection to end", func() bool { return e.sim.Stats(id).LiveSessions == 0 })
+	return m
+}
+
 // path returns the states shard id went through after offset from, as its
 // event lines show them.
 func (e *env) path(id int, from int64) []string {

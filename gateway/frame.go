@@ -22,9 +22,6 @@ const (
 	opGatewayError   = 12 // Fluxer: a refused voice join, informational
 )
 
-// maxDepth bounds the nesting of a payload (see wire.MaxDepth).
-const maxDepth = wire.MaxDepth
-
 // payload is one gateway message as the supervisor needs it: op, s and t
 // decoded, d kept as raw bytes into the message buffer.
 type payload struct {
@@ -35,14 +32,6 @@ type payload struct {
 	// nameEscaped is set when t used escapes, so name is not its value.
 	nameEscaped bool
 }
-
-var (
-	errNotObject = wire.ErrNotObject
-	errNoOp      = wire.ErrNoOp
-	errSyntax    = wire.ErrSyntax
-)
-
-func syntaxError(what string, at int) error { return wire.SyntaxError(what, at) }
 
 // strSafe marks the bytes that may appear in a JSON string unescaped and
 // need no attention, for the stream splitter (objectEnd): everything from
@@ -70,19 +59,13 @@ func parsePayload(b []byte) (payload, error) {
 
 var replacement = []byte(string(utf8.RuneError))
 
-func parseInt(v []byte) (int64, bool) { return wire.Int(v) }
-
-func jsonString(v []byte) (string, bool) { return wire.String(v) }
-
-func member(obj []byte, key string) ([]byte, bool) { return wire.Member(obj, key) }
-
 // helloInterval reads heartbeat_interval (milliseconds) from Hello's d.
 func helloInterval(d []byte) (int64, error) {
-	v, ok := member(d, "heartbeat_interval")
+	v, ok := wire.Member(d, "heartbeat_interval")
 	if !ok {
 		return 0, errors.New("Hello has no heartbeat_interval")
 	}
-	ms, ok := parseInt(v)
+	ms, ok := wire.Int(v)
 	// An hour bounds a typo or a hostile server; both platforms send 41,250.
 	if !ok || ms < 1 || ms > 3600_000 {
 		return 0, errors.New("Hello has an invalid heartbeat_interval")
@@ -92,11 +75,11 @@ func helloInterval(d []byte) (int64, error) {
 
 // readyFields reads the session id and resume URL from READY's d.
 func readyFields(d []byte) (session, resumeURL string) {
-	if v, ok := member(d, "session_id"); ok {
-		session, _ = jsonString(v)
+	if v, ok := wire.Member(d, "session_id"); ok {
+		session, _ = wire.String(v)
 	}
-	if v, ok := member(d, "resume_gateway_url"); ok {
-		resumeURL, _ = jsonString(v)
+	if v, ok := wire.Member(d, "resume_gateway_url"); ok {
+		resumeURL, _ = wire.String(v)
 	}
 	return session, resumeURL
 }

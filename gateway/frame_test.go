@@ -55,7 +55,7 @@ func TestParsePayload(t *testing.T) {
 		{in: `{"op":0,"d":"\x"}`, wantErr: true},
 		{in: `{"op":0,"d":tru}`, wantErr: true},
 		{in: strings.Repeat("[", 20000), wantErr: true},
-		{in: `{"op":0,"d":` + strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1) + `}`, wantErr: true},
+		{in: `{"op":0,"d":` + strings.Repeat("[", wire.MaxDepth+1) + strings.Repeat("]", wire.MaxDepth+1) + `}`, wantErr: true},
 		{in: ``, wantErr: true},
 	} {
 		p, err := parsePayload([]byte(tc.in))
@@ -285,17 +285,17 @@ func FuzzParsePayload(f *testing.F) {
 			// or null t.
 			var op int32
 			if raw, ok := ref["op"]; !ok || string(raw) == "null" || json.Unmarshal(raw, &op) != nil || bytes.ContainsAny(raw, ".eE") {
-				refErr = errNoOp
+				refErr = wire.ErrNoOp
 			} else if raw, ok := ref["s"]; ok && string(raw) != "null" {
 				var s int64
 				if json.Unmarshal(raw, &s) != nil || s < 0 || bytes.ContainsAny(raw, ".eE") {
-					refErr = errSyntax
+					refErr = wire.ErrSyntax
 				}
 			}
 			if raw, ok := ref["t"]; ok && string(raw) != "null" {
 				var s string
 				if json.Unmarshal(raw, &s) != nil {
-					refErr = errSyntax
+					refErr = wire.ErrSyntax
 				}
 			}
 		}
@@ -321,7 +321,7 @@ func FuzzParsePayload(f *testing.F) {
 			json.Unmarshal(raw, &s)
 			got := string(p.name)
 			if p.nameEscaped {
-				got, _ = jsonString(raw)
+				got, _ = wire.String(raw)
 			}
 			if got != s {
 				t.Fatalf("t = %q; encoding/json says %q", got, s)

@@ -98,20 +98,21 @@ func TestIdentifyGateHoldsSecondIdentify(t *testing.T) {
 // network event the test can only poll for.
 func (e *env) waitHeld() *conn {
 	e.t.Helper()
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
+	var held *conn
+	if !poll(func() bool {
 		e.tr.mu.Lock()
+		defer e.tr.mu.Unlock()
 		for c := range e.tr.conns {
 			if e.held(c) {
-				e.tr.mu.Unlock()
-				return c
+				held = c
+				return true
 			}
 		}
-		e.tr.mu.Unlock()
-		time.Sleep(time.Millisecond)
+		return false
+	}) {
+		e.t.Fatal("no connection holds an identify back")
 	}
-	e.t.Fatal("no connection holds an identify back")
-	return nil
+	return held
 }
 
 func (e *env) held(c *conn) bool {

@@ -97,12 +97,8 @@ func TestIdleConnectionsPark(t *testing.T) {
 // reader has read what the simulator sent, which the test can only poll.
 func (e *env) waitParked(n int) {
 	e.t.Helper()
-	deadline := time.Now().Add(wait)
-	for e.tr.idler.parkedCount() != n {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%d connections parked; want %d", e.tr.idler.parkedCount(), n)
-		}
-		time.Sleep(time.Millisecond)
+	if !poll(func() bool { return e.tr.idler.parkedCount() == n }) {
+		e.t.Fatalf("%d connections parked; want %d", e.tr.idler.parkedCount(), n)
 	}
 }
 
@@ -110,9 +106,9 @@ func (e *env) waitParked(n int) {
 // heartbeat, which comes from the simulator over the network.
 func (e *env) waitAcked() {
 	e.t.Helper()
-	deadline := time.Now().Add(wait)
-	for {
-		waiting := 0
+	waiting := 0
+	if !poll(func() bool {
+		waiting = 0
 		e.tr.mu.Lock()
 		for c := range e.tr.conns {
 			c.mu.Lock()
@@ -122,13 +118,9 @@ func (e *env) waitAcked() {
 			c.mu.Unlock()
 		}
 		e.tr.mu.Unlock()
-		if waiting == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%d connections still wait for a heartbeat ACK", waiting)
-		}
-		time.Sleep(time.Millisecond)
+		return waiting == 0
+	}) {
+		e.t.Fatalf("%d connections still wait for a heartbeat ACK", waiting)
 	}
 }
 
@@ -136,16 +128,12 @@ func (e *env) waitAcked() {
 // reader that parked its connection may still be returning.
 func waitNoReaders(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for {
-		n := goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume")
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d reader goroutines with every connection parked; want 0", n)
-		}
-		time.Sleep(time.Millisecond)
+	n := 0
+	if !poll(func() bool {
+		n = goroutinesIn("gateway.(*conn).run", "gateway.(*conn).resume")
+		return n == 0
+	}) {
+		t.Fatalf("%d reader goroutines with every connection parked; want 0", n)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/core"
-	"github.com/shardfs/shardfs/gateway/gatewaysim"
 )
 
 // TestPhaseMoves: setPhaseLocked makes exactly the moves phaseMoves
@@ -123,10 +122,7 @@ func TestPhaseTrace(t *testing.T) {
 		return out
 	}
 	e.start()
-	m := e.mark(0)
-	e.sim.Inject(0, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
-	e.waitBackoff(0, m)
-	e.simWait("the old connection to end", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+	m := e.drop(0)
 	e.clk.Advance(5 * time.Second)
 	e.waitEvent(0, m, "resumed")
 	e.node.Close()

@@ -49,10 +49,7 @@ func TestSecrets(t *testing.T) {
 			e.publish(0, 2)
 			e.synced(0)
 
-			m := e.mark(0)
-			e.sim.Inject(0, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
-			e.waitBackoff(0, m)
-			e.simWait("the old connection to end", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+			m := e.drop(0)
 			e.clk.Advance(5 * time.Second)
 			e.waitEvent(0, m, "resumed")
 

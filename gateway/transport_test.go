@@ -2,15 +2,10 @@ package gateway
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -170,30 +165,13 @@ func TestDiscoveryRefresh(t *testing.T) {
 	}
 }
 
-// selfSigned returns a server certificate for 127.0.0.1 and a pool that
-// trusts it.
+// selfSigned is gatewaysim.SelfSigned for a test.
 func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, pool, err := gatewaysim.SelfSigned()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "gateway test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+	return cert, pool
 }
 
 // tlsEnvConfig returns an environment whose simulator serves wss:// with
@@ -243,10 +221,7 @@ func TestTLS(t *testing.T) {
 			t.Errorf("after parked reads over TLS: %v, %d reconnects; want READY, none", d.State, d.Reconnects)
 		}
 	}
-	m := e.mark(0)
-	e.sim.Inject(0, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
-	e.waitBackoff(0, m)
-	e.simWait("the old connection to end", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+	m := e.drop(0)
 	e.clk.Advance(5 * time.Second)
 	e.waitEvent(0, m, "resumed")
 
@@ -452,10 +427,7 @@ func TestResumeUnknownSession(t *testing.T) {
 	e.start()
 	e.publish(0, 2)
 	e.synced(0)
-	m := e.mark(0)
-	e.sim.Inject(0, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
-	e.waitBackoff(0, m)
-	e.simWait("the old connection to end", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+	m := e.drop(0)
 	e.tr.mu.Lock()
 	e.tr.records = nil // forget what the sink has seen
 	e.tr.mu.Unlock()

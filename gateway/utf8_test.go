@@ -13,6 +13,7 @@ import (
 	"github.com/shardfs/shardfs/core/coretest"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/shardfs"
+	"github.com/shardfs/shardfs/wire"
 )
 
 // A dispatch with bytes that are not UTF-8 reaches the sink with each run
@@ -114,7 +115,7 @@ func FuzzDispatchLine(f *testing.F) {
 		// The name and d as conn.dispatch and conn.ready hand them over.
 		name := string(p.name)
 		if p.nameEscaped {
-			name, _ = jsonString(append(append([]byte{'"'}, p.name...), '"'))
+			name, _ = wire.String(append(append([]byte{'"'}, p.name...), '"'))
 		}
 		d := p.d
 		if name == "READY" {

@@ -132,6 +132,7 @@ func decode(b []byte) (wire, error) {
 	if tok != json.Delim('{') {
 		return w, errors.New("not a JSON object")
 	}
+	var total int64 // w.Total is an int
 	fields := []struct {
 		name string
 		str  *string
@@ -142,11 +143,9 @@ func decode(b []byte) (wire, error) {
 		{name: "session_id", str: &w.SessionID},
 		{name: "sequence", num: &w.Sequence},
 		{name: "resume_url", str: &w.ResumeURL},
-		{name: "total"},
+		{name: "total", num: &total},
 		{name: "saved_at", num: &w.SavedAt},
 	}
-	var total int64
-	fields[4].num = &total
 	for d.More() {
 		tok, err := token(d)
 		if err != nil {

@@ -1,19 +1,11 @@
 package gatewaysim
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"math/big"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gorilla/websocket"
 )
@@ -22,28 +14,15 @@ import (
 // do: the URLs say https:// and wss://, so that a client that follows them
 // (discovery's url, READY's resume_gateway_url) stays on TLS.
 func TestTLS(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, pool, err := SelfSigned()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "gatewaysim test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
 	tc := &tls.Config{RootCAs: pool}
 
 	for _, flavor := range flavors {
 		t.Run(flavor.String(), func(t *testing.T) {
-			srv, _ := newTestServer(t, Config{Flavor: flavor, TLS: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}})
+			srv, _ := newTestServer(t, Config{Flavor: flavor, TLS: &tls.Config{Certificates: []tls.Certificate{cert}}})
 			for _, u := range []string{srv.APIURL(), srv.GatewayURL(), srv.ResumeURL()} {
 				if !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "wss://") {
 					t.Errorf("URL %q; want https:// or wss://", u)
