@@ -414,3 +414,87 @@ func (g fakeGuard) Prefix() string { return string(g) }
 func (fakeGuard) Guarded(context.Context, int, int64, ...clientv3.Op) (*clientv3.TxnResponse, error) {
 	return nil, errors.New("fakeGuard: no etcd")
 }
+
+// TestSaveAfterExpiry is the paused node: etcd expired a's lease (revoked
+// here, which deletes its keys the same way) while a, not renewing, still
+// believes it holds shard 2. Neither in the gap before another node takes
+// the shard nor after b did may a write; b's used copy stays used.
+func TestSaveAfterExpiry(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	ctx := etcdtest.Ctx(t, 20*time.Second)
+	a, b := join(t, cli, "a"), join(t, cli, "b")
+	g1 := a.acquire(t, ctx, 2)
+	saved := snapshot(secret)
+	if err := a.store.Save(ctx, 2, saved); err != nil {
+		t.Fatalf("a.Save(2): %v", err)
+	}
+	if _, err := cli.Revoke(ctx, a.m.LeaseID()); err != nil {
+		t.Fatal(err)
+	}
+	if a.m.Err() != nil {
+		t.Fatalf("a's membership ended (%v); the test needs a node that has not noticed", a.m.Err())
+	}
+	want, rev := stored(t, ctx, cli, 2)
+	used := saved
+	used.Session.ID = ""
+	err := a.store.Save(ctx, 2, used)
+	if !errors.Is(err, leaseetcd.ErrGeneration) || !strings.Contains(err.Error(), fmt.Sprint(g1)) || !strings.Contains(err.Error(), "absent") {
+		t.Fatalf("a.Save(2) with its key expired = %v; want ErrGeneration naming generation %d and the absent key", err, g1)
+	}
+	noSecret(t, "a.Save(2) with its key expired", err)
+	if v, r := stored(t, ctx, cli, 2); string(v) != string(want) || r != rev {
+		t.Fatalf("a's refused Save changed %s: %q at %d; want %q at %d", sessionKey(2), v, r, want, rev)
+	}
+
+	b.acquire(t, ctx, 2)
+	got, ok, err := b.store.Load(ctx, 2)
+	if err != nil || !ok || !same(got, saved) {
+		t.Fatalf("b.Load(2) = %+v, %v, %v; want a's snapshot", got, ok, err)
+	}
+	if err := b.store.Save(ctx, 2, used); err != nil {
+		t.Fatalf("b's mark-used: %v", err)
+	}
+	if err := a.store.Save(ctx, 2, saved); !errors.Is(err, leaseetcd.ErrGeneration) {
+		t.Fatalf("a's write-back after b took shard 2 = %v; want ErrGeneration", err)
+	}
+	if got, ok, err := b.store.Load(ctx, 2); err != nil || !ok || !got.Used() {
+		t.Fatalf("b.Load(2) at the end = %+v, %v, %v; want the used copy", got, ok, err)
+	}
+}
+
+// TestConcurrentShards saves and loads 16 shards at once, as the core does
+// on a start and a shutdown; each shard reads back its own snapshot.
+func TestConcurrentShards(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	ctx := etcdtest.Ctx(t, 20*time.Second)
+	a := join(t, cli, "a")
+	for id := 0; id < plan.Total; id++ {
+		a.acquire(t, ctx, id)
+	}
+	snap := func(id int) core.Snapshot {
+		s := snapshot(fmt.Sprintf("%s-%d", secret, id))
+		s.Sequence = int64(100 + id)
+		return s
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*plan.Total)
+	for id := 0; id < plan.Total; id++ {
+		wg.Go(func() {
+			if err := a.store.Save(ctx, id, snap(id)); err != nil {
+				errs <- fmt.Errorf("Save(%d): %v", id, err)
+				return
+			}
+			got, ok, err := a.store.Load(ctx, id)
+			if err != nil || !ok || !same(got, snap(id)) {
+				errs <- fmt.Errorf("Load(%d) = %+v, %v, %v; want %+v", id, got, ok, err, snap(id))
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
