@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hugelgupf/p9/p9"
 )
 
 // restartConfig sizes the restart comparison. The zero value is the smoke
@@ -65,9 +69,9 @@ type serveProc struct {
 	done   chan error
 }
 
-func startServe(bin string, s *sim, sessDir, tokenFile string) (*serveProc, error) {
+func startServe(bin string, s *sim, sessDir, tokenFile, sock string) (*serveProc, error) {
 	cmd := exec.Command(bin, "serve", "--flavor", "discord", "--api", s.api, "--total", "auto",
-		"--listen", "tcp!127.0.0.1!0", "--sessions", sessDir, "--token-file", tokenFile)
+		"--listen", "unix!"+sock, "--sessions", sessDir, "--token-file", tokenFile)
 	cmd.Env = os.Environ()
 	p := &serveProc{cmd: cmd, stderr: &tailBuffer{max: 16 << 10}, done: make(chan error, 1)}
 	cmd.Stderr = p.stderr
@@ -104,6 +108,44 @@ func (p *serveProc) kill() {
 		p.cmd.Process.Kill()
 		<-p.done
 	}
+}
+
+// waitReady polls serve's /status over 9P, at most for d, until every one
+// of n shards is READY.
+func waitReady(sock string, n int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last string
+	for time.Now().Before(deadline) {
+		text, err := readStatus(sock)
+		if err == nil && bytes.Count(text, []byte(" READY ")) == n {
+			return nil
+		}
+		last = fmt.Sprint(err)
+		if err == nil {
+			last = fmt.Sprintf("%d of %d READY", bytes.Count(text, []byte(" READY ")), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("serve's shards not all READY within %v: %s", d, last)
+}
+
+func readStatus(sock string) ([]byte, error) {
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := p9.NewClient(conn, p9.WithMessageSize(256<<10))
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	defer cl.Close()
+	root, err := cl.Attach("")
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return readFile(root, "status")
 }
 
 // untilLive times serve's start to the moment the simulator sees every one
@@ -150,13 +192,20 @@ func restartRun(bin string, n, mc int) (restartResult, error) {
 	defer s.close()
 	rounds := (n + mc - 1) / mc
 	timeout := time.Duration(rounds)*5*time.Second + 2*time.Minute
-	start := func() (*serveProc, error) { return startServe(bin, s, sessDir, tokenFile) }
+	sock := filepath.Join(tmp, "tree.sock")
+	start := func() (*serveProc, error) { return startServe(bin, s, sessDir, tokenFile, sock) }
 
 	p, cold, err := untilLive(s, n, timeout, start)
 	if err != nil {
 		return r, fmt.Errorf("cold start: %w", err)
 	}
 	r.cold = cold
+	// The simulator sees a session live when it sends READY; serve has
+	// a session to save only once it read it.
+	if err := waitReady(sock, n, time.Minute); err != nil {
+		p.kill()
+		return r, fmt.Errorf("cold start: %w", err)
+	}
 	t, err := s.totals()
 	if err != nil {
 		p.kill()
