@@ -76,6 +76,7 @@ type Pacer struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
+	beforeTxn  func() // test hook: runs before the create transaction
 
 	mu         sync.Mutex
 	closed     bool
@@ -449,6 +450,9 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithLease(pl.ID))
 	}
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(bkey), "=", 0))
+	if p.beforeTxn != nil {
+		p.beforeTxn()
+	}
 	tr, err := p.kv.Txn(actx).If(cmps...).Then(clientv3.OpPut(bkey, p.node, clientv3.WithLease(kl.ID)), put).Commit()
 	if err != nil || !tr.Succeeded {
 		// Unknown or refused: never a grant. A commit we did not hear of
@@ -567,4 +571,33 @@ func (p *Pacer) watch() {
 			t.Stop()
 		}
 	}
+}
+
+// held returns until when a slot of bucket b is held with no waiter (zero
+// if none): for the tests.
+func (p *Pacer) held(b int) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if q := p.queues[b]; q != nil {
+		return q.heldUntil
+	}
+	return time.Time{}
+}
+
+// Budget returns the figures of /identify as this node last saw them.
+func (p *Pacer) Budget() core.Budget {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock.Now()
+	b := core.Budget{Total: p.total, Reserve: p.reserveLocked(), MaxConcurrency: p.mc}
+	b.Remaining = max(p.total-p.usedLocked(p.counter, now), 0)
+	if p.counter.present {
+		b.ResetAt = p.counter.reset
+	} else if now.Before(p.floorUntil) {
+		b.ResetAt = p.floorUntil
+	}
+	for _, q := range p.queues {
+		b.Waiting += len(q.waiters)
+	}
+	return b
 }

@@ -6,12 +6,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
+	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
@@ -371,4 +373,107 @@ func TestConfigRefused(t *testing.T) {
 			t.Errorf("New(%+v) accepted", cfg)
 		}
 	}
+}
+
+// The watch wakes a waiting node when the bucket key expires: with the
+// retry timer 30 s away, the slot still comes within the key's TTL.
+func TestWatchWakes(t *testing.T) {
+	srv := etcdtest.Start(t)
+	mk := func(node string) *Pacer {
+		p, err := New(Config{Client: srv.Client(), Prefix: prefix, Node: node, MaxConcurrency: 1, KeyTTL: testTTL, Hold: testHold, Retry: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	a, b := mk("a"), mk("b")
+	r := newRecorder()
+	r.request(a, "a", 0, false)
+	r.waitN(t, 1, 10*time.Second)
+	r.request(b, "b", 1, false)
+	g := r.waitN(t, 2, testTTL+expirySlack+2*time.Second)
+	if gap := g[1].at.Sub(g[0].at); gap > testTTL+expirySlack {
+		t.Errorf("b granted %v after a, want within %v (the watch, not the 30 s retry)", gap, testTTL+expirySlack)
+	}
+}
+
+// A slot acquired for a request cancelled meanwhile is kept for the hold
+// (injected clock) and answers the next request of its bucket at once;
+// after the hold it is lost and the next request waits for the key's end.
+func TestHeldSlot(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client()
+	fake := clock.NewFake()
+	a, err := New(Config{Client: c, Prefix: prefix, Node: "a", MaxConcurrency: 1, KeyTTL: testTTL, Hold: testHold, Retry: testRetry, Clock: fake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	r := newRecorder()
+	// The first and third create transactions (shards 0 and 7) find
+	// their request cancelled, the second (shard 6) does not.
+	cancel0, cancel7 := make(chan func(), 1), make(chan func(), 1)
+	var txns atomic.Int32
+	a.beforeTxn = func() {
+		switch txns.Add(1) {
+		case 1:
+			(<-cancel0)()
+		case 3:
+			(<-cancel7)()
+		}
+	}
+	cancel0 <- r.request(a, "a", 0, false)
+	key := prefix + "identify/0"
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g, err := c.Get(etcdtest.Ctx(t, 5*time.Second), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(g.Kvs) == 1 {
+			if v := string(g.Kvs[0].Value); v != "a" {
+				t.Fatalf("%s = %q, want the node's name", key, v)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not created within 10s", key)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The key is written by the transaction before the pacer keeps the
+	// slot: wait for the worker to let go of it.
+	for a.held(0).IsZero() {
+		if time.Now().After(deadline) {
+			t.Fatal("slot not held within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if now, _ := a.Request(5, false, r.fn("a", 5)); !now {
+		t.Fatal("request within the hold not granted at once")
+	}
+	if g := r.snapshot(); len(g) != 0 {
+		t.Fatalf("cancelled request granted: %v", g)
+	}
+	if now, _ := a.Request(6, false, r.fn("a", 6)); now {
+		t.Fatal("the held slot granted twice")
+	}
+	r.waitN(t, 1, testTTL+expirySlack+2*time.Second)
+	// Hold one more, then let the fake clock pass the hold.
+	cancel7 <- r.request(a, "a", 7, false)
+	for a.held(0).IsZero() {
+		if time.Now().After(deadline.Add(testTTL + expirySlack)) {
+			t.Fatal("second slot not held")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fake.Advance(testHold)
+	if now, _ := a.Request(8, false, r.fn("a", 8)); now {
+		t.Fatal("a slot granted after its hold")
+	}
+	if g := r.snapshot(); len(g) != 1 || g[0].shard != 6 {
+		t.Fatalf("grants %v, want shard 6 only", g)
+	}
+	r.waitN(t, 2, 2*(testTTL+expirySlack)+2*time.Second)
 }
