@@ -2,6 +2,8 @@ package identify
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -10,8 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
@@ -476,4 +482,62 @@ func TestHeldSlot(t *testing.T) {
 		t.Fatalf("grants %v, want shard 6 only", g)
 	}
 	r.waitN(t, 2, 2*(testTTL+expirySlack)+2*time.Second)
+}
+
+// faults makes a client's calls fail: every unary call (mode 1), or only
+// the create transaction's answer, after etcd committed it (mode 2).
+type faults struct{ mode atomic.Int32 }
+
+var errInjected = errors.New("injected fault")
+
+func (f *faults) dial() grpc.DialOption {
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		switch f.mode.Load() {
+		case 1:
+			return status.Error(codes.Unknown, errInjected.Error())
+		case 2:
+			if tr, ok := req.(*etcdserverpb.TxnRequest); ok && len(tr.Compare) > 0 {
+				if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+					return err
+				}
+				return status.Error(codes.Unknown, "answer lost after the commit")
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+}
+
+// Failing calls are logged and retried; no slot is granted without the key
+// this node created, not even when the create's answer is lost after etcd
+// committed it; the request is granted once etcd answers again.
+func TestServerErrorsRetried(t *testing.T) {
+	srv := etcdtest.Start(t)
+	var f faults
+	var log logBuf
+	a := newPacer(t, srv.Client(f.dial()), "a", 1, &log)
+	r := newRecorder()
+	f.mode.Store(1)
+	r.request(a, "a", 0, false)
+	waitLog(t, &log, "identify: read /shardfs/bot/identify/0: rpc error: code = Unknown desc = injected fault")
+	f.mode.Store(2)
+	waitLog(t, &log, "identify: create /shardfs/bot/identify/0: rpc error: code = Unknown desc = answer lost after the commit")
+	if g := r.snapshot(); len(g) != 0 {
+		t.Fatalf("granted %v without an answered create", g)
+	}
+	f.mode.Store(0)
+	g := r.waitN(t, 1, testTTL+expirySlack+10*time.Second)
+	if g[0].shard != 0 {
+		t.Errorf("granted %v, want shard 0", g)
+	}
+}
+
+func waitLog(t *testing.T, log *logBuf, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(log.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q logged within 30s; log:\n%s", want, log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
