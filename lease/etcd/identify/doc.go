@@ -1,0 +1,76 @@
+// Package identify is the core.IdentifyPacer for several nodes that share
+// one Discord bot through etcd (DESIGN 7.3, "Identify across nodes").
+//
+// Buckets. A shard's bucket is shard % max_concurrency. A node may hand
+// out a slot of bucket b only after it created <prefix>identify/<b> in a
+// transaction that requires the key absent (CreateRevision 0). The key
+// rides on its own etcd lease of KeyTTL (default 7 s), granted just before
+// the transaction and never revoked, so the key lives at least KeyTTL less
+// the transaction's own latency, and a node that crashes holding it can
+// only lengthen the gap: the others wait for etcd to expire it. A lease
+// granted for an attempt etcd refused is attached to nothing and is
+// revoked at once; after a create whose answer was lost (it may have
+// committed) nothing is granted and nothing revoked.
+//
+// The holder's 1.5 s. The slot is the node's for Hold (default 1.5 s)
+// from the moment the lease grant was sent (injected clock): within it the
+// pacer calls the grant of the oldest local waiter of that bucket (an
+// operator's first), or, if every waiter was cancelled meanwhile, answers
+// the next Request of that bucket with now = true. After Hold the slot is
+// lost for this node; the key stays until it expires, so nobody else uses
+// it either. The next slot of the bucket, on any node, starts no earlier
+// than KeyTTL after this one started, so an identify sent within
+// KeyTTL - 5 s of its slot's start (2 s with the defaults; the grant itself
+// comes a few round trips after the start, within Hold) keeps the 5 s. If
+// the core identifies later, nothing here notices or breaks, but the gap
+// shrinks by the lateness: the pacer cannot see the identify, so that part
+// of the contract is the core's (today it dials after the grant, then
+// identifies after Hello).
+//
+// Waiting. Requests wait in one FIFO per bucket on each node (operators'
+// requests ahead of the automatic ones) and a worker per bucket tries to
+// acquire while its queue is not empty. Request never talks to etcd and
+// never blocks on it: it is called under a shard's lock. The worker
+// retries when the node's watch on <prefix>identify/ reports the bucket
+// key (or the budget counter) deleted, and at the latest after Retry
+// (default 1 s) in case an event was missed or the watch is down. A failed
+// etcd call is logged ("identify: ...", with the bucket) and retried after
+// Retry; no slot is ever granted without the key created by this node.
+//
+// Budget. The daily session start budget is the counter key
+// <prefix>identify/starts, value "USED RESET_UNIX_MS", on a lease that
+// expires at RESET (so the count is raised only when etcd's clock reaches
+// the reset: the key then disappears and the next slot starts a new
+// period). The transaction that creates a bucket key also writes the
+// counter, guarded by the counter's ModRevision (or its absence), so two
+// nodes never both spend the last start. A start is counted when the key
+// is created, whether or not the slot is then handed out (a slot lost
+// after its hold still counts). Until SetStartLimit says otherwise the
+// total is Config.Total (default Discord's documented 1000), enforced from
+// the first slot, unlike core.Pacer, which only counts until it knows the
+// figure: N nodes cannot each assume the budget is theirs. Automatic
+// requests never take the counter past Total - Reserve (default 1% of the
+// total, at least 1, less than the total); an operator's may go to Total.
+// SetStartLimit takes Discord's session_start_limit: it may lower the
+// total and raise the used count (total - remaining, until now +
+// reset_after), never lower it nor move a counter's reset: a lagging
+// answer counts nothing back. A new counter starts at that used count, its
+// reset at the answer's reset, or a day and a minute after its first slot
+// when none is known. BudgetWait answers from the counter last seen (read
+// or watched), in memory.
+//
+// A changed max_concurrency (SetStartLimit) re-buckets this node's waiting
+// requests in their order; every node learns it from its own discovery,
+// and until they all have, two nodes may map one shard to two buckets.
+//
+// Place: under lease/etcd, where DESIGN puts the etcd code, but a package
+// of its own because it needs no Member, only a client and the bot's
+// prefix (etcd.Prefix), and so that the node's lease code stays apart from
+// the pacing.
+//
+// Not covered: slots granted in the last minute before a reset may reach
+// the gateway in its new period (core.Pacer carries them over); across
+// nodes the counter does not, and only the reserve stands between them and
+// a refused identify. Fluxer's budget is not paced here (Fluxer has no
+// buckets; use core.Pacer per node with a share of the budget).
+package identify
