@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -95,15 +94,7 @@ func TestServeReadOnlyTCP(t *testing.T) {
 			t.Errorf("serve exited with %v:\n%s", err, stderr)
 		}
 	}()
-	var addr string
-	eventually(t, "serve listening", func() (bool, string) {
-		s := stderr.String()
-		if i := strings.Index(s, "addr=tcp!"); i >= 0 {
-			addr = strings.Fields(s[i+len("addr="):])[0]
-			return true, addr
-		}
-		return false, s
-	})
+	addr := tcpListener(t, stderr)
 	if s := stderr.String(); !strings.Contains(s, "addr="+addr+" access=read-only") || !strings.Contains(s, "addr=unix!"+sock+" access=read-write") {
 		t.Errorf("serve's log does not say which listener is read-only:\n%s", s)
 	}
@@ -111,8 +102,7 @@ func TestServeReadOnlyTCP(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("the unix socket: %v, %v; want mode 0600", fi, err)
 	}
-	parts := strings.Split(addr, "!")
-	root := dotlRoot(t, net.JoinHostPort(parts[1], parts[2]))
+	root := dotlRoot(t, tcpHostPort(addr))
 	eventually(t, "shard 0 READY over the read-only listener", func() (bool, string) {
 		s, err := dotlRead(root, "0/state")
 		return err == nil && s == "READY\n", s

@@ -127,9 +127,30 @@ func startDemo(t *testing.T, dir string, args ...string) *demoProc {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("shardfs demo never said where it serves; stderr:\n%s", d.stderr)
 	}
-	parts := strings.Split(d.tcp, "!")
-	d.hostPort = net.JoinHostPort(parts[1], parts[2])
+	d.hostPort = tcpHostPort(d.tcp)
 	return d
+}
+
+// tcpListener waits, at most 30 s, for serve to log its TCP listener and
+// returns its address, tcp!HOST!PORT.
+func tcpListener(t *testing.T, stderr *syncBuffer) string {
+	t.Helper()
+	var addr string
+	eventually(t, "serve listening", func() (bool, string) {
+		s := stderr.String()
+		if i := strings.Index(s, "addr=tcp!"); i >= 0 {
+			addr = strings.Fields(s[i+len("addr="):])[0]
+			return true, addr
+		}
+		return false, s
+	})
+	return addr
+}
+
+// tcpHostPort turns tcp!HOST!PORT into HOST:PORT.
+func tcpHostPort(addr string) string {
+	parts := strings.Split(addr, "!")
+	return net.JoinHostPort(parts[1], parts[2])
 }
 
 // eventually polls f, at a process boundary, for at most 30 s.
@@ -402,17 +423,7 @@ func TestServeAgainstGateway(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var addr string
-	eventually(t, "serve listening", func() (bool, string) {
-		s := stderr.String()
-		if i := strings.Index(s, "addr=tcp!"); i >= 0 {
-			addr = strings.Fields(s[i+len("addr="):])[0]
-			return true, addr
-		}
-		return false, s
-	})
-	parts := strings.Split(addr, "!")
-	root := dotlRoot(t, net.JoinHostPort(parts[1], parts[2]))
+	root := dotlRoot(t, tcpHostPort(tcpListener(t, &stderr)))
 	eventually(t, "both shards READY", func() (bool, string) {
 		s, err := dotlRead(root, "status")
 		return err == nil && strings.Count(s, " READY ") == 2, s
@@ -449,17 +460,7 @@ func startServe(t *testing.T, dir string, sim *gatewaysim.Server, env []string, 
 			cmd.Wait()
 		}
 	})
-	var addr string
-	eventually(t, "serve listening", func() (bool, string) {
-		s := stderr.String()
-		if i := strings.Index(s, "addr=tcp!"); i >= 0 {
-			addr = strings.Fields(s[i+len("addr="):])[0]
-			return true, addr
-		}
-		return false, s
-	})
-	parts := strings.Split(addr, "!")
-	return cmd, stderr, dotlRoot(t, net.JoinHostPort(parts[1], parts[2]))
+	return cmd, stderr, dotlRoot(t, tcpHostPort(tcpListener(t, stderr)))
 }
 
 // A token from SHARDFS_TOKEN reaches the gateway (the shards come READY)

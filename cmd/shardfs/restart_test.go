@@ -52,17 +52,7 @@ func startNode(t *testing.T, bin string, sim *gatewaysim.Server, token, sessDir 
 			cmd.Wait()
 		}
 	})
-	var addr string
-	eventually(t, "serve listening", func() (bool, string) {
-		s := n.stderr.String()
-		if i := strings.Index(s, "addr=tcp!"); i >= 0 {
-			addr = strings.Fields(s[i+len("addr="):])[0]
-			return true, addr
-		}
-		return cmd.ProcessState != nil, s
-	})
-	parts := strings.Split(addr, "!")
-	n.root = dotlRoot(t, net.JoinHostPort(parts[1], parts[2]))
+	n.root = dotlRoot(t, tcpHostPort(tcpListener(t, n.stderr)))
 	return n
 }
 
