@@ -114,7 +114,12 @@
 //     passes a context with that deadline and stops waiting at it, whether
 //     or not the store honours the context; an answer that came at the
 //     deadline is still taken. A store that hangs on every call delays the
-//     last of 1,024 shards by at most 16 bounds.
+//     last of 1,024 shards by at most 16 bounds. This bound is the one
+//     piece of core on real time, not Config.Clock: it bounds real I/O (a
+//     hung disk or etcd), and the context handed to the store must carry
+//     a deadline the store's own I/O understands. Tests set a short
+//     StoreTimeout and use stores that block until the test ends, so no
+//     outcome depends on which of two real-time events comes first.
 //   - A loaded snapshot is ignored, with one event=snapshot-ignored line
 //     (Warn) saying why, when it is of another flavor, used, of another
 //     total, has a negative sequence, a saved_at in the future (the clock
