@@ -171,9 +171,9 @@ func runMemory(cfg config, log io.Writer) (*section, error) {
 
 	sec.method = []string{
 		fmt.Sprintf("Each run starts a fresh simulator (%d shards, max_concurrency %d so that no identify waits, heartbeat interval %v) and a fresh client process: "+
-			"a shardfs node (supervisor, no compression, its 9P listener open), one discordgo Session per shard (state tracking off, events handled synchronously), "+
+			"a shardfs node (no compression, its 9P listener open), one discordgo Session per shard (state tracking off, events handled synchronously), "+
 			"or disgo's shard manager with the shard ids passed explicitly and OpenShard called for one shard after the other. "+
-			"The client's memory is read once before any shard exists (the shardfs node before its supervisor is built; the peers before their first Open) and once after every shard is READY and %v more have passed, "+
+			"The client's memory is read once before any shard exists (the shardfs node before it is built; the peers before their first Open) and once after every shard is READY and %v more have passed, "+
 			"so that every shard has heartbeated at least once. Before each reading the process runs three garbage collections and returns free memory to the OS (debug.FreeOSMemory), the same on every side.",
 			cfg.memShards, cfg.memShards, cfg.memHeartbeat, cfg.memHeartbeat*3/2),
 		fmt.Sprintf("Per shard = (VmRSS with N READY shards − VmRSS of the same process with 0 shards) / N, N = %d; everything the client builds for its shards, fixed costs included, is charged to them. "+

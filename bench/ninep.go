@@ -172,7 +172,7 @@ func run9P(cfg config, log io.Writer) (*section, error) {
 		tmpfsNote = "a plain directory (no tmpfs was available)"
 	}
 	sec.method = []string{
-		fmt.Sprintf("shardfs: a node (supervisor: gateway transport, core, tree, 9P server) with one READY shard against the simulator, serving its tree on loopback TCP. "+
+		fmt.Sprintf("shardfs: a node (node: gateway transport, core, tree, 9P server) with one READY shard against the simulator, serving its tree on loopback TCP. "+
 			"diod: `diod -f -n -S -c /dev/null -l 127.0.0.1:PORT -e ctl -e DIR` (no authentication, all users squashed to nobody, no config file) as a child process, exporting %s directory DIR that holds `0/state` with the same %d bytes (%q) as the node's `0/state`.", tmpfsNote, len(stateContent), stateContent),
 		fmt.Sprintf("cat: the hugelgupf/p9 client (msize 64 KiB) in the harness process, one goroutine per connection, each repeating walk `0/state`, open, one read, clunk for %v; the rate is the cats completed over the elapsed time. "+
 			"diodload: Debian's `diodload -s HOST:PORT -n THREADS -r %d -g`, started just after a second boundary (it stops on time(2)); the rate is its operations over the measured wall time. "+

@@ -21,11 +21,11 @@ import (
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
-	"github.com/shardfs/shardfs/supervisor"
+	"github.com/shardfs/shardfs/node"
 )
 
 // runNode is the "shardfs-node" role: a shardfs node as the binary's serve
-// command assembles it (supervisor: gateway transport, core, tree, 9P
+// command assembles it (node: gateway transport, core, tree, 9P
 // server), against a simulator's API, with no compression. It builds
 // nothing until "start", so that its memory can be read before any shard
 // exists.
@@ -98,7 +98,7 @@ type nodeRole struct {
 	alias        bool
 	latency      bool
 	compression  gateway.Compression
-	sup          *supervisor.Supervisor
+	sup          *node.Node
 	addr, alAddr string
 	cancel       context.CancelFunc
 	wg           sync.WaitGroup
@@ -115,7 +115,7 @@ func (n *nodeRole) start([]string) (string, error) {
 	if n.sup != nil {
 		return "", errors.New("already started")
 	}
-	cfg := supervisor.Config{
+	cfg := node.Config{
 		Flavor:      core.Discord,
 		Token:       os.Getenv(tokenEnv),
 		API:         n.api,
@@ -126,7 +126,7 @@ func (n *nodeRole) start([]string) (string, error) {
 	if n.latency {
 		cfg.ObserveEvent = n.observe
 	}
-	sup, err := supervisor.New(cfg)
+	sup, err := node.New(cfg)
 	if err != nil {
 		return "", err
 	}
@@ -160,7 +160,7 @@ func (n *nodeRole) start([]string) (string, error) {
 // expects: it attaches to aname "ctl" and walks to "null" (diod's synthetic
 // control file system). Here ctl/null is a text file whose content is
 // computed by the node's own 0/state callback.
-func aliasServer(sup *supervisor.Supervisor) (*fsrv.Server, error) {
+func aliasServer(sup *node.Node) (*fsrv.Server, error) {
 	dir, ok := sup.Tree.Root().Lookup("0").(*fsrv.Dir)
 	if !ok {
 		return nil, errors.New("no shard 0")

@@ -18,7 +18,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
-	"github.com/shardfs/shardfs/supervisor"
+	"github.com/shardfs/shardfs/node"
 )
 
 // Config configures a demo. The zero value runs four Discord shards.
@@ -47,10 +47,10 @@ type Config struct {
 const MinChaos = 100 * time.Millisecond
 
 // Demo is a running simulator and the node connected to it. The embedded
-// Supervisor gives the node's parts: Node, Tree, Server, Transport.
+// Node gives the node's parts: Node, Tree, Server, Transport.
 type Demo struct {
 	Sim *gatewaysim.Server
-	*supervisor.Supervisor
+	*node.Node
 
 	clock  clock.Clock
 	log    *slog.Logger
@@ -93,7 +93,7 @@ func Start(ctx context.Context, cfg Config) (*Demo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("simulator: %w", err)
 	}
-	sup, err := supervisor.New(supervisor.Config{
+	sup, err := node.New(node.Config{
 		Flavor: cfg.Flavor, Token: token, API: sim.APIURL(),
 		Plan:        core.Range(cfg.Shards, 0, cfg.Shards-1),
 		Compression: cfg.Compression, Backoff: cfg.Backoff,
@@ -104,7 +104,7 @@ func Start(ctx context.Context, cfg Config) (*Demo, error) {
 		sim.Close()
 		return nil, err
 	}
-	d := &Demo{Sim: sim, Supervisor: sup, clock: clock.Or(cfg.Clock), log: log, chaos: cfg.Chaos}
+	d := &Demo{Sim: sim, Node: sup, clock: clock.Or(cfg.Clock), log: log, chaos: cfg.Chaos}
 	d.rng = rand.New(rand.NewPCG(uint64(d.clock.Now().UnixNano()), 7))
 	sup.Start()
 	if cfg.Chaos > 0 {
@@ -133,7 +133,7 @@ func (d *Demo) injectChaos(ctx context.Context) {
 		return
 	}
 	f := chaosFaults[d.rng.IntN(len(chaosFaults))]
-	ids := d.Node.Plan().Local
+	ids := d.Node.Node.Plan().Local
 	shard := ids[d.rng.IntN(len(ids))]
 	d.Sim.Inject(shard, f)
 	d.log.Info("chaos", "shard", shard, "fault", f.String())
@@ -148,7 +148,7 @@ func (d *Demo) Wait(ctx context.Context, cond func() bool) error {
 	for {
 		// Take the channels before looking, so that no change slips
 		// between the look and the wait.
-		events, dispatch := d.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
+		events, dispatch := d.Node.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
 		if cond() {
 			return nil
 		}
@@ -169,5 +169,5 @@ func (d *Demo) Close() error {
 		d.timer.Stop()
 		d.mu.Unlock()
 	}
-	return errors.Join(d.Supervisor.Close(), d.Sim.Close())
+	return errors.Join(d.Node.Close(), d.Sim.Close())
 }

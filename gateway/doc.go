@@ -175,7 +175,7 @@
 // every byte, and recordConn does the same under crypto/tls. Payload
 // buffers come from a pool when a message arrives and go back after the
 // sink. So an idle connection holds no buffer of ours. Measured for the
-// whole node (supervisor, gateway, core, tree and its logs) against the
+// whole node (node, gateway, core, tree and its logs) against the
 // simulator in another process, per idle READY shard, uncompressed and so
 // parked, with no goroutine (bench/RESULTS.md): over ws://, 8.0 KB
 // resident at 4,096 shards and 6.8 KB at 16,384 (comparison 2); over

@@ -45,7 +45,7 @@ func startNode(t *testing.T, shards int) *testNode {
 		}
 	})
 	return &testNode{
-		Node: d.Node, Tree: d.Tree, Server: d.Server,
+		Node: d.Node.Node, Tree: d.Tree, Server: d.Server,
 		Inject: func(shard, n int) string {
 			text := fmt.Sprintf("injected failure %d", n)
 			// The gateway client puts the close reason in its error.

@@ -59,7 +59,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	printHowTo(stdout, flavor, *shards, *chaos, ls)
-	return runNode(ctx, d.Supervisor, netListeners(ls), log)
+	return runNode(ctx, d.Node, netListeners(ls), log)
 }
 
 func printHowTo(w io.Writer, flavor core.Flavor, shards int, chaos time.Duration, ls []listener) {

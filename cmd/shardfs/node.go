@@ -16,7 +16,7 @@ import (
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
-	"github.com/shardfs/shardfs/supervisor"
+	"github.com/shardfs/shardfs/node"
 )
 
 // listenFlag collects repeated --listen values.
@@ -148,7 +148,7 @@ func newLogger(w io.Writer, debug bool) (log *slog.Logger, status func(line stri
 }
 
 // runNode serves the node until ctx ends, then shuts it down cleanly.
-func runNode(ctx context.Context, sup *supervisor.Supervisor, ls []net.Listener, log *slog.Logger) error {
+func runNode(ctx context.Context, sup *node.Node, ls []net.Listener, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	served := make(chan error, 1)
@@ -181,7 +181,7 @@ func isTerminal(w io.Writer) bool {
 // not nil) it redraws one status line; elsewhere it logs every 10 s. It
 // looks again at every lifecycle event and returns once every shard is
 // READY (or FATAL), or ctx ends.
-func progress(ctx context.Context, sup *supervisor.Supervisor, log *slog.Logger, status func(line string, final bool)) {
+func progress(ctx context.Context, sup *node.Node, log *slog.Logger, status func(line string, final bool)) {
 	tty := status != nil
 	interval := 10 * time.Second
 	if tty {

@@ -21,8 +21,8 @@ import (
 	"github.com/shardfs/shardfs/sessions"
 )
 
-// node is one running `serve` of a restart test.
-type node struct {
+// serveProc is one running `serve` of a restart test.
+type serveProc struct {
 	cmd    *exec.Cmd
 	stderr *syncBuffer
 	root   p9.File
@@ -31,7 +31,7 @@ type node struct {
 // startNode runs `serve --sessions sessDir` for flavor against sim and
 // waits, at most 30 s, for its TCP listener. Fluxer's run discovers with
 // --total 2, so that its endpoint comes from discovery before the start.
-func startNode(t *testing.T, bin string, sim *gatewaysim.Server, token, sessDir string, args ...string) *node {
+func startNode(t *testing.T, bin string, sim *gatewaysim.Server, token, sessDir string, args ...string) *serveProc {
 	t.Helper()
 	base := []string{"serve", "--api", sim.APIURL(), "--listen", "tcp!127.0.0.1!0", "--sessions", sessDir, "--backoff", "fixed:100ms"}
 	if sim.Flavor() == gatewaysim.Fluxer {
@@ -41,7 +41,7 @@ func startNode(t *testing.T, bin string, sim *gatewaysim.Server, token, sessDir 
 	}
 	cmd := command(t, bin, append(base, args...)...)
 	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
-	n := &node{cmd: cmd, stderr: &syncBuffer{}}
+	n := &serveProc{cmd: cmd, stderr: &syncBuffer{}}
 	cmd.Stderr = n.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func startNode(t *testing.T, bin string, sim *gatewaysim.Server, token, sessDir 
 	return n
 }
 
-func (n *node) waitReady(t *testing.T, shards int) {
+func (n *serveProc) waitReady(t *testing.T, shards int) {
 	t.Helper()
 	eventually(t, "every shard READY", func() (bool, string) {
 		s, err := dotlRead(n.root, "status")
@@ -65,7 +65,7 @@ func (n *node) waitReady(t *testing.T, shards int) {
 }
 
 // stop signals the process and checks that it exits 0.
-func (n *node) stop(t *testing.T, sig syscall.Signal) {
+func (n *serveProc) stop(t *testing.T, sig syscall.Signal) {
 	t.Helper()
 	n.cmd.Process.Signal(sig)
 	err := n.cmd.Wait()
@@ -324,7 +324,7 @@ func TestServeRestartResumes(t *testing.T) {
 				}
 			}
 			n4.stop(t, syscall.SIGTERM)
-			for _, n := range []*node{n1, n2, n3, n4} {
+			for _, n := range []*serveProc{n1, n2, n3, n4} {
 				if strings.Contains(n.stderr.String(), token) {
 					t.Errorf("the token appeared on serve's stderr")
 				}

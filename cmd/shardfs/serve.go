@@ -12,8 +12,8 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/node"
 	"github.com/shardfs/shardfs/sessions/dir"
-	"github.com/shardfs/shardfs/supervisor"
 )
 
 // runServe runs a node against the real gateway. The token comes from
@@ -56,7 +56,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *idReserve < -1 {
 		return flagErr(fl, "--identify-reserve %d: want -1 (the default) or more", *idReserve)
 	}
-	reserve := *idReserve // supervisor.Config: 0 is the default, negative none
+	reserve := *idReserve // node.Config: 0 is the default, negative none
 	switch reserve {
 	case -1:
 		reserve = 0
@@ -150,7 +150,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return flagErr(fl, "%v", err)
 	}
 
-	cfg := supervisor.Config{
+	cfg := node.Config{
 		Flavor: flavor, Token: token, API: *api, GatewayURL: *gatewayURL,
 		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
 		MaxConcurrency: *maxConc, IdentifyTotal: *idTotal, IdentifyReserve: reserve,
@@ -159,7 +159,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if store != nil {
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
 	}
-	sup, err := supervisor.New(cfg)
+	sup, err := node.New(cfg)
 	if err != nil {
 		closeListeners(ls)
 		return err

@@ -1,4 +1,4 @@
-package supervisor
+package node
 
 import (
 	"bytes"
@@ -136,7 +136,7 @@ func TestSessionsSurviveANode(t *testing.T) {
 
 // waitReady waits for every shard of s to be READY, looking again at every
 // lifecycle event.
-func waitReady(s *Supervisor, bound time.Duration) error {
+func waitReady(s *Node, bound time.Duration) error {
 	timeout := time.After(bound)
 	for {
 		notify := s.Node.Events().Notify()

@@ -1,10 +1,10 @@
-// Package supervisor assembles one shardfs node: the gateway transport, the
+// Package node assembles one shardfs node: the gateway transport, the
 // lifecycle core, the file tree and the 9P server that exports it.
 //
 // The binary's serve and demo commands, the integration tests and the
 // benchmarks all run a node through this package, so that what is tested
 // is what ships.
-package supervisor
+package node
 
 import (
 	"context"
@@ -86,8 +86,8 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("flavor", c.Flavor.String()), slog.String("compression", string(c.Compression)), slog.String("token", "redacted"))
 }
 
-// Supervisor is an assembled node.
-type Supervisor struct {
+// Node is an assembled node.
+type Node struct {
 	Transport *gateway.Transport
 	Pacer     *core.Pacer
 	Lease     *local.Lease
@@ -102,13 +102,13 @@ type Supervisor struct {
 }
 
 // New assembles a node. Nothing connects until Start.
-func New(cfg Config) (*Supervisor, error) {
+func New(cfg Config) (*Node, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	clk := clock.Or(cfg.Clock)
-	s := &Supervisor{cfg: cfg, log: log, Lease: local.New(clk)}
+	s := &Node{cfg: cfg, log: log, Lease: local.New(clk)}
 	if cfg.Flavor == core.Fluxer {
 		s.Pacer = core.NewFluxerPacer(clk, cfg.FluxerPacing)
 	} else {
@@ -164,7 +164,7 @@ func New(cfg Config) (*Supervisor, error) {
 }
 
 // info is the part of /plan the core does not know.
-func (s *Supervisor) info() [][2]string {
+func (s *Node) info() [][2]string {
 	gw := s.cfg.GatewayURL
 	if gw == "" {
 		gw = "discovered from " + orString(s.cfg.API, defaultAPI(s.cfg.Flavor))
@@ -200,11 +200,11 @@ func orString(s, def string) string {
 }
 
 // Start starts the shards in shard order.
-func (s *Supervisor) Start() { s.Node.Start() }
+func (s *Node) Start() { s.Node.Start() }
 
 // Serve exports the tree on every listener until ctx ends or Close is
 // called, and waits for the connections it served.
-func (s *Supervisor) Serve(ctx context.Context, ls ...net.Listener) error {
+func (s *Node) Serve(ctx context.Context, ls ...net.Listener) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(ls))
 	for i, l := range ls {
@@ -224,7 +224,7 @@ func (s *Supervisor) Serve(ctx context.Context, ls ...net.Listener) error {
 // with 4000, and with Config.Sessions each shard's snapshot is saved before
 // Close returns), the gateway transport and the 9P server, and waits for
 // all of their goroutines.
-func (s *Supervisor) Close() error {
+func (s *Node) Close() error {
 	s.closeOnce.Do(func() {
 		s.Node.Close()
 		s.closeErr = errors.Join(s.Transport.Close(), s.Server.Close())
