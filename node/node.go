@@ -78,7 +78,7 @@ type Config struct {
 
 // Format hides the token from every fmt verb.
 func (c Config) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "supervisor.Config{Flavor:%v Token:redacted Total:%d Local:%d Intents:%d Compression:%q GatewayURL:%q}", c.Flavor, c.Plan.Total, len(c.Plan.Local), c.Intents, c.Compression, c.GatewayURL)
+	fmt.Fprintf(f, "node.Config{Flavor:%v Token:redacted Total:%d Local:%d Intents:%d Compression:%q GatewayURL:%q}", c.Flavor, c.Plan.Total, len(c.Plan.Local), c.Intents, c.Compression, c.GatewayURL)
 }
 
 // LogValue hides the token from slog.
