@@ -268,7 +268,7 @@ func (s *Node) runMove(ctx context.Context, why string, want int) {
 		s.refuse(why, err)
 		return
 	}
-	p, err := s.buildPlan(core.Range(next, 0, next-1), old.tree.NodeDispatchLog())
+	p, err := s.buildPlan(core.Range(next, 0, next-1), old)
 	if err != nil {
 		s.refuse(why, err)
 		return
@@ -461,18 +461,24 @@ func (s *Node) reshardFile() []byte {
 	return []byte(b.String())
 }
 
-// buildPlan assembles a plan's transport, core and tree. dispatch is the
-// node's dispatch log when a plan replaces another (nil for the first).
-func (s *Node) buildPlan(plan core.Plan, dispatch *journal.Merged) (*planRun, error) {
+// buildPlan assembles a plan's transport, core and tree. prev is the plan
+// it replaces (nil for the first): the new one carries on its dispatch
+// log and shares its transport's spacing of identifies.
+func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	cfg := s.cfg
 	p := &planRun{total: plan.Total, lease: local.New(s.clock)}
-	tr, err := gateway.New(gateway.Config{
+	gc := gateway.Config{
 		Flavor: cfg.Flavor, Token: cfg.Token, Intents: cfg.Intents,
 		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
 		Sink:         p.dispatch,
 		OnStartLimit: s.Pacer.SetStartLimit,
 		Clock:        cfg.Clock, Logger: s.log.With("component", "gateway", "total", plan.Total),
-	})
+	}
+	var dispatch *journal.Merged
+	if prev != nil {
+		gc.ShareIdentifyGate, dispatch = prev.transport, prev.tree.NodeDispatchLog()
+	}
+	tr, err := gateway.New(gc)
 	if err != nil {
 		return nil, err
 	}

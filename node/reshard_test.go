@@ -210,6 +210,7 @@ func TestReshardOn4011(t *testing.T) {
 			if dropped == 0 {
 				t.Errorf("the switch dropped no copies: the two plans never overlapped, so the test proved nothing about the cut:\n%s", events)
 			}
+			t.Logf("simulator totals: %+v", sim.Totals())
 			if tot := sim.Totals(); tot.MaxLiveSessions > 2 {
 				t.Errorf("simulator: at most %d live sessions a shard id; want 2 at most (one per plan)", tot.MaxLiveSessions)
 			}
