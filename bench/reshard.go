@@ -237,4 +237,3 @@ func runReshard(cfg config, log io.Writer) (*section, error) {
 	}
 	return sec, nil
 }
-
