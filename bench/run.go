@@ -49,6 +49,7 @@ type config struct {
 	memTLSHeartbeat time.Duration
 
 	restart restartConfig
+	reshard reshardConfig
 
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
@@ -81,6 +82,7 @@ func defaultConfig() config {
 		breakdown:          true,
 		memTLSHeartbeat:    10 * time.Second,
 		restart:            defaultRestartConfig(),
+		reshard:            defaultReshardConfig(),
 	}
 }
 
@@ -101,6 +103,7 @@ var comparisons = []comparison{
 	{"memory-tls", "Memory per idle shard over TLS: shardfs vs discordgo vs disgo", runMemoryTLS},
 	{"dispatch-tls", "Dispatch throughput over TLS with zlib-stream: shardfs vs discordgo vs disgo", runDispatchTLS},
 	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
+	{"reshard", "A larger plan without downtime: 4011 to the switch (serve --total auto)", runReshard},
 }
 
 // groups are names -only accepts for several comparisons.

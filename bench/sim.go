@@ -26,6 +26,7 @@ func runSim(args []string) error {
 	window := fs.Duration("identify-interval", 5*time.Second, "identify window per bucket")
 	heartbeat := fs.Duration("heartbeat", 41250*time.Millisecond, "heartbeat interval")
 	tlsDir := fs.String("tls", "", "serve over TLS with the certificate and key in this directory (cert.pem, key.pem)")
+	guilds := fs.Int("guilds", 0, "the bot's guild count (default: shards)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -45,6 +46,7 @@ func runSim(args []string) error {
 		Flavor:            gatewaysim.Discord,
 		Token:             os.Getenv(tokenEnv),
 		Shards:            *shards,
+		Guilds:            *guilds,
 		MaxConcurrency:    *mc,
 		IdentifyInterval:  *window,
 		SessionStartLimit: 1 << 24,
@@ -65,7 +67,11 @@ func runSim(args []string) error {
 		"recover":   s.recover,
 		"seqs":      s.seqs,
 		"flap":      s.flap,
+		"grow":      s.grow,
+		"close":     s.closeShard,
+		"guilds":    s.guildTraffic,
 	})
+	s.guildStop()
 	s.flapStop()
 	return nil
 }

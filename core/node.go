@@ -64,6 +64,16 @@ type Config struct {
 	Gateway string
 	// StoreTimeout bounds every call to Sessions; zero means StoreTimeout.
 	StoreTimeout time.Duration
+
+	// OnFatal, when set, is told of every shard that goes FATAL and the
+	// close code that sent it there (0 when none), e.g. 4011 for a bot
+	// that has outgrown its plan. It runs under that shard's lock: it must
+	// return at once and not call the Node.
+	OnFatal func(shard, code int)
+	// Events, when set, is the node's events log (the tree's /events), so
+	// that a plan that replaces another carries on the same log; nil means
+	// a new one of NodeEventRetention bytes.
+	Events *journal.Log
 }
 
 // ReadyReset is how long a shard must stay READY before its consecutive
@@ -100,6 +110,8 @@ type Node struct {
 	resumeWindow time.Duration
 	gateway      string
 	storeTimeout time.Duration
+
+	onFatal func(shard, code int)
 }
 
 // New validates the plan and returns a node whose shards are all ASSIGNED.
@@ -129,6 +141,8 @@ func New(cfg Config) (*Node, error) {
 		resumeWindow: cfg.ResumeWindow,
 		gateway:      cfg.Gateway,
 		storeTimeout: cfg.StoreTimeout,
+
+		onFatal: cfg.OnFatal,
 	}
 	if n.resumeWindow <= 0 {
 		n.resumeWindow = DiscordResumeWindow
@@ -165,7 +179,10 @@ func New(cfg Config) (*Node, error) {
 		bn.SetBudgetNotify(n.budgetNote)
 	}
 	retention := orDefault(cfg.EventRetention, 16<<10)
-	n.events = journal.New(orDefault(cfg.NodeEventRetention, 1<<20))
+	n.events = cfg.Events
+	if n.events == nil {
+		n.events = journal.New(orDefault(cfg.NodeEventRetention, 1<<20))
+	}
 	n.shards = make(map[int]*shard, len(n.plan.Local))
 	n.order = make([]*shard, len(n.plan.Local))
 	for i, id := range n.plan.Local {

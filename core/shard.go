@@ -515,6 +515,9 @@ func (s *shard) failLocked(f Failure) {
 		s.enter(Fatal, now)
 		s.phase = PhaseStopped
 		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.connState))
+		if h := s.node.onFatal; h != nil {
+			h(s.id, f.Code)
+		}
 	case NewSession:
 		s.sessionValid = false
 		s.enterBackoffLocked(now, f.Deadline, 1000, true)

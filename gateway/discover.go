@@ -44,36 +44,11 @@ const userAgent = "DiscordBot (https://github.com/shardfs/shardfs, 1)"
 // limit. The token goes only into the Authorization header; no error ever
 // quotes it. A nil client means http.DefaultClient.
 func Discover(ctx context.Context, client *http.Client, flavor core.Flavor, api, token string) (Discovery, error) {
-	if client == nil {
-		client = http.DefaultClient
-	}
-	if api == "" {
-		api = DiscordAPI
-		if flavor == core.Fluxer {
-			api = FluxerAPI
-		}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(api, "/")+"/gateway/bot", nil)
+	body, closeBody, err := apiGet(ctx, client, flavor, api, "/gateway/bot", token)
 	if err != nil {
 		return Discovery{}, &discoveryError{err}
 	}
-	if req.URL.Scheme != "https" && !(req.URL.Scheme == "http" && plainOK(req.URL.Hostname())) {
-		return Discovery{}, &discoveryError{fmt.Errorf("refusing to send the token to %s://%s; use https", req.URL.Scheme, req.URL.Host)}
-	}
-	req.Header.Set("Authorization", "Bot "+bareToken(token))
-	req.Header.Set("User-Agent", userAgent)
-	resp, err := client.Do(req)
-	if err != nil {
-		return Discovery{}, &discoveryError{err}
-	}
-	defer resp.Body.Close()
-	body := io.LimitReader(resp.Body, 64<<10)
-	switch {
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return Discovery{}, &discoveryError{fmt.Errorf("answered %s: %w", resp.Status, ErrUnauthorized)}
-	case resp.StatusCode != http.StatusOK:
-		return Discovery{}, &discoveryError{fmt.Errorf("answered %s", resp.Status)}
-	}
+	defer closeBody()
 	var v struct {
 		URL               string `json:"url"`
 		Shards            int    `json:"shards"`
@@ -100,6 +75,45 @@ func Discover(ctx context.Context, client *http.Client, flavor core.Flavor, api,
 			MaxConcurrency: l.MaxConcurrency,
 		},
 	}, nil
+}
+
+// apiGet sends an authenticated GET {api}{path} (api: DiscordAPI or
+// FluxerAPI when empty) and returns the body of a 200 answer, bounded to
+// 64 KiB, and the function that closes it. The token goes only into the
+// Authorization header, and only over https or to loopback; no error ever
+// quotes it. A nil client means http.DefaultClient.
+func apiGet(ctx context.Context, client *http.Client, flavor core.Flavor, api, path, token string) (io.Reader, func(), error) {
+	if client == nil {
+		client = http.DefaultClient
+	}
+	if api == "" {
+		api = DiscordAPI
+		if flavor == core.Fluxer {
+			api = FluxerAPI
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(api, "/")+path, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if req.URL.Scheme != "https" && !(req.URL.Scheme == "http" && plainOK(req.URL.Hostname())) {
+		return nil, nil, fmt.Errorf("refusing to send the token to %s://%s; use https", req.URL.Scheme, req.URL.Host)
+	}
+	req.Header.Set("Authorization", "Bot "+bareToken(token))
+	req.Header.Set("User-Agent", userAgent)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		resp.Body.Close()
+		return nil, nil, fmt.Errorf("answered %s: %w", resp.Status, ErrUnauthorized)
+	case resp.StatusCode != http.StatusOK:
+		resp.Body.Close()
+		return nil, nil, fmt.Errorf("answered %s", resp.Status)
+	}
+	return io.LimitReader(resp.Body, 64<<10), func() { resp.Body.Close() }, nil
 }
 
 // discoveryError is a failed discovery. Its text says "gateway:

@@ -37,7 +37,8 @@ type identifyGate struct {
 	clock          clock.Clock
 
 	mu      sync.Mutex
-	stopped bool              // the transport is closed: arm no timer
+	users   int               // transports sharing the gate (see Config.ShareIdentifyGate)
+	stopped bool              // every transport is closed: arm no timer
 	mc      int               // 0: unknown, no gating
 	last    map[int]time.Time // bucket → when its latest identify goes out
 	// forget empties last once its newest entry is a window and a margin
@@ -120,10 +121,21 @@ func (g *identifyGate) forgetAll() {
 	}
 }
 
-// stop stops the gate's timer.
+// share adds a transport to the gate's users.
+func (g *identifyGate) share() *identifyGate {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.users++
+	return g
+}
+
+// stop stops the gate's timer once the last transport using it closed.
 func (g *identifyGate) stop() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.users--; g.users > 0 {
+		return
+	}
 	g.stopped = true
 	if g.forget != nil {
 		g.forget.Stop()
@@ -150,5 +162,5 @@ func (g *identifyGate) release(t gateTicket) {
 // newIdentifyGate returns a gate with the given margin; a negative margin
 // turns it off.
 func newIdentifyGate(c clock.Clock, margin time.Duration) *identifyGate {
-	return &identifyGate{window: core.DiscordWindow, margin: max(margin, 0), off: margin < 0, clock: clock.Or(c)}
+	return &identifyGate{window: core.DiscordWindow, margin: max(margin, 0), off: margin < 0, clock: clock.Or(c), users: 1}
 }

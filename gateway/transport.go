@@ -79,6 +79,11 @@ type Config struct {
 	// then go out as soon as the core's pacer grants them. See
 	// identifyGate.
 	IdentifyMargin time.Duration
+	// ShareIdentifyGate, when set, is a transport of the same bot whose
+	// spacing of identifies this one shares, so that two plans run side
+	// by side (a move to a larger plan) never send two identifies of one
+	// bucket closer than the window. The gate lives until both are closed.
+	ShareIdentifyGate *Transport
 }
 
 // Format hides the token from every fmt verb.
@@ -196,7 +201,11 @@ func New(cfg Config) (*Transport, error) {
 		query:     q,
 		dialer:    net.Dialer{KeepAlive: 30 * time.Second},
 		conns:     make(map[*conn]struct{}),
-		gate:      newIdentifyGate(cfg.Clock, cfg.IdentifyMargin),
+	}
+	if cfg.ShareIdentifyGate != nil {
+		t.gate = cfg.ShareIdentifyGate.gate.share()
+	} else {
+		t.gate = newIdentifyGate(cfg.Clock, cfg.IdentifyMargin)
 	}
 	t.names.init()
 	t.idler = newIdler(t)

@@ -346,7 +346,7 @@ var (
 
 // rootModes is what ls -l shows at the root of the tree.
 func rootModes() map[string]string {
-	m := map[string]string{"ctl": rw, "events": ro, "status": ro, "plan": ro, "lease": ro, "identify": ro, "metrics": ro, "dispatch": ro}
+	m := map[string]string{"ctl": rw, "events": ro, "status": ro, "plan": ro, "lease": ro, "identify": ro, "reshard": ro, "metrics": ro, "dispatch": ro}
 	for id := range shards {
 		m[strconv.Itoa(id)] = dir
 	}

@@ -14,6 +14,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/local"
 	"github.com/shardfs/shardfs/shardfs"
 )
@@ -74,6 +76,11 @@ type Config struct {
 	// caller discovered before New, as the transport will find it; empty
 	// means GatewayURL. With neither, no Fluxer snapshot is resumed.
 	Gateway string
+
+	// Reshard moves the node to a larger plan when a shard closes 4011
+	// (serve --total auto; see reshard.go). Without it a 4011 leaves the
+	// shard FATAL and `reshard N` on /ctl moves by hand.
+	Reshard bool
 }
 
 // Format hides the token from every fmt verb.
@@ -86,7 +93,9 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("flavor", c.Flavor.String()), slog.String("compression", string(c.Compression)), slog.String("token", "redacted"))
 }
 
-// Node is an assembled node.
+// Node is an assembled node. Transport, Lease, Node and Tree are those of
+// the plan it started with; after a move to a larger plan, Current gives
+// the running one.
 type Node struct {
 	Transport *gateway.Transport
 	Pacer     *core.Pacer
@@ -97,8 +106,15 @@ type Node struct {
 
 	cfg       Config
 	log       *slog.Logger
+	clock     clock.Clock
+	events    *journal.Log // /events, whatever the plan
+	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+
+	planMu sync.RWMutex
+	cur    *planRun // the plan the tree shows
+	move   mover
 }
 
 // New assembles a node. Nothing connects until Start.
@@ -108,7 +124,8 @@ func New(cfg Config) (*Node, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	clk := clock.Or(cfg.Clock)
-	s := &Node{cfg: cfg, log: log, Lease: local.New(clk)}
+	s := &Node{cfg: cfg, log: log, clock: clk, events: journal.New(1 << 20)}
+	s.move.limiter = core.NewReshardLimiter(clk)
 	if cfg.Flavor == core.Fluxer {
 		s.Pacer = core.NewFluxerPacer(clk, cfg.FluxerPacing)
 	} else {
@@ -124,42 +141,19 @@ func New(cfg Config) (*Node, error) {
 		}
 		s.Pacer.LimitTotal(total)
 	}
-	var tree *shardfs.Tree // set below; the sink runs only after Start
-	tr, err := gateway.New(gateway.Config{
-		Flavor: cfg.Flavor, Token: cfg.Token, Intents: cfg.Intents,
-		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
-		Sink:         func(shard int, seq int64, name string, d []byte) { tree.Dispatch(shard, seq, name, d) },
-		OnStartLimit: s.Pacer.SetStartLimit,
-		Clock:        cfg.Clock, Logger: log.With("component", "gateway"),
-	})
+	p, err := s.buildPlan(cfg.Plan, nil)
 	if err != nil {
 		return nil, err
 	}
-	s.Transport = tr
-	observe := func(kind string, d time.Duration) {
-		tree.ObserveEvent(kind, d)
-		if cfg.ObserveEvent != nil {
-			cfg.ObserveEvent(kind, d)
-		}
+	s.cur = p
+	s.Transport, s.Lease, s.Node, s.Tree = p.transport, p.lease, p.core, p.tree
+	// The root shows the current plan's tree, so that a move to a larger
+	// plan switches what every connection sees.
+	root := &fsrv.Dir{Name: "/",
+		List:   func() []fsrv.Node { return s.current().tree.Root().List() },
+		Lookup: func(name string) fsrv.Node { return s.current().tree.Root().Lookup(name) },
 	}
-	node, err := core.New(core.Config{
-		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: s.Pacer, Lease: s.Lease,
-		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: log.With("component", "core"),
-		ObserveEvent: observe,
-		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),
-	})
-	if err != nil {
-		tr.Close()
-		return nil, err
-	}
-	s.Node = node
-	tree = shardfs.New(shardfs.Config{
-		Node: node, Info: s.info, Identify: s.Pacer.Budget, LeaseBackend: "local",
-		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
-		Registry: cfg.Registry, Logger: log,
-	})
-	s.Tree = tree
-	s.Server = &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p")}
+	s.Server = &fsrv.Server{Root: root, Logger: log.With("component", "9p")}
 	return s, nil
 }
 
@@ -200,7 +194,7 @@ func orString(s, def string) string {
 }
 
 // Start starts the shards in shard order.
-func (s *Node) Start() { s.Node.Start() }
+func (s *Node) Start() { s.current().core.Start() }
 
 // Serve exports the tree on every listener until ctx ends or Close is
 // called, and waits for the connections it served.
@@ -226,8 +220,27 @@ func (s *Node) Serve(ctx context.Context, ls ...net.Listener) error {
 // all of their goroutines.
 func (s *Node) Close() error {
 	s.closeOnce.Do(func() {
-		s.Node.Close()
-		s.closeErr = errors.Join(s.Transport.Close(), s.Server.Close())
+		s.closed.Store(true)
+		m := &s.move
+		m.mu.Lock()
+		if m.cancel != nil {
+			m.cancel()
+		}
+		m.mu.Unlock()
+		m.wg.Wait()
+		var errs []error
+		if next := s.moveNext(); next != nil {
+			// A move cut short: the new plan's sessions are of no use.
+			next.core.End()
+			errs = append(errs, next.transport.Close())
+		}
+		// After a move the first plan ended at the switch, its transport
+		// closed with it.
+		cur := s.current()
+		cur.core.Close()
+		errs = append(errs, cur.transport.Close())
+		errs = append(errs, s.Server.Close())
+		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
 }

@@ -39,6 +39,19 @@ type Config struct {
 	// the Go runtime and process collectors.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
+
+	// Dispatch, when set, is the node's dispatch log (/dispatch) to write
+	// into, so that the tree of a plan that replaces another carries on
+	// the same log and a reader's offsets stay good; nil means a new one
+	// of NodeDispatchRetention bytes.
+	Dispatch *journal.Merged
+	// Files are more files at the root, after the standard ones.
+	Files []fsrv.Node
+	// Command, when set, sees every node command first (a line written to
+	// /ctl): handled false passes it on to the core. CommandUsage is
+	// added to /ctl's usage.
+	Command      func(line string) (handled bool, err error)
+	CommandUsage string
 }
 
 // Tree is the file tree of one node.
@@ -72,7 +85,10 @@ func New(cfg Config) *Tree {
 	if cfg.LeaseBackend == "" {
 		t.cfg.LeaseBackend = "local"
 	}
-	t.dispatch = journal.NewMerged(orDefault(cfg.NodeDispatchRetention, 16<<20))
+	t.dispatch = cfg.Dispatch
+	if t.dispatch == nil {
+		t.dispatch = journal.NewMerged(orDefault(cfg.NodeDispatchRetention, 16<<20))
+	}
 	per := orDefault(cfg.DispatchRetention, 256<<10)
 	for _, id := range cfg.Node.Plan().Local {
 		t.local[id] = &shardFiles{id: id, dispatch: journal.New(per)}
@@ -84,7 +100,7 @@ func New(cfg Config) *Tree {
 	t.events = newEventSeconds()
 	t.reg.MustRegister(&collector{t: t}, t.events.vec)
 	t.top = []fsrv.Node{
-		&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecNode(line)) }, Usage: func() string { return core.NodeUsage }},
+		&fsrv.Ctl{Name: "ctl", Handle: t.nodeCommand, Usage: func() string { return core.NodeUsage + cfg.CommandUsage }},
 		&fsrv.Log{Name: "events", Source: t.node.Events()},
 		&fsrv.Text{Name: "status", Content: t.status},
 		&fsrv.Text{Name: "plan", Content: t.plan},
@@ -95,6 +111,7 @@ func New(cfg Config) *Tree {
 	if cfg.Identify != nil {
 		t.top = append(t.top, &fsrv.Text{Name: "identify", Content: t.identify})
 	}
+	t.top = append(t.top, cfg.Files...)
 	t.root = &fsrv.Dir{Name: "/", List: t.list, Lookup: t.lookup}
 	return t
 }
@@ -104,6 +121,16 @@ func orDefault(v, def int) int {
 		return v
 	}
 	return def
+}
+
+// nodeCommand runs one line written to /ctl.
+func (t *Tree) nodeCommand(line string) error {
+	if t.cfg.Command != nil {
+		if handled, err := t.cfg.Command(line); handled {
+			return fsError(err)
+		}
+	}
+	return fsError(t.node.ExecNode(line))
 }
 
 // Root returns the root directory, to serve with fsrv.Server.

@@ -194,7 +194,8 @@ func progress(ctx context.Context, sup *node.Node, log *slog.Logger, status func
 	events := sup.Node.Events()
 	var line string
 	for {
-		diags = sup.Node.Snapshot(diags[:0])
+		cur, _ := sup.Current() // after a move to a larger plan, the new one
+		diags = cur.Snapshot(diags[:0])
 		ready, fatal := 0, 0
 		for _, d := range diags {
 			switch d.State {
@@ -237,7 +238,8 @@ func progress(ctx context.Context, sup *node.Node, log *slog.Logger, status func
 				quiet = false
 			case <-events.Notify():
 				// Check for the end at once; report only on the tick.
-				quiet = !allSettled(sup.Node.Snapshot(diags[:0]))
+				cur, _ := sup.Current()
+				quiet = !allSettled(cur.Snapshot(diags[:0]))
 			}
 		}
 	}

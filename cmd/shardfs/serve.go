@@ -155,6 +155,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
 		MaxConcurrency: *maxConc, IdentifyTotal: *idTotal, IdentifyReserve: reserve,
 		ResumeWindow: *resumeWindow, Gateway: endpoint,
+		// A 4011 moves to a larger plan only when the plan is the
+		// platform's and this node runs all of it (DESIGN 7.5).
+		Reshard: *totalFlag == "auto" && *shards == "",
 	}
 	if store != nil {
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface

@@ -110,7 +110,7 @@ func (c *conn) identifyLocked(d identifyData, now time.Time) {
 		return
 	}
 	shardID, total, ok := parseShard(d.Shard)
-	if !ok || s.cfg.ShardingRequired && total != s.cfg.Shards {
+	if !ok || s.cfg.ShardingRequired && total != int(s.recommended.Load()) {
 		c.closeLocked(CloseInvalidShard, "Invalid shard.")
 		return
 	}

@@ -1101,3 +1101,48 @@ func TestFaultKindNames(t *testing.T) {
 		t.Error(`ParseFaultKind("meteor") succeeded`)
 	}
 }
+
+// TestBotOutgrowsItsPlan: sessions of two totals at once, and a bot that
+// grows past 2,500 guilds on a shard of the smaller plan: SetGuilds
+// closes that session 4011 and leaves the larger plan's alone.
+func TestBotOutgrowsItsPlan(t *testing.T) {
+	srv, fc := newTestServer(t, Config{Shards: 1, Guilds: 2000, HeartbeatInterval: time.Hour})
+	old := dial(t, srv, "")
+	old.start(srv, 0, 1)
+	fc.Advance(5 * time.Second) // the identify bucket's interval
+	bigger := dial(t, srv, "")
+	bigger.start(srv, 0, 2)
+	if st := srv.Stats(0); st.LiveSessions != 2 {
+		t.Fatalf("Stats(0) = %+v; want the two plans' sessions live", st)
+	}
+	// A guild of shard 0 in both plans reaches both sessions.
+	g := srv.Guilds(0, 2)[0]
+	if n, err := srv.PublishGuild(g, Event{Name: "MESSAGE_CREATE", Data: []byte(`{"id":"1"}`)}); err != nil || n != 2 {
+		t.Fatalf("PublishGuild(%d) = %d, %v; want 2 sessions", g, n, err)
+	}
+	old.expect(opDispatch, "MESSAGE_CREATE")
+	bigger.expect(opDispatch, "MESSAGE_CREATE")
+
+	if n := srv.SetGuilds(3000); n != 1 {
+		t.Fatalf("SetGuilds(3000) closed %d connections; want 1 (shard 0 of 1 has 3000 guilds, shard 0 of 2 has 1500)", n)
+	}
+	old.expectClose(CloseShardingRequired)
+	if n, err := srv.PublishGuild(g, Event{Name: "MESSAGE_CREATE", Data: []byte(`{"id":"2"}`)}); err != nil || n < 1 {
+		t.Fatalf("PublishGuild(%d) after the close = %d, %v; want the larger plan still reached", g, n, err)
+	}
+	bigger.expect(opDispatch, "MESSAGE_CREATE")
+	fc.Advance(5 * time.Second)
+	again := dial(t, srv, "")
+	again.expect(opHello, "")
+	again.identify(identifyOpts{shard: []int{0, 1}, intents: IntentGuilds})
+	again.expectClose(CloseShardingRequired)
+}
+
+func TestSetShardsReachesDiscovery(t *testing.T) {
+	srv, _ := newTestServer(t, Config{Shards: 4})
+	srv.SetShards(8)
+	var body struct{ Shards int }
+	if status := getJSON(t, srv.APIURL()+"/gateway/bot", "Bot sim-token", &body); status != 200 || body.Shards != 8 {
+		t.Fatalf("discovery after SetShards(8) = %d, %d shards; want 200, 8", status, body.Shards)
+	}
+}

@@ -227,6 +227,11 @@ type Server struct {
 	base     string // host:port
 	// resumeURL, when set, replaces READY's resume_gateway_url.
 	resumeURL atomic.Pointer[string]
+	// guilds and recommended start as Config.Guilds and Config.Shards; SetGuilds
+	// and SetShards change them while the server runs (a bot that grows).
+	guilds, recommended atomic.Int64
+	// guildPages is the fault of the guild list (see SetGuildListFault).
+	guildPages atomic.Pointer[GuildListFault]
 
 	// lifeMu guards closed; it is taken last, so that goroutines and timer
 	// callbacks can be admitted from under any other lock.
@@ -311,9 +316,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Flavor == Fluxer {
 		mux.HandleFunc("GET /api/v1/gateway/bot", s.serveGatewayBot)
 		mux.HandleFunc("GET /v1/gateway/bot", s.serveGatewayBot)
+		mux.HandleFunc("GET /api/v1/users/@me/guilds", s.serveGuildList)
+		mux.HandleFunc("GET /v1/users/@me/guilds", s.serveGuildList)
 	} else {
 		mux.HandleFunc("GET /api/v10/gateway/bot", s.serveGatewayBot)
 		mux.HandleFunc("GET /api/v10/gateway", s.serveGateway)
+		mux.HandleFunc("GET /api/v10/users/@me/guilds", s.serveGuildList)
 	}
 	mux.HandleFunc("/", s.serveWebSocket)
 	s.http = &http.Server{
@@ -325,6 +333,8 @@ func New(cfg Config) (*Server, error) {
 		defer close(s.served)
 		_ = s.http.Serve(ln)
 	}()
+	s.guilds.Store(int64(cfg.Guilds))
+	s.recommended.Store(int64(cfg.Shards))
 	s.SetTraffic(cfg.Traffic)
 	return s, nil
 }
@@ -525,7 +535,7 @@ func (s *Server) serveGatewayBot(w http.ResponseWriter, r *http.Request) {
 		if !s.startBegin.IsZero() {
 			reset = s.startBegin.Add(s.cfg.SessionStartReset).Sub(now)
 		}
-		body.Shards = s.cfg.Shards
+		body.Shards = int(s.recommended.Load())
 		body.SessionStartLimit = limit{
 			Total:          s.cfg.SessionStartLimit,
 			Remaining:      max(0, s.cfg.SessionStartLimit-s.startUsed),

@@ -37,14 +37,15 @@ func firstGuild(shardID, total int) int {
 // guildCount is the number of the bot's guilds on shardID of total.
 func (s *Server) guildCount(shardID, total int) int {
 	k := firstGuild(shardID, total)
-	if k > s.cfg.Guilds {
+	guilds := int(s.guilds.Load())
+	if k > guilds {
 		return 0
 	}
-	return (s.cfg.Guilds-k)/total + 1
+	return (guilds-k)/total + 1
 }
 
 func (s *Server) eachGuild(shardID, total int, f func(uint64)) {
-	for k := firstGuild(shardID, total); k <= s.cfg.Guilds; k += total {
+	for k, guilds := firstGuild(shardID, total), int(s.guilds.Load()); k <= guilds; k += total {
 		f(GuildID(k))
 	}
 }

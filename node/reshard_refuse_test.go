@@ -1,0 +1,160 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
+)
+
+// startSmall runs a node of total shards against a fresh simulator, all
+// READY.
+func startSmall(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config) (*Node, *gatewaysim.Server) {
+	t.Helper()
+	sf := gatewaysim.Discord
+	if flavor == core.Fluxer {
+		sf = gatewaysim.Fluxer
+	}
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: sf, Shards: total, MaxConcurrency: 8, Guilds: guilds, HeartbeatInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	cfg.Flavor, cfg.Token, cfg.API, cfg.GatewayURL = flavor, "sim-token", sim.APIURL(), sim.GatewayURL()
+	cfg.Plan, cfg.MaxConcurrency, cfg.Intents = core.Range(total, 0, total-1), 8, 1<<0|1<<9
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.Start()
+	if err := waitReady(s, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return s, sim
+}
+
+// Each refusal: one reshard-refused line saying why, /reshard says
+// refused, and the old plan goes on as it was.
+func TestReshardRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		flavor  core.Flavor
+		total   int // default 4
+		guilds  int
+		cfg     Config
+		prepare func(s *Node, sim *gatewaysim.Server)
+		command string
+		want    string
+	}{
+		{name: "budget too small", cfg: Config{IdentifyTotal: 10}, command: "reshard 8",
+			want: "the new plan needs 8 identifies and the budget has 5 left above its reserve of 1"},
+		// Discovery's 4, rounded up to max_concurrency 8, is no more
+		// than the 8 shards now.
+		{name: "fewer shards than now", total: 8, prepare: func(_ *Node, sim *gatewaysim.Server) { sim.SetShards(4) }, command: "reshard auto",
+			want: "the new plan would have 8 shards, not more than the current 8"},
+		{name: "beyond the ceiling", command: "reshard 16385", want: "beyond the ceiling of 16384"},
+		{name: "a fourth move within the hour", command: "reshard 8",
+			prepare: func(s *Node, _ *gatewaysim.Server) {
+				for range core.ReshardMovesPerHour {
+					if err := s.move.limiter.Admit(); err != nil {
+						panic(err)
+					}
+				}
+			},
+			want: "3 moves in the last hour already"},
+		{name: "community count fails midway", flavor: core.Fluxer, guilds: 4400, command: "reshard auto",
+			prepare: func(_ *Node, sim *gatewaysim.Server) { sim.SetGuildListFault(gatewaysim.GuildListFault{FailAfter: 2}) },
+			want:    "page 3 (after 400 guilds): answered 500"},
+		{name: "community count loops", flavor: core.Fluxer, guilds: 4400, command: "reshard auto",
+			prepare: func(_ *Node, sim *gatewaysim.Server) { sim.SetGuildListFault(gatewaysim.GuildListFault{Loop: true}) },
+			want:    "does not move past guild"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			total := tc.total
+			if total == 0 {
+				total = 4
+			}
+			s, sim := startSmall(t, tc.flavor, total, max(tc.guilds, 40), tc.cfg)
+			if tc.prepare != nil {
+				tc.prepare(s, sim)
+			}
+			if handled, err := s.command(tc.command); !handled || err != nil {
+				t.Fatalf("command(%q) = %v, %v; want handled, nil (the checks run in the background)", tc.command, handled, err)
+			}
+			waitEvent(t, s, "event=reshard-refused", 30*time.Second)
+			events := string(readLog(s.events))
+			if !strings.Contains(events, tc.want) {
+				t.Errorf("events do not say %q:\n%s", tc.want, events)
+			}
+			if got := string(s.reshardFile()); !strings.Contains(got, "state refused\n") || !strings.Contains(got, tc.want) {
+				t.Errorf("/reshard = %q; want state refused and the reason", got)
+			}
+			c, _ := s.Current()
+			if c != s.Node || c.Plan().Total != total {
+				t.Errorf("the plan changed: %d shards", c.Plan().Total)
+			}
+			for _, d := range c.Snapshot(nil) {
+				if d.State != core.Ready {
+					t.Errorf("shard %d is %v after the refusal; want READY", d.Shard, d.State)
+				}
+			}
+		})
+	}
+}
+
+func TestReshardBadCommands(t *testing.T) {
+	s, _ := startSmall(t, core.Discord, 2, 40, Config{})
+	for _, line := range []string{"reshard", "reshard x", "reshard 0", "reshard -3", "reshard 4 5"} {
+		handled, err := s.command(line)
+		if !handled || !errors.Is(err, core.ErrUsage) || !strings.Contains(err.Error(), "usage: reshard N|auto") {
+			t.Errorf("command(%q) = %v, %v; want an ErrUsage with the usage", line, handled, err)
+		}
+	}
+	if handled, _ := s.command("reset all"); handled {
+		t.Error(`command("reset all") was handled; want it left to the core`)
+	}
+	if !strings.Contains(string(readLog(s.events)), `command="reshard x"`) {
+		t.Errorf("a refused command is not in the events:\n%s", readLog(s.events))
+	}
+}
+
+// A 4011 of the new plan during a move aborts it: the new sessions end,
+// the old plan keeps serving.
+func TestReshardAbortedByNewPlan4011(t *testing.T) {
+	s, sim := startSmall(t, core.Discord, 4, 40, Config{})
+	if _, err := s.command("reshard 8"); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, s, "event=reshard-start", 30*time.Second)
+	// Shard 5 exists only in the new plan.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sim.Wait(ctx, func() bool { return sim.Stats(5).LiveSessions == 1 }); err != nil {
+		t.Fatalf("shard 5 of the new plan never connected: %v", err)
+	}
+	if n := sim.Inject(5, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
+		t.Fatalf("Inject(5, 4011) reached %d connections; want 1", n)
+	}
+	waitEvent(t, s, "event=reshard-aborted", 30*time.Second)
+	if got := string(s.reshardFile()); !strings.Contains(got, "state aborted\n") || !strings.Contains(got, "shard 5 of the new plan") {
+		t.Errorf("/reshard = %q; want state aborted naming shard 5", got)
+	}
+	c, _ := s.Current()
+	if c != s.Node {
+		t.Fatal("the node switched plans after an abort")
+	}
+	for _, d := range c.Snapshot(nil) {
+		if d.State != core.Ready {
+			t.Errorf("old shard %d is %v; want READY", d.Shard, d.State)
+		}
+	}
+	// A later move is possible again.
+	if _, err := s.command("reshard 8"); err != nil {
+		t.Errorf("reshard after an abort = %v; want it to start", err)
+	}
+}
