@@ -48,7 +48,7 @@ func TestReshardRefusals(t *testing.T) {
 		guilds  int
 		cfg     Config
 		prepare func(s *Node, sim *gatewaysim.Server)
-		command string
+		command string // empty: shard 1 closes 4011 (Config.Reshard)
 		want    string
 	}{
 		{name: "budget too small", cfg: Config{IdentifyTotal: 10}, command: "reshard 8",
@@ -58,7 +58,7 @@ func TestReshardRefusals(t *testing.T) {
 		{name: "fewer shards than now", total: 8, prepare: func(_ *Node, sim *gatewaysim.Server) { sim.SetShards(4) }, command: "reshard auto",
 			want: "the new plan would have 8 shards, not more than the current 8"},
 		{name: "beyond the ceiling", command: "reshard 16385", want: "beyond the ceiling of 16384"},
-		{name: "a fourth move within the hour", command: "reshard 8",
+		{name: "a fourth 4011 within the hour", cfg: Config{Reshard: true},
 			prepare: func(s *Node, _ *gatewaysim.Server) {
 				for range core.ReshardMovesPerHour {
 					if err := s.move.limiter.Admit(); err != nil {
@@ -83,7 +83,12 @@ func TestReshardRefusals(t *testing.T) {
 			if tc.prepare != nil {
 				tc.prepare(s, sim)
 			}
-			if handled, err := s.command(tc.command); !handled || err != nil {
+			if tc.command == "" {
+				sim.SetShards(8)
+				if n := sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
+					t.Fatalf("Inject(1, 4011) reached %d connections; want 1", n)
+				}
+			} else if handled, err := s.command(tc.command); !handled || err != nil {
 				t.Fatalf("command(%q) = %v, %v; want handled, nil (the checks run in the background)", tc.command, handled, err)
 			}
 			waitEvent(t, s, "event=reshard-refused", 30*time.Second)
@@ -99,8 +104,12 @@ func TestReshardRefusals(t *testing.T) {
 				t.Errorf("the plan changed: %d shards", c.Plan().Total)
 			}
 			for _, d := range c.Snapshot(nil) {
-				if d.State != core.Ready {
-					t.Errorf("shard %d is %v after the refusal; want READY", d.Shard, d.State)
+				want := core.Ready
+				if tc.command == "" && d.Shard == 1 {
+					want = core.Fatal // the 4011 shard stays FATAL
+				}
+				if d.State != want {
+					t.Errorf("shard %d is %v after the refusal; want %v", d.Shard, d.State, want)
 				}
 			}
 		})
