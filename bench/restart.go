@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/hugelgupf/p9/p9"
 )
 
 // restartConfig sizes the restart comparison. The zero value is the smoke
@@ -129,24 +126,7 @@ func waitReady(sock string, n int, d time.Duration) error {
 	return fmt.Errorf("serve's shards not all READY within %v: %s", d, last)
 }
 
-func readStatus(sock string) ([]byte, error) {
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := p9.NewClient(conn, p9.WithMessageSize(256<<10))
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	defer cl.Close()
-	root, err := cl.Attach("")
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	return readFile(root, "status")
-}
+func readStatus(sock string) ([]byte, error) { return readTree(sock, "status") }
 
 // untilLive times serve's start to the moment the simulator sees every one
 // of n shards with a live session.

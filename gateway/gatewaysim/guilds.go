@@ -61,17 +61,6 @@ func (s *Server) SetGuilds(n int) int {
 // default 200) of them after the id "after". A client counts the bot's
 // guilds by asking page after page until one is short.
 func (s *Server) serveGuildList(w http.ResponseWriter, r *http.Request) {
-	if !s.enter() {
-		http.Error(w, "closed", http.StatusServiceUnavailable)
-		return
-	}
-	defer s.wg.Done()
-	w.Header().Set("Content-Type", "application/json")
-	if !s.authorized(r) {
-		w.WriteHeader(http.StatusUnauthorized)
-		_, _ = w.Write([]byte(`{"message": "401: Unauthorized", "code": 0}`))
-		return
-	}
 	q := r.URL.Query()
 	limit := GuildListLimit
 	if v := q.Get("limit"); v != "" {

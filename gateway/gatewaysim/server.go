@@ -314,14 +314,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	mux := http.NewServeMux()
 	if cfg.Flavor == Fluxer {
-		mux.HandleFunc("GET /api/v1/gateway/bot", s.serveGatewayBot)
-		mux.HandleFunc("GET /v1/gateway/bot", s.serveGatewayBot)
-		mux.HandleFunc("GET /api/v1/users/@me/guilds", s.serveGuildList)
-		mux.HandleFunc("GET /v1/users/@me/guilds", s.serveGuildList)
+		mux.HandleFunc("GET /api/v1/gateway/bot", s.authenticated(s.serveGatewayBot))
+		mux.HandleFunc("GET /v1/gateway/bot", s.authenticated(s.serveGatewayBot))
+		mux.HandleFunc("GET /api/v1/users/@me/guilds", s.authenticated(s.serveGuildList))
+		mux.HandleFunc("GET /v1/users/@me/guilds", s.authenticated(s.serveGuildList))
 	} else {
-		mux.HandleFunc("GET /api/v10/gateway/bot", s.serveGatewayBot)
+		mux.HandleFunc("GET /api/v10/gateway/bot", s.authenticated(s.serveGatewayBot))
 		mux.HandleFunc("GET /api/v10/gateway", s.serveGateway)
-		mux.HandleFunc("GET /api/v10/users/@me/guilds", s.serveGuildList)
+		mux.HandleFunc("GET /api/v10/users/@me/guilds", s.authenticated(s.serveGuildList))
 	}
 	mux.HandleFunc("/", s.serveWebSocket)
 	s.http = &http.Server{
@@ -498,19 +498,28 @@ func (s *Server) authorized(r *http.Request) bool {
 	return !s.tokenRevoked && r.Header.Get("Authorization") == "Bot "+s.token
 }
 
+// authenticated wraps an endpoint of the bot's HTTP API: it answers 503
+// once the server is closing and 401 without the bot's token, and sets
+// the JSON content type.
+func (s *Server) authenticated(f http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.enter() {
+			http.Error(w, "closed", http.StatusServiceUnavailable)
+			return
+		}
+		defer s.wg.Done()
+		w.Header().Set("Content-Type", "application/json")
+		if !s.authorized(r) {
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = io.WriteString(w, `{"message": "401: Unauthorized", "code": 0}`)
+			return
+		}
+		f(w, r)
+	}
+}
+
 // serveGatewayBot answers GET {api}/gateway/bot.
 func (s *Server) serveGatewayBot(w http.ResponseWriter, r *http.Request) {
-	if !s.enter() {
-		http.Error(w, "closed", http.StatusServiceUnavailable)
-		return
-	}
-	defer s.wg.Done()
-	w.Header().Set("Content-Type", "application/json")
-	if !s.authorized(r) {
-		w.WriteHeader(http.StatusUnauthorized)
-		_, _ = io.WriteString(w, `{"message": "401: Unauthorized", "code": 0}`)
-		return
-	}
 	type limit struct {
 		Total          int   `json:"total"`
 		Remaining      int   `json:"remaining"`
