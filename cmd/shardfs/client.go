@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,7 +25,9 @@ import (
 func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	addr := fl.String("addr", defaultClientAddr(), "the tree's 9P address: unix!path, a path, tcp!host!port or host:port (default: serve's unix socket when it exists, else "+fsrv.DefaultAddr+")")
+	addr := fl.String("addr", defaultClientAddr(), "the tree's 9P address: unix!path, a path, tcp!host!port, host:port or tls!host!port (default: serve's unix socket when it exists, else "+fsrv.DefaultAddr+")")
+	var cf clientTLSFlags
+	cf.register(fl)
 	lines := fl.Int("n", 10, "tail: lines to print before following")
 	once := fl.Bool("once", false, "tail: print the last lines and exit instead of following")
 	if err := fl.Parse(args); err != nil {
@@ -37,7 +40,11 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 	case len(rest) > 2 || len(rest) == 2 && cmd != "write":
 		return fmt.Errorf("%s: unexpected argument %q", cmd, rest[len(rest)-1])
 	}
-	root, closeFn, err := dial(ctx, *addr)
+	conf, err := cf.config(*addr)
+	if err != nil {
+		return err
+	}
+	root, closeFn, err := dial(ctx, *addr, conf)
 	if err != nil {
 		return err
 	}
@@ -89,19 +96,55 @@ func defaultClientAddr() string {
 	return fsrv.DefaultAddr
 }
 
-func dial(ctx context.Context, addr string) (p9.File, func(), error) {
-	network, address, err := fsrv.ParseAddr(addr)
+// clientTLSFlags are the client's --cert, --key and --ca.
+type clientTLSFlags struct{ cert, key, ca string }
+
+func (f *clientTLSFlags) register(fl *flag.FlagSet) {
+	fl.StringVar(&f.cert, "cert", "", "tls! addresses: this client's certificate (PEM)")
+	fl.StringVar(&f.key, "key", "", "tls! addresses: this client's key (PEM)")
+	fl.StringVar(&f.ca, "ca", "", "tls! addresses: the CA certificate (PEM) that signed the server's certificate")
+}
+
+// config is the TLS configuration for a tls! address, nil for another.
+func (f clientTLSFlags) config(addr string) (*tls.Config, error) {
+	network, _, err := fsrv.ParseAddr(addr)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, network, address)
+	if network != "tls" {
+		if f.cert != "" || f.key != "" || f.ca != "" {
+			return nil, fmt.Errorf("--cert, --key and --ca are for tls! addresses, not %s", addr)
+		}
+		return nil, nil
+	}
+	if f.cert == "" || f.key == "" || f.ca == "" {
+		return nil, fmt.Errorf("%s: a tls! address needs --cert and --key (this client's certificate) and --ca (the CA of the server's)", addr)
+	}
+	return fsrv.ClientTLSConfig(f.cert, f.key, f.ca)
+}
+
+// dialConn connects to addr; over TLS, a refusal of our certificate,
+// which TLS 1.3 delivers at the first read, is told apart by the 9P
+// version exchange that follows.
+func dialConn(ctx context.Context, addr string, conf *tls.Config) (net.Conn, error) {
+	conn, err := fsrv.Dial(ctx, addr, conf)
+	if err != nil {
+		return nil, err
+	}
+	return conn, nil
+}
+
+func dial(ctx context.Context, addr string, conf *tls.Config) (p9.File, func(), error) {
+	conn, err := dialConn(ctx, addr, conf)
 	if err != nil {
 		return nil, nil, err
 	}
 	cl, err := p9.NewClient(conn)
 	if err != nil {
 		conn.Close()
+		if conf != nil {
+			err = fsrv.ExplainTLS(err, "")
+		}
 		return nil, nil, fmt.Errorf("9P handshake with %s: %w", addr, err)
 	}
 	root, err := cl.Attach("")
