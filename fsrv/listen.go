@@ -127,7 +127,7 @@ func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if la.TLS && conf == nil {
+	if la.TLS && (conf == nil || len(conf.Certificates) == 0 && conf.GetCertificate == nil || conf.ClientCAs == nil) {
 		return nil, fmt.Errorf("fsrv: listen %s: %w", addr, ErrNoTLSConfig)
 	}
 	var l net.Listener

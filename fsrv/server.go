@@ -3,7 +3,6 @@ package fsrv
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -216,9 +215,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer s.release()
-			if tc, ok := c.(*tls.Conn); ok && !s.handshake(ctx, tc) {
-				c.Close()
-				return
+			if p, ok := c.(*pendingTLS); ok {
+				if c = s.handshake(ctx, p); c == nil {
+					return
+				}
 			}
 			if err := s.serveConn(ctx, c, ro); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)

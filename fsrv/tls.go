@@ -1,9 +1,11 @@
 package fsrv
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -62,7 +64,11 @@ func ClientTLSConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fsrv: client certificate %s, key %s: %w", certFile, keyFile, err)
 		}
-		conf.Certificates = []tls.Certificate{pair}
+		// Sent whatever CAs the server names: a certificate from
+		// another CA is then refused by the server with that reason,
+		// where Go's default would send none and the refusal would
+		// say "no client certificate".
+		conf.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }
 	}
 	return conf, nil
 }
@@ -107,13 +113,30 @@ type tlsListener struct {
 	conf *tls.Config
 }
 
+// Accept returns the connection still raw: Server.Serve looks at its
+// first bytes and runs the handshake (see Server.handshake).
 func (l tlsListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return tls.Server(c, l.conf), nil
+	return &pendingTLS{Conn: c, conf: l.conf}, nil
 }
+
+// pendingTLS is an accepted connection of a TLS listener before its
+// handshake.
+type pendingTLS struct {
+	net.Conn
+	conf *tls.Config
+}
+
+// peekedConn reads through the buffer that looked at its first bytes.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // Dial connects to addr (see ParseAddr). A tls!host!port address is
 // dialled with conf, whose ServerName defaults to host, and the handshake
@@ -141,7 +164,38 @@ func Dial(ctx context.Context, addr string, conf *tls.Config) (net.Conn, error) 
 	if err != nil {
 		return nil, fmt.Errorf("fsrv: dial %s: %w", addr, ExplainTLS(err, conf.ServerName))
 	}
-	return c, nil
+	return &clientConn{Conn: c.(*tls.Conn), serverName: conf.ServerName}, nil
+}
+
+// clientConn explains its errors (ExplainTLS). Under TLS 1.3 a server
+// refuses a client certificate after the client's handshake is done: the
+// alert is waiting to be read when the client's first write fails on the
+// closed connection, so a failed write reads it.
+type clientConn struct {
+	*tls.Conn
+	serverName string
+}
+
+func (c *clientConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil && err != io.EOF {
+		err = ExplainTLS(err, c.serverName)
+	}
+	return n, err
+}
+
+func (c *clientConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err == nil {
+		return n, nil
+	}
+	// The connection is lost: what the read takes is the alert or nothing.
+	c.Conn.SetReadDeadline(time.Now().Add(time.Second))
+	var b [1]byte
+	if _, rerr := c.Conn.Read(b[:]); rerr != nil && strings.Contains(rerr.Error(), "remote error: tls:") {
+		return n, ExplainTLS(rerr, c.serverName)
+	}
+	return n, ExplainTLS(err, c.serverName)
 }
 
 // ExplainTLS rewrites a client's TLS error in words that say what failed:
@@ -219,6 +273,20 @@ func validity(c *x509.Certificate, now time.Time) string {
 	return fmt.Sprintf("expired at %s", c.NotAfter.UTC().Format(time.RFC3339))
 }
 
+// recordTypeHandshake starts every TLS ClientHello record.
+const recordTypeHandshake = 0x16
+
+// whyNotTLS describes a first record header that is not a TLS handshake:
+// Go's TLS server would take a 9P Tversion of 21 bytes ("9P2000.L") for an
+// alert record and wait for 100 bytes more, so the server looks first.
+func whyNotTLS(hdr []byte) refusal {
+	// A 9P message starts with its size[4] and type[1]; Tversion is 100.
+	if size := binary.LittleEndian.Uint32(hdr); hdr[4] == msgTversion && size >= 19 && size <= maxVersionFrame {
+		return refusal{"plain 9P on the TLS port (a Tversion where a TLS ClientHello belongs)", "connect with tls! and a client certificate"}
+	}
+	return refusal{"not a TLS client", fmt.Sprintf("first bytes %x", hdr)}
+}
+
 // refusal is why the server refused a TLS client, for its log line.
 type refusal struct {
 	reason string // a fixed phrase: the rate limit counts per reason
@@ -228,11 +296,7 @@ type refusal struct {
 // whyRefused describes a failed server-side handshake.
 func whyRefused(err error, now time.Time) refusal {
 	if rh, ok := errors.AsType[tls.RecordHeaderError](err); ok {
-		// A 9P message starts with its size[4] and type[1]; Tversion is 100.
-		if rh.RecordHeader[4] == msgTversion {
-			return refusal{"plain 9P on the TLS port (a Tversion where a TLS ClientHello belongs)", "connect with tls! and a client certificate"}
-		}
-		return refusal{"not a TLS client", fmt.Sprintf("first bytes %x", rh.RecordHeader)}
+		return whyNotTLS(rh.RecordHeader[:])
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return refusal{"TLS handshake timed out", err.Error()}
@@ -257,6 +321,8 @@ func whyRefused(err error, now time.Time) refusal {
 	}
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "remote error: tls:"):
+		return refusal{"the client refused the server's certificate", msg + " (check the server certificate's names and CA against what the client dials and trusts)"}
 	case strings.Contains(msg, "didn't provide a certificate"):
 		return refusal{"no client certificate", "the tree's TLS listeners require one"}
 	case strings.Contains(msg, "unsupported versions"), strings.Contains(msg, "protocol version"):
@@ -265,28 +331,47 @@ func whyRefused(err error, now time.Time) refusal {
 	return refusal{"TLS handshake failed", msg}
 }
 
-// handshake completes a TLS connection's handshake within
-// HandshakeTimeout. A refusal is logged, at most once a minute for each
-// reason (with the count refused since the last line for that reason).
-func (s *Server) handshake(ctx context.Context, tc *tls.Conn) bool {
-	hctx, cancel := context.WithTimeout(ctx, s.handshakeTimeout())
+// handshake looks at a TLS listener's connection's first bytes and
+// completes its handshake, all within HandshakeTimeout, and returns the
+// TLS connection, or nil when it was refused. A refusal is logged, at most
+// once a minute for each reason (with the count refused since the last
+// line for that reason).
+func (s *Server) handshake(ctx context.Context, p *pendingTLS) net.Conn {
+	remote := p.RemoteAddr().String()
+	timeout := s.handshakeTimeout()
+	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	err := tc.HandshakeContext(hctx)
-	if err == nil {
-		st := tc.ConnectionState()
-		if len(st.PeerCertificates) > 0 {
-			s.logger().Info("fsrv: TLS client", "remote", tc.RemoteAddr().String(), "client", certName(st.PeerCertificates[0]))
+	stop := context.AfterFunc(hctx, func() { p.SetDeadline(time.Unix(1, 0)) })
+	br := bufio.NewReaderSize(p.Conn, 16)
+	hdr, err := br.Peek(5)
+	var tc *tls.Conn
+	switch {
+	case err != nil:
+	case hdr[0] != recordTypeHandshake:
+		stop()
+		p.Close()
+		s.logRefusal(whyNotTLS(hdr), remote)
+		return nil
+	default:
+		tc = tls.Server(&peekedConn{p.Conn, br}, p.conf)
+		err = tc.HandshakeContext(hctx)
+	}
+	if !stop() || ctx.Err() != nil {
+		p.Close()
+		if ctx.Err() != nil {
+			return nil
 		}
-		return true
+		err = fmt.Errorf("no handshake within %v: %w", timeout, os.ErrDeadlineExceeded)
 	}
-	if ctx.Err() != nil {
-		return false
+	if err != nil {
+		p.Close()
+		s.logRefusal(whyRefused(err, time.Now()), remote)
+		return nil
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("no handshake within %v: %w", s.handshakeTimeout(), os.ErrDeadlineExceeded)
+	if st := tc.ConnectionState(); len(st.PeerCertificates) > 0 {
+		s.logger().Info("fsrv: TLS client", "remote", remote, "client", certName(st.PeerCertificates[0]))
 	}
-	s.logRefusal(whyRefused(err, s.now()), tc.RemoteAddr().String())
-	return false
+	return tc
 }
 
 func (s *Server) handshakeTimeout() time.Duration {
