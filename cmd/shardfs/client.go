@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -123,28 +122,14 @@ func (f clientTLSFlags) config(addr string) (*tls.Config, error) {
 	return fsrv.ClientTLSConfig(f.cert, f.key, f.ca)
 }
 
-// dialConn connects to addr; over TLS, a refusal of our certificate,
-// which TLS 1.3 delivers at the first read, is told apart by the 9P
-// version exchange that follows.
-func dialConn(ctx context.Context, addr string, conf *tls.Config) (net.Conn, error) {
-	conn, err := fsrv.Dial(ctx, addr, conf)
-	if err != nil {
-		return nil, err
-	}
-	return conn, nil
-}
-
 func dial(ctx context.Context, addr string, conf *tls.Config) (p9.File, func(), error) {
-	conn, err := dialConn(ctx, addr, conf)
+	conn, err := fsrv.Dial(ctx, addr, conf)
 	if err != nil {
 		return nil, nil, err
 	}
 	cl, err := p9.NewClient(conn)
 	if err != nil {
 		conn.Close()
-		if conf != nil {
-			err = fsrv.ExplainTLS(err, "")
-		}
 		return nil, nil, fmt.Errorf("9P handshake with %s: %w", addr, err)
 	}
 	root, err := cl.Attach("")
