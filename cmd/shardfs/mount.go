@@ -232,4 +232,3 @@ func (m *mount) unmount(stderr io.Writer) {
 		fmt.Fprintf(stderr, "shardfs: umount %s: %v\n", m.dir, err)
 	}
 }
-

@@ -235,4 +235,3 @@ func TestMountArgs(t *testing.T) {
 		}
 	}
 }
-
