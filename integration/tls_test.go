@@ -181,4 +181,3 @@ var tlsScenarios = []scenario{
 		},
 	},
 }
-
