@@ -9,6 +9,7 @@
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
 //	               [--tls-cert F --tls-key F --tls-client-ca F]  (tls!HOST!PORT listeners)
 //	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+//	shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
 //	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
 //	shardfs version
 //
@@ -67,6 +68,7 @@ const usage = `usage:
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
                  [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+  shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
   shardfs ls     [--addr ADDR] [--cert F --key F --ca F] PATH
   shardfs cat    [--addr ADDR] [--cert F --key F --ca F] PATH
   shardfs write  [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]     (TEXT or standard input)
@@ -89,6 +91,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
 	case "mount":
 		return runMount(ctx, args, stdout, stderr)
+	case "certs":
+		return runCerts(args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "shardfs", version())
 		return nil

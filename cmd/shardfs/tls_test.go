@@ -235,3 +235,39 @@ func TestMountArgs(t *testing.T) {
 		}
 	}
 }
+
+// shardfs certs makes a CA, a server certificate and a client
+// certificate that a tls! listener and the client accept; keys are 0600
+// and never overwritten.
+func TestCertsCommand(t *testing.T) {
+	dir := t.TempDir()
+	shardfs := func(args ...string) (string, error) {
+		var out, errb strings.Builder
+		err := run(context.Background(), args, strings.NewReader(""), &out, &errb)
+		return out.String() + errb.String(), err
+	}
+	for _, args := range [][]string{
+		{"certs", "ca", "--dir", dir},
+		{"certs", "server", "--dir", dir, "--name", "server", "--host", "127.0.0.1,node0.example"},
+		{"certs", "client", "--dir", dir, "--name", "client", "--days", "7"},
+	} {
+		if out, err := shardfs(args...); err != nil {
+			t.Fatalf("shardfs %q = %v\n%s", args, err, out)
+		}
+	}
+	for _, f := range []string{"ca.key", "server.key", "client.key"} {
+		if fi, err := os.Stat(filepath.Join(dir, f)); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, %v; want mode 0600", f, fi, err)
+		}
+	}
+	if out, err := shardfs("certs", "ca", "--dir", dir); err == nil || !strings.Contains(err.Error(), "ca.key") {
+		t.Errorf("a second certs ca in the same folder = %v, %q; want a refusal naming ca.key", err, out)
+	}
+	if out, err := shardfs("certs", "client", "--dir", t.TempDir(), "--name", "x"); err == nil || !strings.Contains(err.Error(), "shardfs certs ca --dir") {
+		t.Errorf("certs client without a CA = %v, %q; want it to say how to make one", err, out)
+	}
+	addr := serveDemoTLS(t, dir, "")
+	if out, err := shardfs(append(append([]string{"cat", "--addr", addr}, clientArgs(dir, "client")...), "plan")...); err != nil || !strings.Contains(out, "flavor discord") {
+		t.Errorf("cat plan with shardfs certs' certificates = %v, %q", err, out)
+	}
+}
