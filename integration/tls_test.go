@@ -172,6 +172,27 @@ var tlsScenarios = []scenario{
 	},
 	{name: "examples", check: checkExamples},
 	{
+		name: "tlsro",
+		check: func(t *testing.T, r *result) {
+			if got := r.word(t, "ro-state"); got != r.before[3].State.String() && got != r.after[3].State.String() {
+				t.Errorf("guest: state of /3 mounted alone = %q; the node said %s", got, r.after[3].State)
+			}
+			if rc, out := r.rc["ro-reset"], strings.Join(r.out["ro-reset"], "\n"); rc == 0 || !strings.Contains(out, "Read-only file system") {
+				t.Errorf("guest: reset through a --ro mount: rc %d, %q; want Read-only file system", rc, out)
+			}
+			if r.after[3].Reconnects != r.before[3].Reconnects {
+				t.Errorf("node: shard 3 reconnects %d -> %d after a write through a --ro mount", r.before[3].Reconnects, r.after[3].Reconnects)
+			}
+			r.ok(t, "mount3-exit")
+			if slices.Contains(r.said, "still mounted") {
+				t.Errorf("guest: /mnt/tls3 still mounted after SIGTERM to shardfs mount")
+			}
+			if out := strings.Join(r.out["mount3-out"], "\n"); !strings.Contains(out, "/mnt/tls3 unmounted") {
+				t.Errorf("guest: shardfs mount said %q after SIGTERM; want it to report the unmount", out)
+			}
+		},
+	},
+	{
 		name: "tlsumount",
 		check: func(t *testing.T, r *result) {
 			r.ok(t, "umount", "mount-exit")

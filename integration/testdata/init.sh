@@ -244,6 +244,23 @@ s_tlsreset() {
 	show events grep frobnicate "$TREE/0/events"
 }
 
+# s_tlsro mounts shard 3 read-only and ends shardfs mount with a signal,
+# which unmounts.
+s_tlsro() {
+	mkdir -p /mnt/tls3
+	# shellcheck disable=SC2046
+	shardfs mount "$TLSADDR" /mnt/tls3 --ro --aname /3 $(tlsargs client) >/tmp/mount3.out 2>&1 &
+	pid3=$!
+	waitfor 30 mounted /mnt/tls3 || die "shardfs mount --ro: $(cat /tmp/mount3.out)"
+	show ro-state cat /mnt/tls3/state
+	show ro-reset put /mnt/tls3/ctl reset
+	kill -TERM "$pid3"
+	wait "$pid3"
+	say "mount3-exit rc=$?"
+	if mounted /mnt/tls3; then say "still mounted"; fi
+	show mount3-out cat /tmp/mount3.out
+}
+
 s_tlsumount() {
 	show umount umount /mnt/tls
 	wait "$mountpid"
