@@ -70,6 +70,9 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 			since = eventsSize(root, path)
 		}
 		err := write(root, path, text)
+		if errors.Is(err, linux.EACCES) && conf != nil {
+			return fmt.Errorf("%w (a read-only listener: %s is served with ,ro; ask the node's operator for a read-write tls! listener)", err, *addr)
+		}
 		if errors.Is(err, linux.EACCES) {
 			return fmt.Errorf("%w (a read-only listener: serve's %s is ,ro by default; write through its unix socket, --addr unix!%s)", err, fsrv.DefaultAddr, defaultSocket())
 		}

@@ -175,8 +175,11 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err != nil {
 		closeAll()
 		why := fmt.Errorf("mount -t 9p %s %s: %w", m.addr, m.dir, err)
-		if errors.Is(err, unix.EPERM) {
+		switch {
+		case errors.Is(err, unix.EPERM):
 			why = fmt.Errorf("%w (mounting needs root or CAP_SYS_ADMIN)", why)
+		case errors.Is(err, unix.ENODEV):
+			why = fmt.Errorf("%w (the kernel has no 9p file system: modprobe 9p)", why)
 		}
 		// The server's refusal explains a mount that failed.
 		for range 2 {

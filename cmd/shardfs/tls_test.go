@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/certs"
@@ -121,6 +123,22 @@ func TestClientTLS(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%s: shardfs cat = %v, %q; want an error containing %q", tc.name, err, out, tc.says)
 		}
+	}
+}
+
+// A write through a ,ro TLS listener is refused with EACCES, and the
+// client says that the listener is read-only.
+func TestClientTLSReadOnly(t *testing.T) {
+	pki := testPKI(t)
+	addr := serveDemoTLS(t, pki, ",ro")
+	var out, errb strings.Builder
+	err := run(context.Background(), append(append([]string{"write", "--addr", addr}, clientArgs(pki, "client")...), "0/ctl", "reset"), strings.NewReader(""), &out, &errb)
+	if !errors.Is(err, linux.EACCES) || !strings.Contains(err.Error(), "is served with ,ro") {
+		t.Errorf("shardfs write over a ,ro TLS listener = %v; want EACCES naming the read-only listener", err)
+	}
+	out.Reset()
+	if err := run(context.Background(), append(append([]string{"cat", "--addr", addr}, clientArgs(pki, "client")...), "0/reconnects"), strings.NewReader(""), &out, &errb); err != nil || out.String() != "0\n" {
+		t.Errorf("shardfs cat 0/reconnects after the refused reset = %v, %q; want 0", err, out.String())
 	}
 }
 
