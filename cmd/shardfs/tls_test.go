@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -287,5 +288,31 @@ func TestCertsCommand(t *testing.T) {
 	addr := serveDemoTLS(t, dir, "")
 	if out, err := shardfs(append(append([]string{"cat", "--addr", addr}, clientArgs(dir, "client")...), "plan")...); err != nil || !strings.Contains(out, "flavor discord") {
 		t.Errorf("cat plan with shardfs certs' certificates = %v, %q", err, out)
+	}
+}
+
+// The shell examples reach a tls! listener through the built-in client
+// (9p!tls!HOST!PORT) with the certificates in SHARDFS_CERT, SHARDFS_KEY
+// and SHARDFS_CA; those variables do not get in the way of a tcp!
+// address.
+func TestExamplesOverTLS(t *testing.T) {
+	pki := testPKI(t)
+	addr := serveDemoTLS(t, pki, "")
+	dir := binDir(t)
+	examples, _ := filepath.Abs("../../examples/shell")
+	env := []string{"SHARDFS_CERT=" + filepath.Join(pki, "client.crt"), "SHARDFS_KEY=" + filepath.Join(pki, "client.key"), "SHARDFS_CA=" + filepath.Join(pki, "ca.crt")}
+	cmd := exec.Command("sh", filepath.Join(examples, "wait-ready.sh"), "9p!"+addr, "60")
+	cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("wait-ready.sh 9p!%s: %v\n%s", addr, err, out)
+	}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		t.Setenv(k, v)
+	}
+	var out, errb strings.Builder
+	err := run(context.Background(), []string{"cat", "--addr", "tcp!127.0.0.1!1", "plan"}, strings.NewReader(""), &out, &errb)
+	if err == nil || strings.Contains(err.Error(), "tls!") {
+		t.Errorf("cat over tcp! with SHARDFS_CERT set = %v; want a dial error, not a TLS one", err)
 	}
 }
