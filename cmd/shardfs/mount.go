@@ -191,7 +191,9 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "mounted %s on %s; umount %s or interrupt to end\n", m.addr, m.dir, m.dir)
 
-	unmounting := false
+	// A signal also ends ctx (main's NotifyContext): signals are counted
+	// on sigs alone, and ctx only starts the unmount.
+	unmounting, signals := false, 0
 	for {
 		select {
 		case e := <-ends:
@@ -208,12 +210,14 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 			}
 			return fmt.Errorf("mount: connection to %s lost (%s); %s detached", m.addr, why, m.dir)
 		case <-sigs:
-			if unmounting {
+			if signals++; signals > 1 {
 				closeAll()
 				return fmt.Errorf("mount: interrupted again: relay ended with %s detached but in use; its open files now fail", m.dir)
 			}
-			unmounting = true
-			m.unmount(stderr)
+			if !unmounting {
+				unmounting = true
+				m.unmount(stderr)
+			}
 		case <-ctx.Done():
 			if !unmounting {
 				unmounting = true
