@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -314,5 +315,30 @@ func TestExamplesOverTLS(t *testing.T) {
 	err := run(context.Background(), []string{"cat", "--addr", "tcp!127.0.0.1!1", "plan"}, strings.NewReader(""), &out, &errb)
 	if err == nil || strings.Contains(err.Error(), "tls!") {
 		t.Errorf("cat over tcp! with SHARDFS_CERT set = %v; want a dial error, not a TLS one", err)
+	}
+}
+
+// serve logs the TLS listeners' certificate, and warns when it is not
+// valid now or expires within 30 days.
+func TestLogTLSCert(t *testing.T) {
+	pki := testPKI(t)
+	tf := &tlsFlags{cert: filepath.Join(pki, "server.crt"), key: filepath.Join(pki, "server.key"), clientCA: filepath.Join(pki, "ca.crt")}
+	if _, err := tf.config([]string{"tls!127.0.0.1!0"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		now  time.Time
+		want string
+	}{
+		{time.Now(), `level=INFO msg="TLS listeners' certificate" cert=` + tf.cert + " cn=server names=127.0.0.1"},
+		{tf.leaf.NotAfter.Add(-24 * time.Hour), "level=WARN msg=\"the TLS listeners' certificate expires within 30 days"},
+		{tf.leaf.NotAfter.Add(time.Hour), "level=WARN msg=\"the TLS listeners' certificate is not valid now"},
+		{tf.leaf.NotBefore.Add(-time.Hour), "or this machine's clock is wrong"},
+	} {
+		var b strings.Builder
+		tf.logCert(slog.New(slog.NewTextHandler(&b, nil)), tc.now)
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("at %v: log %q; want %q", tc.now, b.String(), tc.want)
+		}
 	}
 }
