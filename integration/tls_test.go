@@ -34,7 +34,9 @@ const guestAddr = "10.0.2.100"
 // socketpair; the guest reads, resets a shard, has a command refused, runs
 // the shell examples on the mount and unmounts, which ends shardfs mount.
 // Before that a mount with an expired client certificate fails and says
-// so.
+// so. A read-only mount of one shard (--ro --aname /3) refuses a write
+// with EROFS; SIGTERM with a file held open detaches it, the relay serving
+// the open file until it is closed.
 func TestV9fsTLS(t *testing.T) {
 	k := kit(t)
 	testStart := time.Now()
@@ -187,8 +189,14 @@ var tlsScenarios = []scenario{
 			if slices.Contains(r.said, "still mounted") {
 				t.Errorf("guest: /mnt/tls3 still mounted after SIGTERM to shardfs mount")
 			}
-			if out := strings.Join(r.out["mount3-out"], "\n"); !strings.Contains(out, "/mnt/tls3 unmounted") {
-				t.Errorf("guest: shardfs mount said %q after SIGTERM; want it to report the unmount", out)
+			if out := strings.Join(r.out["mount3-out"], "\n"); !strings.Contains(out, "/mnt/tls3 unmounted") || !strings.Contains(out, "/mnt/tls3 is busy: detached") {
+				t.Errorf("guest: shardfs mount said %q after SIGTERM with a file open; want it to detach, then report the unmount", out)
+			}
+			if !slices.Contains(r.said, "relay alive while a file is open") {
+				t.Errorf("guest: shardfs mount ended while a file of its detached mount was open")
+			}
+			if held := r.word(t, "held"); !strings.Contains(held, "shard=") {
+				t.Errorf("guest: reading the held-open events file after the detach: %q; want an event line", held)
 			}
 		},
 	},

@@ -254,7 +254,14 @@ s_tlsro() {
 	waitfor 30 mounted /mnt/tls3 || die "shardfs mount --ro: $(cat /tmp/mount3.out)"
 	show ro-state cat /mnt/tls3/state
 	show ro-reset put /mnt/tls3/ctl reset
+	# A file held open makes the unmount busy: the mount is detached and
+	# the relay serves the open file until it is closed.
+	exec 7</mnt/tls3/events
 	kill -TERM "$pid3"
+	waitfor 10 sh -c '! grep -q " /mnt/tls3 9p " /proc/mounts' || die "/mnt/tls3 not detached after SIGTERM"
+	if kill -0 "$pid3" 2>/dev/null; then say "relay alive while a file is open"; fi
+	show held sh -c 'head -n 1 <&7'
+	exec 7<&-
 	wait "$pid3"
 	say "mount3-exit rc=$?"
 	if mounted /mnt/tls3; then say "still mounted"; fi
