@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,7 +33,10 @@ import (
 // detached (MNT_DETACH) and the relay serves its open files until they
 // close; a second signal ends the relay at once (the open files then fail
 // with EIO). A connection lost to the server cannot be resumed (9P's fids
-// live in the connection): the mount is detached and mount exits 1.
+// live in the connection): the mount is detached and mount exits 1. The
+// kernel's wait in mount(2) yields to SIGKILL alone, so mount closes the
+// relay itself when a signal comes or the server has not answered within
+// 30 s, which makes mount(2) fail.
 func runMount(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
 	fl.SetOutput(stderr)
@@ -88,6 +92,10 @@ func defaultAccess() string {
 	}
 	return strconv.Itoa(os.Getuid())
 }
+
+// mountTimeout bounds mount(2): the kernel's 9P version and attach
+// exchanges through the relay.
+const mountTimeout = 30 * time.Second
 
 type mount struct {
 	addr, dir string
@@ -170,11 +178,29 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
+	// The kernel waits for the server's answers in mount(2) and only
+	// SIGKILL interrupts it: a server that accepted us and then says
+	// nothing, or a signal meanwhile, ends the wait by closing the relay.
+	var timedOut atomic.Bool
+	timer := time.AfterFunc(mountTimeout, func() { timedOut.Store(true); closeAll() })
+	interrupt := context.AfterFunc(ctx, closeAll)
 	err = unix.Mount(m.addr, m.dir, "9p", m.flags(), m.options(kfd))
+	timer.Stop()
+	interrupted := !interrupt()
 	unix.Close(kfd) // the kernel holds its own reference now
+	if err == nil && (interrupted || timedOut.Load()) {
+		unix.Unmount(m.dir, unix.MNT_DETACH)
+		err = unix.EINTR
+	}
 	if err != nil {
 		closeAll()
 		why := fmt.Errorf("mount -t 9p %s %s: %w", m.addr, m.dir, err)
+		switch {
+		case timedOut.Load():
+			return fmt.Errorf("%w: the server did not answer within %v", why, mountTimeout)
+		case interrupted:
+			return fmt.Errorf("%w: interrupted", why)
+		}
 		switch {
 		case errors.Is(err, unix.EPERM):
 			why = fmt.Errorf("%w (mounting needs root or CAP_SYS_ADMIN)", why)
