@@ -129,31 +129,61 @@ type relayEnd struct {
 	err    error // the server's side failed (nil: it closed)
 }
 
-// The first direction to end closes both connections, so that a kernel
-// waiting in mount(2) for a server that refused us sees EOF and fails.
+// relay runs the two directions. Which side ended is told by where the
+// copy failed, reading or writing: after an unmount, a reply still on
+// its way from the server meets the kernel's closed end. The first
+// direction to end closes both connections, so that a kernel waiting in
+// mount(2) for a server that refused us sees EOF and fails.
 func relay(kernel, server net.Conn) <-chan relayEnd {
 	out := make(chan relayEnd, 2)
 	var once sync.Once
 	end := func(e relayEnd) {
+		first := false
 		once.Do(func() {
+			out <- e // before the close makes the other direction end
+			first = true
 			kernel.Close()
 			server.Close()
 		})
-		out <- e
+		if !first {
+			out <- e
+		}
 	}
 	go func() {
-		_, err := io.Copy(server, kernel)
-		if err != nil && !errors.Is(err, net.ErrClosed) {
-			end(relayEnd{err: err}) // a write to the server failed
+		if _, werr := pump(server, kernel); werr != nil {
+			end(relayEnd{err: werr})
 			return
 		}
 		end(relayEnd{kernel: true})
 	}()
 	go func() {
-		_, err := io.Copy(kernel, server)
-		end(relayEnd{err: err})
+		rerr, werr := pump(kernel, server)
+		if werr != nil {
+			end(relayEnd{kernel: true})
+			return
+		}
+		if errors.Is(rerr, io.EOF) {
+			rerr = nil
+		}
+		end(relayEnd{err: rerr})
 	}()
 	return out
+}
+
+// pump copies src to dst until one fails, and says which.
+func pump(dst, src net.Conn) (readErr, writeErr error) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return nil, werr
+			}
+		}
+		if err != nil {
+			return err, nil
+		}
+	}
 }
 
 func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {

@@ -268,6 +268,19 @@ s_tlsro() {
 	show mount3-out cat /tmp/mount3.out
 }
 
+# s_plain mounts through shardfs mount without TLS: 10.0.2.100:5640 is
+# forwarded to a plain TCP listener of the test.
+s_plain() {
+	mkdir -p /mnt/plain
+	shardfs mount 'tcp!10.0.2.100!5640' /mnt/plain >/tmp/plain.out 2>&1 &
+	pidp=$!
+	waitfor 30 mounted /mnt/plain || die "shardfs mount tcp!: $(cat /tmp/plain.out)"
+	show plain-state cat /mnt/plain/0/state
+	show plain-umount umount /mnt/plain
+	wait "$pidp"
+	say "plain-exit rc=$?"
+}
+
 s_tlsumount() {
 	show umount umount /mnt/tls
 	wait "$mountpid"
