@@ -23,6 +23,9 @@ type Config struct {
 	Append string
 	// MemoryMiB is the guest's memory; zero means 256.
 	MemoryMiB int
+	// NIC is QEMU's arguments for the guest's network device (a -netdev
+	// user,...,restrict=on and its -device); empty means no NIC.
+	NIC []string
 	// Ports names the guest's virtio-serial ports, in order: the guest sees
 	// them as /dev/vport*p* with /sys/class/virtio-ports/*/name set to the
 	// name. Each is a socketpair whose other end is Machine.Ports[name].
@@ -41,9 +44,14 @@ func (cfg Config) Args() []string {
 		// No display, the serial console on stdio, no NIC (QEMU adds a
 		// user-mode one otherwise), and exit instead of rebooting, so that
 		// a panic (panic=-1) ends the run.
-		"-nographic", "-nic", "none", "-no-reboot",
+		"-nographic", "-no-reboot",
 		"-kernel", cfg.Kernel, "-initrd", cfg.Initrd,
 		"-append", strings.TrimSpace("console=ttyS0 panic=-1 quiet " + cfg.Append),
+	}
+	if len(cfg.NIC) == 0 {
+		args = append(args, "-nic", "none")
+	} else {
+		args = append(args, cfg.NIC...)
 	}
 	if len(cfg.Ports) > 0 {
 		args = append(args, "-device", "virtio-serial-pci,id=vser")

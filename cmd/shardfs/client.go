@@ -3,12 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -24,7 +24,9 @@ import (
 func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	addr := fl.String("addr", defaultClientAddr(), "the tree's 9P address: unix!path, a path, tcp!host!port or host:port (default: serve's unix socket when it exists, else "+fsrv.DefaultAddr+")")
+	addr := fl.String("addr", defaultClientAddr(), "the tree's 9P address: unix!path, a path, tcp!host!port, host:port or tls!host!port (default: serve's unix socket when it exists, else "+fsrv.DefaultAddr+")")
+	var cf clientTLSFlags
+	cf.register(fl)
 	lines := fl.Int("n", 10, "tail: lines to print before following")
 	once := fl.Bool("once", false, "tail: print the last lines and exit instead of following")
 	if err := fl.Parse(args); err != nil {
@@ -37,7 +39,11 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 	case len(rest) > 2 || len(rest) == 2 && cmd != "write":
 		return fmt.Errorf("%s: unexpected argument %q", cmd, rest[len(rest)-1])
 	}
-	root, closeFn, err := dial(ctx, *addr)
+	conf, err := cf.config(*addr)
+	if err != nil {
+		return err
+	}
+	root, closeFn, err := dial(ctx, *addr, conf)
 	if err != nil {
 		return err
 	}
@@ -64,6 +70,9 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 			since = eventsSize(root, path)
 		}
 		err := write(root, path, text)
+		if errors.Is(err, linux.EACCES) && conf != nil {
+			return fmt.Errorf("%w (a read-only listener: %s is served with ,ro; ask the node's operator for a read-write tls! listener)", err, *addr)
+		}
 		if errors.Is(err, linux.EACCES) {
 			return fmt.Errorf("%w (a read-only listener: serve's %s is ,ro by default; write through its unix socket, --addr unix!%s)", err, fsrv.DefaultAddr, defaultSocket())
 		}
@@ -89,13 +98,50 @@ func defaultClientAddr() string {
 	return fsrv.DefaultAddr
 }
 
-func dial(ctx context.Context, addr string) (p9.File, func(), error) {
-	network, address, err := fsrv.ParseAddr(addr)
-	if err != nil {
-		return nil, nil, err
+// clientTLSFlags are the client's --cert, --key and --ca.
+type clientTLSFlags struct{ cert, key, ca string }
+
+func (f *clientTLSFlags) register(fl *flag.FlagSet) {
+	fl.StringVar(&f.cert, "cert", "", "tls! addresses: this client's certificate (PEM; default $SHARDFS_CERT)")
+	fl.StringVar(&f.key, "key", "", "tls! addresses: this client's key (PEM; default $SHARDFS_KEY)")
+	fl.StringVar(&f.ca, "ca", "", "tls! addresses: the CA certificate (PEM) that signed the server's certificate (default $SHARDFS_CA)")
+}
+
+// fromEnv fills what the flags left empty from SHARDFS_CERT, SHARDFS_KEY
+// and SHARDFS_CA, so that scripts (examples/shell with 9p!tls!...) reach
+// a tls! listener without passing them.
+func (f *clientTLSFlags) fromEnv() {
+	for _, v := range []struct {
+		p   *string
+		env string
+	}{{&f.cert, "SHARDFS_CERT"}, {&f.key, "SHARDFS_KEY"}, {&f.ca, "SHARDFS_CA"}} {
+		if *v.p == "" {
+			*v.p = os.Getenv(v.env)
+		}
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, network, address)
+}
+
+// config is the TLS configuration for a tls! address, nil for another.
+func (f clientTLSFlags) config(addr string) (*tls.Config, error) {
+	network, _, err := fsrv.ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	if network != "tls" {
+		if f.cert != "" || f.key != "" || f.ca != "" {
+			return nil, fmt.Errorf("--cert, --key and --ca are for tls! addresses, not %s", addr)
+		}
+		return nil, nil
+	}
+	f.fromEnv()
+	if f.cert == "" || f.key == "" || f.ca == "" {
+		return nil, fmt.Errorf("%s: a tls! address needs --cert and --key (this client's certificate) and --ca (the CA of the server's), or SHARDFS_CERT, SHARDFS_KEY and SHARDFS_CA", addr)
+	}
+	return fsrv.ClientTLSConfig(f.cert, f.key, f.ca)
+}
+
+func dial(ctx context.Context, addr string, conf *tls.Config) (p9.File, func(), error) {
+	conn, err := fsrv.Dial(ctx, addr, conf)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -7,7 +7,10 @@
 //	               [--sessions DIR [--resume-window D]]
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
-//	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
+//	               [--tls-cert F --tls-key F --tls-client-ca F]  (tls!HOST!PORT listeners)
+//	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+//	shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
+//	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
 //	shardfs version
 //
 // Decisions. When serve takes its token from SHARDFS_TOKEN it re-executes
@@ -63,10 +66,13 @@ const usage = `usage:
                  [--sessions DIR [--resume-window D]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
-  shardfs ls     [--addr ADDR] PATH
-  shardfs cat    [--addr ADDR] PATH
-  shardfs write  [--addr ADDR] PATH [TEXT]     (TEXT or standard input)
-  shardfs tail   [--addr ADDR] [-n LINES] [--once] PATH
+                 [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
+  shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+  shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
+  shardfs ls     [--addr ADDR] [--cert F --key F --ca F] PATH
+  shardfs cat    [--addr ADDR] [--cert F --key F --ca F] PATH
+  shardfs write  [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]     (TEXT or standard input)
+  shardfs tail   [--addr ADDR] [--cert F --key F --ca F] [-n LINES] [--once] PATH
   shardfs version
 `
 
@@ -83,6 +89,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runServe(ctx, args, stdout, stderr)
 	case "ls", "cat", "write", "tail":
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
+	case "mount":
+		return runMount(ctx, args, stdout, stderr)
+	case "certs":
+		return runCerts(args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "shardfs", version())
 		return nil

@@ -36,7 +36,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
 	debug := fl.Bool("debug", false, "log at debug level")
 	var listens listenFlag
-	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro)")
+	var tf tlsFlags
+	tf.register(fl)
+	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca)")
 	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
 	sessDir := fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
 	resumeWindow := fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
@@ -92,7 +94,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	// Listeners open first, so that a refused one fails serve before
 	// discovery spends a request.
-	ls, err := listen(listens, serveListeners())
+	ls, err := listen(listens, serveListeners(), &tf)
 	if err != nil {
 		return err
 	}
@@ -185,6 +187,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
 	}
+	tf.logCert(log, time.Now())
 	sup.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup

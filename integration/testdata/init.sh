@@ -207,6 +207,87 @@ s_examples() {
 	done </etc/examples
 }
 
+# The TLS scenarios (tls_test.go): the guest has a virtio NIC on QEMU's
+# user network, where 10.0.2.100:5641 is forwarded to the host's tls!
+# listener, and /bin/shardfs with the certificates in /etc/shardfs.
+TLSADDR='tls!10.0.2.100!5641'
+
+tlsargs() { echo "--cert /etc/shardfs/$1.crt --key /etc/shardfs/$1.key --ca /etc/shardfs/ca.crt"; }
+
+mounted() { grep -q " $1 9p " /proc/mounts; }
+
+s_tlsmount() {
+	waitfor 10 test -e /sys/class/net/eth0 || die "no eth0"
+	ip link set lo up
+	ip addr add 10.0.2.15/24 dev eth0 || die "ip addr"
+	ip link set eth0 up || die "ip link"
+	mkdir -p /mnt/tls
+	# shellcheck disable=SC2046 # tlsargs is words
+	show refused timeout 30 shardfs mount "$TLSADDR" /mnt/tls $(tlsargs expired)
+	t0=$(now_ms)
+	# shellcheck disable=SC2046
+	shardfs mount "$TLSADDR" /mnt/tls $(tlsargs client) >/tmp/mount.out 2>&1 &
+	mountpid=$!
+	waitfor 30 mounted /mnt/tls || die "shardfs mount: $(cat /tmp/mount.out)"
+	say "mounted after_ms=$(($(now_ms) - t0))"
+	TREE=/mnt/tls
+	waitfor 60 all_ready "$TREE" || die "shards not READY: $(cat "$TREE/status")"
+	show ls-root ls -l "$TREE"
+	show state cat "$TREE/0/state"
+	show mounts grep " /mnt/tls " /proc/mounts
+}
+
+s_tlsreset() {
+	show reset put "$TREE/0/ctl" reset
+	show reconnects-after cat "$TREE/0/reconnects"
+	show frob put "$TREE/0/ctl" frobnicate
+	show events grep frobnicate "$TREE/0/events"
+}
+
+# s_tlsro mounts shard 3 read-only and ends shardfs mount with a signal,
+# which unmounts.
+s_tlsro() {
+	mkdir -p /mnt/tls3
+	# shellcheck disable=SC2046
+	shardfs mount "$TLSADDR" /mnt/tls3 --ro --aname /3 $(tlsargs client) >/tmp/mount3.out 2>&1 &
+	pid3=$!
+	waitfor 30 mounted /mnt/tls3 || die "shardfs mount --ro: $(cat /tmp/mount3.out)"
+	show ro-state cat /mnt/tls3/state
+	show ro-reset put /mnt/tls3/ctl reset
+	# A file held open makes the unmount busy: the mount is detached and
+	# the relay serves the open file until it is closed.
+	exec 7</mnt/tls3/events
+	kill -TERM "$pid3"
+	waitfor 10 sh -c '! grep -q " /mnt/tls3 9p " /proc/mounts' || die "/mnt/tls3 not detached after SIGTERM"
+	if kill -0 "$pid3" 2>/dev/null; then say "relay alive while a file is open"; fi
+	show held sh -c 'head -n 1 <&7'
+	exec 7<&-
+	wait "$pid3"
+	say "mount3-exit rc=$?"
+	if mounted /mnt/tls3; then say "still mounted"; fi
+	show mount3-out cat /tmp/mount3.out
+}
+
+# s_plain mounts through shardfs mount without TLS: 10.0.2.100:5640 is
+# forwarded to a plain TCP listener of the test.
+s_plain() {
+	mkdir -p /mnt/plain
+	shardfs mount 'tcp!10.0.2.100!5640' /mnt/plain >/tmp/plain.out 2>&1 &
+	pidp=$!
+	waitfor 30 mounted /mnt/plain || die "shardfs mount tcp!: $(cat /tmp/plain.out)"
+	show plain-state cat /mnt/plain/0/state
+	show plain-umount umount /mnt/plain
+	wait "$pidp"
+	say "plain-exit rc=$?"
+}
+
+s_tlsumount() {
+	show umount umount /mnt/tls
+	wait "$mountpid"
+	say "mount-exit rc=$?"
+	show mount-out cat /tmp/mount.out
+}
+
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
