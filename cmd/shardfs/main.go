@@ -7,6 +7,7 @@
 //	               [--sessions DIR [--resume-window D]]
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
+//	shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline '...'] [--token-file F] [--dry-run]
 //	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
 //	shardfs version
 //
@@ -22,6 +23,12 @@
 // A burst of log lines with the same long err (shards that shared one
 // failed discovery) prints it whole once and "same as shard N" after; the
 // tree's events keep every shard's full text.
+//
+// Run as PID 1 (the /init of a netboot image), the binary boots the node
+// (package baremetal, pid1.go) whatever its arguments. Without a token it
+// still serves the tree, its shards FATAL with "no token". netboot puts
+// the running binary in the image, so it must be static (CGO_ENABLED=0);
+// it refuses a dynamic one.
 //
 // With --sessions DIR, serve locks the folder before it discovers or
 // connects, so a second serve on it fails at once and names the first's
@@ -46,6 +53,11 @@ import (
 )
 
 func main() {
+	if os.Getpid() == 1 {
+		// The kernel ran the binary as /init of a netboot image. No
+		// signal ends PID 1: it runs until the machine powers off.
+		runPID1(context.Background(), os.Stderr)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr); err != nil {
@@ -63,6 +75,10 @@ const usage = `usage:
                  [--sessions DIR [--resume-window D]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
+  shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline 'shardfs.x=y ...']
+                 [--token-file FILE] [--dry-run]
+                 (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,
+                 the kernel and its NIC modules, the token in secrets.cpio.gz)
   shardfs ls     [--addr ADDR] PATH
   shardfs cat    [--addr ADDR] PATH
   shardfs write  [--addr ADDR] PATH [TEXT]     (TEXT or standard input)
@@ -81,6 +97,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runDemo(ctx, args, stdout, stderr)
 	case "serve":
 		return runServe(ctx, args, stdout, stderr)
+	case "netboot":
+		return runNetboot(args, stdout, stderr)
 	case "ls", "cat", "write", "tail":
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
 	case "version":

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/shardfs/shardfs/baremetal"
+)
+
+// runNetboot writes a PXE boot image for a bare-metal node (DESIGN 7.6).
+func runNetboot(args []string, stdout, stderr io.Writer) error {
+	fl := flag.NewFlagSet("netboot", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	out := fl.String("out", "", "folder to write boot.ipxe, initrd.cpio.gz (and vmlinuz, secrets.cpio.gz) into (required)")
+	kernelDir := fl.String("kernel", "", "Debian's linux-image package unpacked with dpkg -x: its vmlinuz is copied and its NIC modules go into the image")
+	modules := fl.String("modules", strings.Join(baremetal.DefaultNICModules, ","), "NIC modules to carry, with their dependencies (with --kernel)")
+	cmdline := fl.String("cmdline", "", "kernel command line: the shardfs.* keys (flavor, total, shards, listen, api, gateway), and console= to replace '"+baremetal.DefaultConsole+"'")
+	tokenFile := fl.String("token-file", "", "file holding the bot token, written into secrets.cpio.gz (mode 0600), never into the image")
+	caBundle := fl.String("ca-bundle", baremetal.CABundlePath, "PEM file of the certificate authorities the node trusts for wss:// and https:// (empty: none)")
+	dryRun := fl.Bool("dry-run", false, "print what would be written and write nothing")
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if fl.NArg() > 0 {
+		return flagErr(fl, "unexpected argument %q", fl.Arg(0))
+	}
+	if *out == "" && !*dryRun {
+		return flagErr(fl, "--out is required")
+	}
+	_, probs := baremetal.ParseCmdline(*cmdline)
+	var refused []string
+	for _, p := range probs {
+		if p.Fatal {
+			refused = append(refused, p.String())
+		} else {
+			fmt.Fprintf(stderr, "netboot: warning: --cmdline %s\n", p)
+		}
+	}
+	if len(refused) > 0 {
+		return fmt.Errorf("--cmdline: the node would refuse to start:\n  %s", strings.Join(refused, "\n  "))
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this binary for /init: %w", err)
+	}
+	if err := baremetal.CheckStatic(self); err != nil {
+		return err
+	}
+	nb := baremetal.Netboot{Init: self, Cmdline: *cmdline, TokenFile: *tokenFile, CABundle: *caBundle}
+	if *caBundle != "" {
+		if _, err := os.Stat(*caBundle); err != nil {
+			return fmt.Errorf("--ca-bundle: %w (Debian package ca-certificates; or --ca-bundle '' for a node that reaches no TLS server)", err)
+		}
+	}
+	if *tokenFile != "" {
+		if err := checkTokenFile(*tokenFile); err != nil {
+			return err
+		}
+	}
+	if *kernelDir != "" {
+		k, err := baremetal.FindKernel(*kernelDir)
+		if err != nil {
+			return err
+		}
+		names := slices.DeleteFunc(strings.Split(*modules, ","), func(s string) bool { return strings.TrimSpace(s) == "" })
+		if nb.Modules, err = k.ResolveModules(names); err != nil {
+			return fmt.Errorf("--modules: %w", err)
+		}
+		nb.Kernel = &k
+	} else if fl.Lookup("modules").Value.String() != fl.Lookup("modules").DefValue {
+		return flagErr(fl, "--modules needs --kernel DIR to take them from")
+	}
+	if *dryRun {
+		fmt.Fprint(stdout, nb.String())
+		return nil
+	}
+	sizes, err := nb.Write(*out)
+	if err != nil {
+		return fmt.Errorf("netboot: %w", err)
+	}
+	for _, o := range nb.Outputs() {
+		fmt.Fprintf(stdout, "%-16s %04o %9d bytes  %s\n", o.Name, o.Mode, sizes[o.Name], o.What)
+	}
+	return nil
+}
+
+// checkTokenFile refuses a token file that is missing, empty, or that
+// other users can read: the secret should not be exposed on the build
+// machine either.
+func checkTokenFile(name string) error {
+	fi, err := os.Stat(name)
+	if err != nil {
+		return fmt.Errorf("--token-file: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("--token-file %s: mode %04o lets other users read the token; chmod 600 it", name, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return fmt.Errorf("--token-file: %w", err)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return errors.New("--token-file " + name + ": empty")
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+
+	"github.com/shardfs/shardfs/baremetal"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/shardfs"
+)
+
+// runPID1 is the binary as /init of a netboot image (package baremetal):
+// it never returns, since PID 1 exiting panics the kernel.
+func runPID1(ctx context.Context, console io.Writer) {
+	for {
+		err := baremetal.Boot(ctx, baremetal.Config{
+			Console: console,
+			Run: func(ctx context.Context, s baremetal.Settings, token string) error {
+				if token == "" {
+					return serveNoToken(ctx, s, console)
+				}
+				return serve(ctx, s.Args(), console, console, func(string) (string, error) { return token, nil })
+			},
+		})
+		fmt.Fprintf(console, "shardfs-init: boot ended: %v; starting over\n", err)
+	}
+}
+
+// errNoToken is every shard's failure on a node booted without
+// secrets.cpio.gz.
+var errNoToken = errors.New("no token: the node booted without secrets.cpio.gz (shardfs netboot --token-file); nothing can connect until it reboots with one")
+
+// noToken is the transport of a node without a token: every attempt
+// fails at once, fatally.
+type noToken struct{ wg sync.WaitGroup }
+
+func (t *noToken) Connect(l *core.Link, _ core.Attempt) core.Conn {
+	// Connect must return before the Link hears of the outcome.
+	t.wg.Go(func() { l.Fail(core.Failure{Class: core.FatalFailure, Err: errNoToken}) })
+	return noConn{}
+}
+
+type noConn struct{}
+
+func (noConn) Close(int)         {}
+func (noConn) Send([]byte) error { return errNoToken }
+func (noConn) Identify()         {}
+
+// serveNoToken serves the tree of s's plan with every shard FATAL with
+// "no token", so that an operator sees over the network why the node does
+// nothing. With shardfs.total=auto (discovery needs the token) the plan is
+// shard 0 of 1.
+func serveNoToken(ctx context.Context, s baremetal.Settings, console io.Writer) error {
+	total, _ := strconv.Atoi(s.Total)
+	if total == 0 {
+		total = 1
+	}
+	plan, err := planFor(total, s.Shards)
+	if err != nil {
+		return err
+	}
+	ls, err := listen(s.Listen, nil)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(console, nil))
+	tr := &noToken{}
+	n, err := core.New(core.Config{Plan: plan, Flavor: s.Flavor, Transport: tr, Lease: local.New(nil), Logger: log.With("component", "core")})
+	if err != nil {
+		closeListeners(ls)
+		return err
+	}
+	tree := shardfs.New(shardfs.Config{Node: n, Logger: log, Info: func() [][2]string { return [][2]string{{"token", "none"}} }})
+	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p")}
+	for _, l := range ls {
+		log.Info("serving the tree over 9P without a token: every shard is FATAL", "addr", addrString(l.l), "access", l.access())
+	}
+	n.Start()
+	var wg sync.WaitGroup
+	errs := make([]error, len(ls))
+	for i, l := range ls {
+		wg.Go(func() {
+			if err := srv.Serve(ctx, l.l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
+				errs[i] = err
+			}
+		})
+	}
+	<-ctx.Done()
+	n.Close()
+	tr.wg.Wait()
+	err = srv.Close()
+	wg.Wait()
+	return errors.Join(append(errs, err)...)
+}
