@@ -34,7 +34,6 @@ type Netboot struct {
 // where Debian's ca-certificates keeps them on the host.
 const CABundlePath = "/etc/ssl/certs/ca-certificates.crt"
 
-
 // The files of the output folder.
 const (
 	BootScript  = "boot.ipxe"

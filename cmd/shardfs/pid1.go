@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -19,6 +21,12 @@ import (
 // runPID1 is the binary as /init of a netboot image (package baremetal):
 // it never returns, since PID 1 exiting panics the kernel.
 func runPID1(ctx context.Context, console io.Writer) {
+	// The serial console answers the terminal ioctls, but a status line
+	// redrawn in place is noise in a console log: plain lines only.
+	console = plainWriter{console}
+	// u-root's DHCP client logs each lease's whole packet dump through
+	// the standard logger: its first line is enough.
+	log.SetOutput(firstLine{console})
 	for {
 		err := baremetal.Boot(ctx, baremetal.Config{
 			Console: console,
@@ -31,6 +39,26 @@ func runPID1(ctx context.Context, console io.Writer) {
 		})
 		fmt.Fprintf(console, "shardfs-init: boot ended: %v; starting over\n", err)
 	}
+}
+
+// plainWriter hides the console's *os.File from the terminal checks.
+type plainWriter struct{ w io.Writer }
+
+func (p plainWriter) Write(b []byte) (int, error) { return p.w.Write(b) }
+
+// firstLine writes the first line of each write (the standard logger
+// writes each message in one call).
+type firstLine struct{ w io.Writer }
+
+func (f firstLine) Write(b []byte) (int, error) {
+	line, _, cut := bytes.Cut(b, []byte("\n"))
+	if !cut {
+		return f.w.Write(b)
+	}
+	if _, err := f.w.Write(append(line[:len(line):len(line)], '\n')); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 // errNoToken is every shard's failure on a node booted without
