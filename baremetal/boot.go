@@ -16,9 +16,14 @@ import (
 	"github.com/shardfs/shardfs/clock"
 )
 
-// TokenPath is where secrets.cpio.gz puts the bot token (mode 0600, in a
-// folder of mode 0700).
-const TokenPath = "/secrets/token"
+// Where secrets.cpio.gz puts the bot token and the TLS listener's files
+// (the key and the token mode 0600, in a folder of mode 0700).
+const (
+	TokenPath       = "/secrets/token"
+	TLSCertPath     = "/secrets/tls.crt"
+	TLSKeyPath      = "/secrets/tls.key"
+	TLSClientCAPath = "/secrets/client-ca.crt"
+)
 
 // Config is what Boot needs besides the machine itself.
 type Config struct {
@@ -98,7 +103,8 @@ func Boot(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	token := readToken(con)
+	token := readToken(con, "")
+	refused = !checkListen(con, "", &settings) || refused
 	if refused {
 		return refuse(ctx, clk, con)
 	}
@@ -112,10 +118,46 @@ func Boot(ctx context.Context, cfg Config) error {
 	})
 }
 
+// checkListen completes the listeners with the TLS files secrets.cpio.gz
+// brought: with them and no shardfs.listen, the node listens on
+// DefaultListen; a tls! listener without them, or no listener at all, is
+// refused.
+func checkListen(con *console, root string, s *Settings) bool {
+	have := 0
+	for _, p := range []string{TLSCertPath, TLSKeyPath, TLSClientCAPath} {
+		if _, err := os.Stat(root + p); err == nil {
+			have++
+		}
+	}
+	switch have {
+	case 3:
+		s.TLSCert, s.TLSKey, s.TLSClientCA = root+TLSCertPath, root+TLSKeyPath, root+TLSClientCAPath
+		if len(s.Listen) == 0 {
+			s.Listen = []string{DefaultListen}
+			con.printf("listening on %s (the default: secrets.cpio.gz brought the TLS files)", DefaultListen)
+		}
+		return true
+	case 0:
+	default:
+		con.printf("secrets.cpio.gz holds only some of %s, %s, %s: no TLS listener", TLSCertPath, TLSKeyPath, TLSClientCAPath)
+	}
+	if len(s.Listen) == 0 {
+		con.printf("kernel command line: shardfs.listen: missing, and secrets.cpio.gz brought no TLS files for the default %s: nothing would export the tree", DefaultListen)
+		return false
+	}
+	for _, l := range s.Listen {
+		if strings.HasPrefix(l, "tls!") {
+			con.printf("kernel command line: shardfs.listen=%s: no TLS files in secrets.cpio.gz (shardfs netboot --tls-cert --tls-key --tls-client-ca)", l)
+			return false
+		}
+	}
+	return true
+}
+
 // readToken reads and removes the token secrets.cpio.gz left: from then on
 // it lives only in the node's memory.
-func readToken(con *console) string {
-	b, err := os.ReadFile(TokenPath)
+func readToken(con *console, root string) string {
+	b, err := os.ReadFile(root + TokenPath)
 	if errors.Is(err, fs.ErrNotExist) {
 		con.printf("no token: secrets.cpio.gz was not loaded (no %s); the node serves its tree and every shard is FATAL with \"no token\"", TokenPath)
 		return ""
@@ -124,7 +166,7 @@ func readToken(con *console) string {
 		con.printf("no token: %v; the node serves its tree and every shard is FATAL with \"no token\"", err)
 		return ""
 	}
-	if err := os.Remove(TokenPath); err != nil {
+	if err := os.Remove(root + TokenPath); err != nil {
 		con.printf("removing %s after reading it: %v", TokenPath, err)
 	}
 	tok := strings.TrimSpace(string(b))
@@ -138,8 +180,9 @@ func readToken(con *console) string {
 // an operator who attaches to the console late still sees why.
 func refuse(ctx context.Context, clk clock.Clock, con *console) error {
 	for {
+		timer := startTimer(clk, time.Minute)
 		con.printf("refusing to start the node: fix the shardfs.* keys above on the kernel command line and reboot")
-		if err := sleep(ctx, clk, time.Minute); err != nil {
+		if err := timer.wait(ctx); err != nil {
 			return err
 		}
 	}
@@ -160,20 +203,33 @@ func retry(ctx context.Context, clk clock.Clock, con *console, what string, f fu
 		if clock.Mono(clk)-start >= RetryReset {
 			wait = RetryMin
 		}
+		// The timer runs before the line shows, so that whoever reads
+		// the line may move the clock past it.
+		timer := startTimer(clk, wait)
 		con.printf("%s failed: %v; retrying in %v", what, err, wait)
-		if err := sleep(ctx, clk, wait); err != nil {
+		if err := timer.wait(ctx); err != nil {
 			return err
 		}
 		wait = min(2*wait, RetryMax)
 	}
 }
 
-func sleep(ctx context.Context, clk clock.Clock, d time.Duration) error {
+// timer is a started wait.
+type timer struct {
+	t    clock.Timer
+	done chan struct{}
+}
+
+func startTimer(clk clock.Clock, d time.Duration) timer {
 	done := make(chan struct{})
-	t := clk.AfterFunc(d, func() { close(done) })
-	defer t.Stop()
+	return timer{t: clk.AfterFunc(d, func() { close(done) }), done: done}
+}
+
+// wait returns when the timer fires, or ctx's error.
+func (t timer) wait(ctx context.Context) error {
+	defer t.t.Stop()
 	select {
-	case <-done:
+	case <-t.done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -22,7 +22,15 @@ type Settings struct {
 	Bot     string
 	API     string
 	Gateway string
+
+	// The TLS listener's files, which Boot sets when secrets.cpio.gz
+	// brought them (never from the command line).
+	TLSCert, TLSKey, TLSClientCA string
 }
+
+// DefaultListen is the listener of a node whose command line names none
+// and whose secrets.cpio.gz brought the TLS files.
+const DefaultListen = "tls!0.0.0.0!5641"
 
 // Args are serve's flags for s (the token is not among them).
 func (s Settings) Args() []string {
@@ -38,6 +46,9 @@ func (s Settings) Args() []string {
 	}
 	if s.Gateway != "" {
 		args = append(args, "--gateway", s.Gateway)
+	}
+	if s.TLSCert != "" {
+		args = append(args, "--tls-cert", s.TLSCert, "--tls-key", s.TLSKey, "--tls-client-ca", s.TLSClientCA)
 	}
 	return args
 }
@@ -113,8 +124,8 @@ func ParseCmdline(line string) (Settings, []Problem) {
 			bad(k, true, fmt.Errorf("%w: %q: %v", ErrMalformed, v, err))
 		}
 	}
-	for _, req := range []string{"flavor", "total", "listen"} {
-		if _, ok := seen[req]; !ok && !(req == "listen" && len(s.Listen) > 0) {
+	for _, req := range []string{"flavor", "total"} {
+		if _, ok := seen[req]; !ok {
 			bad("shardfs."+req, true, fmt.Errorf("%w: %s", ErrMissing, requiredWhy[req]))
 		}
 	}
@@ -136,7 +147,6 @@ func ParseCmdline(line string) (Settings, []Problem) {
 var requiredWhy = map[string]string{
 	"flavor": "the gateway flavor (discord or fluxer) cannot be guessed",
 	"total":  "the shard count (or auto) cannot be guessed",
-	"listen": "no listener is exported unless asked for (e.g. shardfs.listen=tls!0.0.0.0!5641)",
 }
 
 func known(name string) bool {

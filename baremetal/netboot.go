@@ -24,6 +24,9 @@ type Netboot struct {
 	Cmdline string
 	// TokenFile, when set, is read into secrets.cpio.gz.
 	TokenFile string
+	// TLSCert, TLSKey and TLSClientCA, when set, are the TLS listener's
+	// files, put into secrets.cpio.gz.
+	TLSCert, TLSKey, TLSClientCA string
 	// CABundle, when set, is the PEM file of the certificate authorities
 	// the node trusts for wss:// and https:// (the gateway, the API), put
 	// where Go looks on Linux, CABundlePath.
@@ -99,14 +102,24 @@ func (n Netboot) Initrd() *Archive {
 	return a
 }
 
-// Secrets is the second initrd: the token, readable by root only. The
-// token is read from TokenFile only when written.
+// Secrets is the second initrd: the token and the TLS listener's files,
+// the token and the key readable by root only. The files are read only
+// when written.
 func (n Netboot) Secrets() *Archive {
 	a := &Archive{}
 	a.Dir(filepath.Dir(strings.TrimPrefix(TokenPath, "/")), 0o700)
-	a.add(Entry{Path: TokenPath, Kind: EntryFile, Mode: 0o600, From: n.TokenFile})
+	if n.TokenFile != "" {
+		a.File(TokenPath, n.TokenFile, 0o600)
+	}
+	if n.TLSKey != "" {
+		a.File(TLSCertPath, n.TLSCert, 0o644)
+		a.File(TLSKeyPath, n.TLSKey, 0o600)
+		a.File(TLSClientCAPath, n.TLSClientCA, 0o644)
+	}
 	return a
 }
+
+func (n Netboot) hasSecrets() bool { return n.TokenFile != "" || n.TLSKey != "" }
 
 // Script is boot.ipxe. A missing secrets.cpio.gz does not stop the boot:
 // the node comes up, serves its tree and says that it has no token.
@@ -153,8 +166,15 @@ func (n Netboot) Outputs() []Output {
 			return err
 		}})
 	}
-	if n.TokenFile != "" {
-		out = append(out, Output{Name: SecretsFile, Mode: 0o600, What: TokenPath + " (0600) < " + n.TokenFile, write: func(w io.Writer) error {
+	if n.hasSecrets() {
+		var what []string
+		if n.TokenFile != "" {
+			what = append(what, "the token")
+		}
+		if n.TLSKey != "" {
+			what = append(what, "the TLS listener's certificate, key and client CA")
+		}
+		out = append(out, Output{Name: SecretsFile, Mode: 0o600, What: strings.Join(what, ", "), write: func(w io.Writer) error {
 			_, err := n.Secrets().WriteTo(w)
 			return err
 		}})
@@ -169,7 +189,7 @@ func (n Netboot) String() string {
 		fmt.Fprintf(&b, "%-16s %04o  %s\n", o.Name, o.Mode, o.What)
 	}
 	fmt.Fprintf(&b, "\n%s holds:\n%s", InitrdFile, n.Initrd())
-	if n.TokenFile != "" {
+	if n.hasSecrets() {
 		fmt.Fprintf(&b, "\n%s holds:\n%s", SecretsFile, n.Secrets())
 	}
 	return b.String()

@@ -2,6 +2,7 @@ package fsrv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,6 +26,8 @@ type ListenAddr struct {
 	// Insecure (",insecure"): plain TCP on an address that is not
 	// loopback is allowed.
 	Insecure bool
+	// TLS (tls!host!port): 9P over TLS 1.3 on TCP; Network is "tcp".
+	TLS bool
 }
 
 // ParseListenAddr parses a listen address: a dial string as ParseAddr
@@ -50,6 +53,9 @@ func ParseListenAddr(addr string) (ListenAddr, error) {
 	if la.Network, la.Address, err = parseAddr(base); err != nil {
 		return ListenAddr{}, err
 	}
+	if la.Network == "tls" {
+		la.Network, la.TLS = "tcp", true
+	}
 	return la, nil
 }
 
@@ -57,10 +63,13 @@ func ParseListenAddr(addr string) (ListenAddr, error) {
 // net.Listen. It accepts Plan 9 dial strings (tcp!host!port, unix!path,
 // with * or an empty host for every interface), host:port, and a bare path
 // (anything with a '/' or without a ':'), which is a unix socket. "" is
-// DefaultAddr. Listener options (see ParseListenAddr) are checked and
-// left out.
+// DefaultAddr. tls!host!port is network "tls": TCP carrying TLS (see
+// Dial). Listener options (see ParseListenAddr) are checked and left out.
 func ParseAddr(addr string) (network, address string, err error) {
 	la, err := ParseListenAddr(addr)
+	if la.TLS {
+		return "tls", la.Address, err
+	}
 	return la.Network, la.Address, err
 }
 
@@ -70,10 +79,10 @@ func parseAddr(addr string) (network, address string, err error) {
 	}
 	if proto, rest, ok := strings.Cut(addr, "!"); ok {
 		switch proto {
-		case "tcp", "tcp4", "tcp6":
+		case "tcp", "tcp4", "tcp6", "tls":
 			host, port, ok := strings.Cut(rest, "!")
 			if !ok || port == "" || strings.Contains(port, "!") {
-				return "", "", fmt.Errorf("%w: %q: want tcp!host!port", fs.ErrInvalid, addr)
+				return "", "", fmt.Errorf("%w: %q: want %s!host!port", fs.ErrInvalid, addr, proto)
 			}
 			host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 			if host == "*" {
@@ -101,22 +110,31 @@ func parseAddr(addr string) (network, address string, err error) {
 // not loopback without ",insecure".
 var ErrInsecure = errors.New("plain TCP beyond loopback")
 
-// Listen listens on addr (see ParseListenAddr). A unix socket is created
+// Listen listens on addr (see ParseListenAddr); it is ListenTLS without a
+// TLS configuration, so a tls! address is refused.
+func Listen(addr string) (net.Listener, error) { return ListenTLS(addr, nil) }
+
+// ListenTLS listens on addr (see ParseListenAddr). A unix socket is created
 // with mode 0600, replacing a stale socket file left by a server that is
 // gone; it is removed when the listener is closed. Plain TCP is refused
 // on an address that is not loopback (every interface included) unless
 // addr says ",insecure": 9P has no encryption, and the tree takes
-// commands. With ",ro" the listener is ReadOnly.
-func Listen(addr string) (net.Listener, error) {
+// commands. A tls!host!port listener serves 9P over TLS with conf (see
+// ServerTLSConfig), on any address; without conf it is ErrNoTLSConfig.
+// With ",ro" the listener is ReadOnly.
+func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 	la, err := ParseListenAddr(addr)
 	if err != nil {
 		return nil, err
+	}
+	if la.TLS && (conf == nil || len(conf.Certificates) == 0 && conf.GetCertificate == nil || conf.ClientCAs == nil) {
+		return nil, fmt.Errorf("fsrv: listen %s: %w", addr, ErrNoTLSConfig)
 	}
 	var l net.Listener
 	if la.Network == "unix" {
 		l, err = listenUnix(la.Address)
 	} else {
-		if !la.Insecure {
+		if !la.Insecure && !la.TLS {
 			if err := checkLoopback(la.Address); err != nil {
 				return nil, err
 			}
@@ -125,6 +143,9 @@ func Listen(addr string) (net.Listener, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if la.TLS {
+		l = TLSListener(l, conf)
 	}
 	if la.ReadOnly {
 		l = ReadOnly(l)

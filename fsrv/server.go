@@ -55,6 +55,10 @@ type Server struct {
 	// means DefaultMessageTimeout.
 	MessageTimeout time.Duration
 
+	// HandshakeTimeout bounds a TLS listener's handshake, counted from
+	// the accept. Zero means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+
 	// testTracker, if set, is given each connection's tracker;
 	// testReleased is called when Serve gives a connection's place back.
 	testTracker  func(*tracker)
@@ -68,6 +72,9 @@ type Server struct {
 	accepted  int            // connections Serve is serving, for MaxConns
 	refused   int            // connections refused since the last log line
 	refusedAt time.Time      // when that line was logged
+	// tlsRefused rate-limits the log lines of refused TLS clients, by
+	// reason.
+	tlsRefused map[string]*refusalCount
 }
 
 // Connections returns the number of connections being served.
@@ -208,6 +215,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer s.release()
+			if p, ok := c.(*pendingTLS); ok {
+				if c = s.handshake(ctx, p); c == nil {
+					return
+				}
+			}
 			if err := s.serveConn(ctx, c, ro); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}

@@ -3,12 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -24,7 +24,9 @@ import (
 func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	addr := fl.String("addr", defaultClientAddr(), "the tree's 9P address: unix!path, a path, tcp!host!port or host:port (default: serve's unix socket when it exists, else "+fsrv.DefaultAddr+")")
+	addr := fl.String("addr", defaultClientAddr(), "the tree's 9P address: unix!path, a path, tcp!host!port, host:port or tls!host!port (default: serve's unix socket when it exists, else "+fsrv.DefaultAddr+")")
+	var cf clientTLSFlags
+	cf.register(fl)
 	lines := fl.Int("n", 10, "tail: lines to print before following")
 	once := fl.Bool("once", false, "tail: print the last lines and exit instead of following")
 	if err := fl.Parse(args); err != nil {
@@ -37,7 +39,11 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 	case len(rest) > 2 || len(rest) == 2 && cmd != "write":
 		return fmt.Errorf("%s: unexpected argument %q", cmd, rest[len(rest)-1])
 	}
-	root, closeFn, err := dial(ctx, *addr)
+	conf, err := cf.config(*addr)
+	if err != nil {
+		return err
+	}
+	root, closeFn, err := dial(ctx, *addr, conf)
 	if err != nil {
 		return err
 	}
@@ -89,13 +95,35 @@ func defaultClientAddr() string {
 	return fsrv.DefaultAddr
 }
 
-func dial(ctx context.Context, addr string) (p9.File, func(), error) {
-	network, address, err := fsrv.ParseAddr(addr)
+// clientTLSFlags are the client's --cert, --key and --ca.
+type clientTLSFlags struct{ cert, key, ca string }
+
+func (f *clientTLSFlags) register(fl *flag.FlagSet) {
+	fl.StringVar(&f.cert, "cert", "", "tls! addresses: this client's certificate (PEM)")
+	fl.StringVar(&f.key, "key", "", "tls! addresses: this client's key (PEM)")
+	fl.StringVar(&f.ca, "ca", "", "tls! addresses: the CA certificate (PEM) that signed the server's certificate")
+}
+
+// config is the TLS configuration for a tls! address, nil for another.
+func (f clientTLSFlags) config(addr string) (*tls.Config, error) {
+	network, _, err := fsrv.ParseAddr(addr)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, network, address)
+	if network != "tls" {
+		if f.cert != "" || f.key != "" || f.ca != "" {
+			return nil, fmt.Errorf("--cert, --key and --ca are for tls! addresses, not %s", addr)
+		}
+		return nil, nil
+	}
+	if f.cert == "" || f.key == "" || f.ca == "" {
+		return nil, fmt.Errorf("%s: a tls! address needs --cert and --key (this client's certificate) and --ca (the CA of the server's)", addr)
+	}
+	return fsrv.ClientTLSConfig(f.cert, f.key, f.ca)
+}
+
+func dial(ctx context.Context, addr string, conf *tls.Config) (p9.File, func(), error) {
+	conn, err := fsrv.Dial(ctx, addr, conf)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -47,7 +47,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return flagErr(fl, "--compress: %v", err)
 	}
-	ls, err := listen(listens, demoListeners())
+	ls, err := listen(listens, demoListeners(), tlsFlags{})
 	if err != nil {
 		return err
 	}

@@ -7,8 +7,11 @@
 //	               [--sessions DIR [--resume-window D]]
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
-//	shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline '...'] [--token-file F] [--dry-run]
-//	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
+//	               [--tls-cert F --tls-key F --tls-client-ca F]  (tls!HOST!PORT listeners)
+//	shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline '...'] [--token-file F]
+//	               [--tls-cert F --tls-key F --tls-client-ca F] [--ca-bundle F] [--dry-run]
+//	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+//	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
 //	shardfs version
 //
 // Decisions. When serve takes its token from SHARDFS_TOKEN it re-executes
@@ -75,14 +78,18 @@ const usage = `usage:
                  [--sessions DIR [--resume-window D]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
+                 [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
   shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline 'shardfs.x=y ...']
-                 [--token-file FILE] [--dry-run]
+                 [--token-file FILE] [--tls-cert F --tls-key F --tls-client-ca F]
+                 [--ca-bundle FILE] [--dry-run]
                  (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,
-                 the kernel and its NIC modules, the token in secrets.cpio.gz)
-  shardfs ls     [--addr ADDR] PATH
-  shardfs cat    [--addr ADDR] PATH
-  shardfs write  [--addr ADDR] PATH [TEXT]     (TEXT or standard input)
-  shardfs tail   [--addr ADDR] [-n LINES] [--once] PATH
+                 the kernel and its NIC modules; the token and the TLS key in
+                 secrets.cpio.gz)
+  shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+  shardfs ls     [--addr ADDR] [--cert F --key F --ca F] PATH
+  shardfs cat    [--addr ADDR] [--cert F --key F --ca F] PATH
+  shardfs write  [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]     (TEXT or standard input)
+  shardfs tail   [--addr ADDR] [--cert F --key F --ca F] [-n LINES] [--once] PATH
   shardfs version
 `
 
@@ -101,6 +108,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runNetboot(args, stdout, stderr)
 	case "ls", "cat", "write", "tail":
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
+	case "mount":
+		return runMount(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "shardfs", version())
 		return nil

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/shardfs/shardfs/baremetal"
+	"github.com/shardfs/shardfs/fsrv"
 )
 
 // runNetboot writes a PXE boot image for a bare-metal node (DESIGN 7.6).
@@ -21,6 +22,8 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 	modules := fl.String("modules", strings.Join(baremetal.DefaultNICModules, ","), "NIC modules to carry, with their dependencies (with --kernel)")
 	cmdline := fl.String("cmdline", "", "kernel command line: the shardfs.* keys (flavor, total, shards, listen, api, gateway), and console= to replace '"+baremetal.DefaultConsole+"'")
 	tokenFile := fl.String("token-file", "", "file holding the bot token, written into secrets.cpio.gz (mode 0600), never into the image")
+	var tf tlsFlags
+	tf.register(fl)
 	caBundle := fl.String("ca-bundle", baremetal.CABundlePath, "PEM file of the certificate authorities the node trusts for wss:// and https:// (empty: none)")
 	dryRun := fl.Bool("dry-run", false, "print what would be written and write nothing")
 	if err := fl.Parse(args); err != nil {
@@ -41,6 +44,9 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "netboot: warning: --cmdline %s\n", p)
 		}
 	}
+	if !strings.Contains(*cmdline, "shardfs.listen=") && tf.key == "" {
+		refused = append(refused, "shardfs.listen: missing, and no --tls-cert --tls-key --tls-client-ca for the default "+baremetal.DefaultListen)
+	}
 	if len(refused) > 0 {
 		return fmt.Errorf("--cmdline: the node would refuse to start:\n  %s", strings.Join(refused, "\n  "))
 	}
@@ -51,14 +57,24 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 	if err := baremetal.CheckStatic(self); err != nil {
 		return err
 	}
-	nb := baremetal.Netboot{Init: self, Cmdline: *cmdline, TokenFile: *tokenFile, CABundle: *caBundle}
+	nb := baremetal.Netboot{Init: self, Cmdline: *cmdline, TokenFile: *tokenFile, CABundle: *caBundle,
+		TLSCert: tf.cert, TLSKey: tf.key, TLSClientCA: tf.clientCA}
+	if tf.cert != "" || tf.key != "" || tf.clientCA != "" {
+		// The same check serve makes, now rather than on the node.
+		if _, err := fsrv.ServerTLSConfig(tf.cert, tf.key, tf.clientCA); err != nil {
+			return fmt.Errorf("--tls-cert, --tls-key, --tls-client-ca: %w", err)
+		}
+		if err := checkSecretFile("--tls-key", tf.key); err != nil {
+			return err
+		}
+	}
 	if *caBundle != "" {
 		if _, err := os.Stat(*caBundle); err != nil {
 			return fmt.Errorf("--ca-bundle: %w (Debian package ca-certificates; or --ca-bundle '' for a node that reaches no TLS server)", err)
 		}
 	}
 	if *tokenFile != "" {
-		if err := checkTokenFile(*tokenFile); err != nil {
+		if err := checkSecretFile("--token-file", *tokenFile); err != nil {
 			return err
 		}
 	}
@@ -89,23 +105,23 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// checkTokenFile refuses a token file that is missing, empty, or that
-// other users can read: the secret should not be exposed on the build
-// machine either.
-func checkTokenFile(name string) error {
+// checkSecretFile refuses a secret (the token, the TLS key) that is
+// missing, empty, or that other users can read: it should not be exposed
+// on the build machine either.
+func checkSecretFile(flagName, name string) error {
 	fi, err := os.Stat(name)
 	if err != nil {
-		return fmt.Errorf("--token-file: %w", err)
+		return fmt.Errorf("%s: %w", flagName, err)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
-		return fmt.Errorf("--token-file %s: mode %04o lets other users read the token; chmod 600 it", name, fi.Mode().Perm())
+		return fmt.Errorf("%s %s: mode %04o lets other users read it; chmod 600 it", flagName, name, fi.Mode().Perm())
 	}
 	b, err := os.ReadFile(name)
 	if err != nil {
-		return fmt.Errorf("--token-file: %w", err)
+		return fmt.Errorf("%s: %w", flagName, err)
 	}
 	if len(strings.TrimSpace(string(b))) == 0 {
-		return errors.New("--token-file " + name + ": empty")
+		return errors.New(flagName + " " + name + ": empty")
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -56,9 +57,41 @@ type listener struct {
 	ro bool
 }
 
+// tlsFlags are serve's --tls-cert, --tls-key and --tls-client-ca.
+type tlsFlags struct{ cert, key, clientCA string }
+
+func (f *tlsFlags) register(fl *flag.FlagSet) {
+	fl.StringVar(&f.cert, "tls-cert", "", "tls! listeners: the server's certificate (PEM)")
+	fl.StringVar(&f.key, "tls-key", "", "tls! listeners: the server certificate's key (PEM)")
+	fl.StringVar(&f.clientCA, "tls-client-ca", "", "tls! listeners: the CA certificate(s) (PEM) client certificates must chain to")
+}
+
+// config loads the TLS configuration when a tls! listener needs it.
+func (f tlsFlags) config(addrs []string) (*tls.Config, error) {
+	var tlsAddr string
+	for _, a := range addrs {
+		if la, err := fsrv.ParseListenAddr(a); err == nil && la.TLS {
+			tlsAddr = a
+			break
+		}
+	}
+	if tlsAddr == "" {
+		return nil, nil
+	}
+	if f.cert == "" || f.key == "" || f.clientCA == "" {
+		return nil, fmt.Errorf("--listen %s: a tls listener needs --tls-cert, --tls-key and --tls-client-ca (shardfs certs makes them)", tlsAddr)
+	}
+	conf, err := fsrv.ServerTLSConfig(f.cert, f.key, f.clientCA)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %s: %w", tlsAddr, err)
+	}
+	return conf, nil
+}
+
 // listen opens every address (defaults when addrs is empty); on failure it
 // closes those already open. Every address is parsed before any is opened.
-func listen(addrs, defaults []string) ([]listener, error) {
+// tf's configuration serves the tls! listeners.
+func listen(addrs, defaults []string, tf tlsFlags) ([]listener, error) {
 	if len(addrs) == 0 {
 		addrs = defaults
 	}
@@ -70,8 +103,12 @@ func listen(addrs, defaults []string) ([]listener, error) {
 		}
 		ls = append(ls, listener{ro: la.ReadOnly})
 	}
+	conf, err := tf.config(addrs)
+	if err != nil {
+		return nil, err
+	}
 	for i, a := range addrs {
-		l, err := fsrv.Listen(a)
+		l, err := fsrv.ListenTLS(a, conf)
 		if err != nil {
 			closeListeners(ls[:i])
 			if errors.Is(err, fsrv.ErrInsecure) {
@@ -116,7 +153,11 @@ func addrString(l net.Listener) string {
 		return "unix!" + a.String()
 	}
 	host, port, _ := net.SplitHostPort(a.String())
-	return "tcp!" + host + "!" + port
+	proto := "tcp"
+	if fsrv.IsTLS(l) {
+		proto = "tls"
+	}
+	return proto + "!" + host + "!" + port
 }
 
 // newLogger logs to w without ever waiting for it (see asyncHandler); stop

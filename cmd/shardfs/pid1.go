@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/shardfs/shardfs/baremetal"
 	"github.com/shardfs/shardfs/core"
@@ -75,6 +76,14 @@ func (t *noToken) Connect(l *core.Link, _ core.Attempt) core.Conn {
 	return noConn{}
 }
 
+// Request lets every shard try at once: no identify is ever sent, so
+// there is nothing to pace, and every shard shows FATAL without waiting
+// for a slot.
+func (t *noToken) Request(int, bool, func()) (bool, func()) { return true, func() {} }
+
+// BudgetWait: no budget holds anything back.
+func (t *noToken) BudgetWait(bool) time.Time { return time.Time{} }
+
 type noConn struct{}
 
 func (noConn) Close(int)         {}
@@ -94,13 +103,13 @@ func serveNoToken(ctx context.Context, s baremetal.Settings, console io.Writer) 
 	if err != nil {
 		return err
 	}
-	ls, err := listen(s.Listen, nil)
+	ls, err := listen(s.Listen, nil, tlsFlags{cert: s.TLSCert, key: s.TLSKey, clientCA: s.TLSClientCA})
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(console, nil))
 	tr := &noToken{}
-	n, err := core.New(core.Config{Plan: plan, Flavor: s.Flavor, Transport: tr, Lease: local.New(nil), Logger: log.With("component", "core")})
+	n, err := core.New(core.Config{Plan: plan, Flavor: s.Flavor, Transport: tr, Pacer: tr, Lease: local.New(nil), Logger: log.With("component", "core")})
 	if err != nil {
 		closeListeners(ls)
 		return err

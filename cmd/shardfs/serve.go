@@ -42,7 +42,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
 	debug := fl.Bool("debug", false, "log at debug level")
 	var listens listenFlag
-	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro)")
+	var tf tlsFlags
+	tf.register(fl)
+	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca)")
 	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
 	sessDir := fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
 	resumeWindow := fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
@@ -98,7 +100,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	}
 	// Listeners open first, so that a refused one fails serve before
 	// discovery spends a request.
-	ls, err := listen(listens, serveListeners())
+	ls, err := listen(listens, serveListeners(), tf)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hugelgupf/p9/p9"
+
+	"github.com/shardfs/shardfs/certs"
+	"github.com/shardfs/shardfs/demo"
+	"github.com/shardfs/shardfs/fsrv"
+)
+
+// testPKI writes a CA, a server certificate for 127.0.0.1, a client
+// certificate, an expired client certificate and a CA of another into dir.
+func testPKI(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := certs.NewCA("test CA", certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := certs.NewCA("another CA", certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		ca   *certs.CA
+		kind certs.Kind
+		v    certs.Validity
+	}{
+		{"server", ca, certs.Server, certs.Validity{}},
+		{"client", ca, certs.Client, certs.Validity{}},
+		{"expired", ca, certs.Client, certs.Validity{NotBefore: now.Add(-48 * time.Hour), NotAfter: now.Add(-time.Hour)}},
+		{"stranger", other, certs.Client, certs.Validity{}},
+	} {
+		i, err := c.ca.Issue(c.kind, c.name, []string{"127.0.0.1"}, c.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := certs.WriteFiles(filepath.Join(dir, c.name), i.Cert, i.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := certs.WriteFiles(filepath.Join(dir, "ca"), ca.Cert, ca.Key); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// serveDemoTLS serves a one-shard demo on tls!127.0.0.1!PORT (opts after
+// it) until the test ends and returns the address.
+func serveDemoTLS(t *testing.T, pki, opts string) string {
+	t.Helper()
+	d, err := demo.Start(context.Background(), demo.Config{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := fsrv.ServerTLSConfig(filepath.Join(pki, "server.crt"), filepath.Join(pki, "server.key"), filepath.Join(pki, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := fsrv.ListenTLS("tls!127.0.0.1!0"+opts, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+		d.Close()
+	})
+	return addrString(l)
+}
+
+func clientArgs(pki, cert string) []string {
+	return []string{"--cert", filepath.Join(pki, cert+".crt"), "--key", filepath.Join(pki, cert+".key"), "--ca", filepath.Join(pki, "ca.crt")}
+}
+
+// The built-in client over TLS: it reads with a good certificate, and
+// each failure says what failed.
+func TestClientTLS(t *testing.T) {
+	pki := testPKI(t)
+	addr := serveDemoTLS(t, pki, "")
+	if !strings.HasPrefix(addr, "tls!127.0.0.1!") {
+		t.Fatalf("addrString of a TLS listener = %q; want tls!127.0.0.1!PORT", addr)
+	}
+	_, port, _ := strings.Cut(strings.TrimPrefix(addr, "tls!"), "!")
+	shardfs := func(args ...string) (string, error) {
+		var out, errb strings.Builder
+		err := run(context.Background(), args, strings.NewReader(""), &out, &errb)
+		return out.String() + errb.String(), err
+	}
+	out, err := shardfs(append(append([]string{"cat", "--addr", addr}, clientArgs(pki, "client")...), "plan")...)
+	if err != nil || !strings.Contains(out, "flavor discord") {
+		t.Fatalf("shardfs cat plan over TLS = %v, %q; want the plan", err, out)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		says string
+	}{
+		{"expired client certificate", append([]string{"cat", "--addr", addr}, clientArgs(pki, "expired")...), "refused our client certificate: expired"},
+		{"client certificate of another CA", append([]string{"cat", "--addr", addr}, clientArgs(pki, "stranger")...), "signed by a CA the server does not trust"},
+		{"another server name", append([]string{"cat", "--addr", "tls!localhost!" + port}, clientArgs(pki, "client")...), `is for another name: it names 127.0.0.1, not "localhost"`},
+		{"no --ca", []string{"cat", "--addr", addr, "--cert", filepath.Join(pki, "client.crt"), "--key", filepath.Join(pki, "client.key")}, "needs --cert and --key (this client's certificate) and --ca"},
+		{"--cert on plain TCP", append([]string{"cat", "--addr", "tcp!127.0.0.1!" + port}, clientArgs(pki, "client")...), "are for tls! addresses"},
+		{"a missing key file", []string{"cat", "--addr", addr, "--cert", filepath.Join(pki, "client.crt"), "--key", filepath.Join(pki, "nothere.key"), "--ca", filepath.Join(pki, "ca.crt")}, "nothere.key"},
+	} {
+		out, err := shardfs(append(tc.args, "plan")...)
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: shardfs cat = %v, %q; want an error containing %q", tc.name, err, out, tc.says)
+		}
+	}
+}
+
+// serve refuses a tls! listener without its certificate flags, and names
+// a file it cannot read, before discovery.
+func TestServeTLSFlags(t *testing.T) {
+	pki := testPKI(t)
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("TLS-FLAGS-TOKEN\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"serve", "--flavor", "discord", "--total", "auto", "--api", "http://127.0.0.1:1", "--token-file", tok, "--listen", "tls!0.0.0.0!0"}
+	for _, tc := range []struct {
+		extra []string
+		says  string
+	}{
+		{nil, "a tls listener needs --tls-cert, --tls-key and --tls-client-ca"},
+		{[]string{"--tls-cert", filepath.Join(pki, "server.crt"), "--tls-key", filepath.Join(pki, "server.key")}, "needs --tls-cert, --tls-key and --tls-client-ca"},
+		{[]string{"--tls-cert", filepath.Join(pki, "server.crt"), "--tls-key", filepath.Join(pki, "gone.key"), "--tls-client-ca", filepath.Join(pki, "ca.crt")}, "gone.key"},
+		{[]string{"--tls-cert", filepath.Join(pki, "server.crt"), "--tls-key", filepath.Join(pki, "server.key"), "--tls-client-ca", filepath.Join(pki, "server.key")}, "no PEM certificate"},
+	} {
+		var out, errb strings.Builder
+		err := run(context.Background(), append(base, tc.extra...), strings.NewReader(""), &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), tc.says) || strings.Contains(err.Error(), "discover") {
+			t.Errorf("serve %v = %v; want an error containing %q", tc.extra, err, tc.says)
+		}
+	}
+}
+
+// The relay of shardfs mount, with a 9P client standing in for the
+// kernel on the socketpair: it carries the session over TLS, reports the
+// kernel's close as an unmount and the server's as a lost connection.
+func TestMountRelay(t *testing.T) {
+	pki := testPKI(t)
+	addr := serveDemoTLS(t, pki, "")
+	conf, err := fsrv.ClientTLSConfig(filepath.Join(pki, "client.crt"), filepath.Join(pki, "client.key"), filepath.Join(pki, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair := func() (kernel, ours net.Conn) {
+		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cs [2]net.Conn
+		for i, fd := range fds {
+			f := os.NewFile(uintptr(fd), "pair")
+			if cs[i], err = net.FileConn(f); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+		}
+		return cs[0], cs[1]
+	}
+	for _, who := range []string{"kernel", "server"} {
+		t.Run(who+" closes", func(t *testing.T) {
+			server, err := fsrv.Dial(context.Background(), addr, conf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kernel, ours := pair()
+			ends := relay(ours, server)
+			cl, err := p9.NewClient(kernel)
+			if err != nil {
+				t.Fatalf("9P through the relay: %v", err)
+			}
+			root, err := cl.Attach("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan, err := dotlRead(root, "plan")
+			if err != nil || !strings.Contains(plan, "flavor discord") {
+				t.Errorf("read plan through the relay = %v, %q", err, plan)
+			}
+			if who == "kernel" {
+				cl.Close()
+			} else {
+				server.Close()
+			}
+			e := <-ends
+			if e.kernel != (who == "kernel") {
+				t.Errorf("the %s closed: relay ended with %+v; want kernel=%t", who, e, who == "kernel")
+			}
+			<-ends
+			if who == "server" {
+				cl.Close()
+			}
+		})
+	}
+}
+
+// shardfs mount's arguments: flags before or after ADDR DIR; each
+// mistake named before anything is dialled.
+func TestMountArgs(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	os.WriteFile(file, nil, 0o600)
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"tls!127.0.0.1!1"}, "mount needs ADDR and DIR"},
+		{[]string{"tls!127.0.0.1!1", dir, "--access", "bob"}, `--access "bob"`},
+		{[]string{"tls!127.0.0.1!1", file}, "is not a directory"},
+		{[]string{"tls!127.0.0.1!1", dir, "--ro"}, "needs --cert and --key"},
+		{[]string{"--ro", "tcp!127.0.0.1!1", dir, "--ca", file}, "are for tls! addresses"},
+	} {
+		var out, errb strings.Builder
+		err := run(context.Background(), append([]string{"mount"}, tc.args...), strings.NewReader(""), &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("shardfs mount %q = %v; want an error containing %q", tc.args, err, tc.says)
+		}
+	}
+}
