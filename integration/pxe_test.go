@@ -3,16 +3,9 @@ package integration
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -24,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 )
 
@@ -53,11 +47,20 @@ func TestPXEBoot(t *testing.T) {
 	dir := t.TempDir()
 	shardfs := buildStatic(t, dir)
 
-	ca, serverCert := testCA(t, simGuestAddr)
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca, 0o644); err != nil {
+	// One CA signs the simulator's certificate (for its address in the
+	// guest), the node's (for the forwarded address the host dials) and
+	// the operator's client certificate.
+	ca, err := certs.NewCA("shardfs PXE test CA", certs.Validity{})
+	if err != nil {
 		t.Fatal(err)
 	}
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, certs.CertPEM(ca.Cert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	simCert := issue(t, ca, certs.Server, "gateway", []string{simGuestAddr}, "")
+	issue(t, ca, certs.Server, "node", []string{"127.0.0.1"}, filepath.Join(dir, "node"))
+	issue(t, ca, certs.Client, "operator", nil, filepath.Join(dir, "operator"))
 	const token = "pxe-test-token"
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
@@ -65,7 +68,7 @@ func TestPXEBoot(t *testing.T) {
 	}
 	sim, err := gatewaysim.New(gatewaysim.Config{
 		Flavor: gatewaysim.Discord, Shards: 2, Token: token,
-		TLS:    &tls.Config{Certificates: []tls.Certificate{serverCert}},
+		TLS:    &tls.Config{Certificates: []tls.Certificate{simCert.TLS()}},
 		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
@@ -76,18 +79,25 @@ func TestPXEBoot(t *testing.T) {
 	sim.SetResumeURL("wss://" + simGuestAddr + "/")
 
 	out := filepath.Join(dir, "tftp")
-	cmdline := "console=ttyS0 panic=-1 shardfs.flavor=discord shardfs.total=2 " +
-		"shardfs.listen=tcp!0.0.0.0!5641,insecure shardfs.gateway=wss://" + simGuestAddr + "/"
+	// No shardfs.listen: with the TLS files the node listens on
+	// tls!0.0.0.0!5641.
+	cmdline := "console=ttyS0 panic=-1 shardfs.flavor=discord shardfs.total=2 shardfs.gateway=wss://" + simGuestAddr + "/"
 	nb := exec.Command(shardfs, "netboot", "--out", out, "--kernel", kernelDir(k),
-		"--modules", "virtio_pci,virtio_net", "--ca-bundle", caFile, "--token-file", tokenFile, "--cmdline", cmdline)
+		"--modules", "virtio_pci,virtio_net", "--ca-bundle", caFile, "--token-file", tokenFile,
+		"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"), "--tls-client-ca", caFile,
+		"--cmdline", cmdline)
 	if b, err := nb.CombinedOutput(); err != nil {
 		t.Fatalf("shardfs netboot: %v\n%s", err, b)
 	} else {
 		t.Logf("shardfs netboot:\n%s", b)
 	}
 	// The image holds no secret: only secrets.cpio.gz carries the token.
+	nodeKey, err := os.ReadFile(filepath.Join(dir, "node.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range []string{"boot.ipxe", "initrd.cpio.gz", "vmlinuz"} {
-		if b, err := os.ReadFile(filepath.Join(out, f)); err != nil || strings.Contains(string(b), token) {
+		if b, err := os.ReadFile(filepath.Join(out, f)); err != nil || strings.Contains(string(b), token) || strings.Contains(string(b), string(nodeKey)) {
 			t.Errorf("%s: err %v, holds the token: %v", f, err, err == nil)
 		}
 	}
@@ -101,7 +111,7 @@ func TestPXEBoot(t *testing.T) {
 	}
 	var served []time.Duration
 	for i := range boots {
-		d := pxeBoot(t, k, shardfs, out, sim, i == 0)
+		d := pxeBoot(t, k, shardfs, dir, out, sim, i == 0)
 		if t.Failed() {
 			return
 		}
@@ -114,7 +124,7 @@ func TestPXEBoot(t *testing.T) {
 // pxeBoot boots the guest once and returns the time from QEMU's start to
 // the first status read through the forwarded port. With drive, it also
 // resets shard 0 and follows its events.
-func pxeBoot(t *testing.T, k Kit, shardfs, tftp string, sim *gatewaysim.Server, drive bool) time.Duration {
+func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Server, drive bool) time.Duration {
 	port := freePort(t)
 	simPort := sim.Addr()[strings.LastIndex(sim.Addr(), ":")+1:]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -134,11 +144,12 @@ func pxeBoot(t *testing.T, k Kit, shardfs, tftp string, sim *gatewaysim.Server, 
 			t.Logf("console:\n%s", m.Console)
 		}
 	}()
-	addr := fmt.Sprintf("tcp!127.0.0.1!%d", port)
+	addr := fmt.Sprintf("tls!127.0.0.1!%d", port)
+	tlsArgs := []string{"--addr", addr, "--cert", filepath.Join(dir, "operator.crt"), "--key", filepath.Join(dir, "operator.key"), "--ca", filepath.Join(dir, "ca.pem")}
 	cli := func(args ...string) (string, error) {
 		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
-		args = append([]string{args[0], "--addr", addr}, args[1:]...)
+		args = append(append([]string{args[0]}, tlsArgs...), args[1:]...)
 		b, err := exec.CommandContext(cctx, shardfs, args...).CombinedOutput()
 		return string(b), err
 	}
@@ -164,9 +175,17 @@ func pxeBoot(t *testing.T, k Kit, shardfs, tftp string, sim *gatewaysim.Server, 
 		time.Sleep(200 * time.Millisecond)
 	}
 	served := time.Since(m.Started)
-	t.Logf("%6.1fs  tree served: status\n%s", served.Seconds(), status)
+	t.Logf("%6.1fs  tree served over TLS: status\n%s", served.Seconds(), status)
 	if !drive {
 		return served
+	}
+
+	// A plain 9P client on the TLS port is refused.
+	plain, err := exec.CommandContext(ctx, shardfs, "cat", "--addr", fmt.Sprintf("tcp!127.0.0.1!%d", port), "status").CombinedOutput()
+	if err == nil {
+		t.Errorf("plain 9P on the TLS port: read status\n%s\nwant a refusal", plain)
+	} else {
+		t.Logf("plain 9P on the TLS port: refused: %s", strings.TrimSpace(string(plain)))
 	}
 
 	// Both shards get READY over wss:// through guestfwd.
@@ -188,7 +207,7 @@ func pxeBoot(t *testing.T, k Kit, shardfs, tftp string, sim *gatewaysim.Server, 
 
 	// Follow shard 0's events while it is reset.
 	tctx, stopTail := context.WithCancel(ctx)
-	tail := exec.CommandContext(tctx, shardfs, "tail", "--addr", addr, "-n", "0", "0/events")
+	tail := exec.CommandContext(tctx, shardfs, append(append([]string{"tail"}, tlsArgs...), "-n", "0", "0/events")...)
 	tailOut, err := tail.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -285,41 +304,6 @@ func buildStatic(t *testing.T, dir string) string {
 	return bin
 }
 
-// testCA makes a certificate authority and a server certificate for ip
-// signed by it; it returns the authority's PEM.
-func testCA(t *testing.T, ip string) ([]byte, tls.Certificate) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "shardfs PXE test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: ip},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP(ip)},
-		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
 // freePort returns a loopback TCP port that was free a moment ago.
 func freePort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -332,3 +316,19 @@ func freePort(t *testing.T) int {
 
 // kernelDir is the unpacked kernel package the kit found.
 func kernelDir(k Kit) string { return filepath.Dir(filepath.Dir(k.Kernel)) }
+
+// issue makes a certificate signed by ca and, when base is set, writes
+// base.crt and base.key.
+func issue(t *testing.T, ca *certs.CA, kind certs.Kind, name string, names []string, base string) *certs.Issued {
+	t.Helper()
+	c, err := ca.Issue(kind, name, names, certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base != "" {
+		if err := certs.WriteFiles(base, c.Cert, c.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
