@@ -35,7 +35,10 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 	if *out == "" && !*dryRun {
 		return flagErr(fl, "--out is required")
 	}
-	_, probs := baremetal.ParseCmdline(*cmdline)
+	if *kernelDir == "" && *modules != strings.Join(baremetal.DefaultNICModules, ",") {
+		return flagErr(fl, "--modules needs --kernel DIR to take them from")
+	}
+	settings, probs := baremetal.ParseCmdline(*cmdline)
 	var refused []string
 	for _, p := range probs {
 		if p.Fatal {
@@ -44,20 +47,18 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "netboot: warning: --cmdline %s\n", p)
 		}
 	}
-	if !strings.Contains(*cmdline, "shardfs.listen=") && tf.key == "" {
+	if len(settings.Listen) == 0 && tf.key == "" {
 		refused = append(refused, "shardfs.listen: missing, and no --tls-cert --tls-key --tls-client-ca for the default "+baremetal.DefaultListen)
+	}
+	for _, l := range settings.Listen {
+		if strings.HasPrefix(l, "tls!") && tf.key == "" {
+			refused = append(refused, "shardfs.listen="+l+": needs --tls-cert --tls-key --tls-client-ca")
+		}
 	}
 	if len(refused) > 0 {
 		return fmt.Errorf("--cmdline: the node would refuse to start:\n  %s", strings.Join(refused, "\n  "))
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("finding this binary for /init: %w", err)
-	}
-	if err := baremetal.CheckStatic(self); err != nil {
-		return err
-	}
-	nb := baremetal.Netboot{Init: self, Cmdline: *cmdline, TokenFile: *tokenFile, CABundle: *caBundle,
+	nb := baremetal.Netboot{Cmdline: *cmdline, TokenFile: *tokenFile, CABundle: *caBundle,
 		TLSCert: tf.cert, TLSKey: tf.key, TLSClientCA: tf.clientCA}
 	if tf.cert != "" || tf.key != "" || tf.clientCA != "" {
 		// The same check serve makes, now rather than on the node.
@@ -78,6 +79,14 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this binary for /init: %w", err)
+	}
+	if err := baremetal.CheckStatic(self); err != nil {
+		return err
+	}
+	nb.Init = self
 	if *kernelDir != "" {
 		k, err := baremetal.FindKernel(*kernelDir)
 		if err != nil {
@@ -88,8 +97,6 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--modules: %w", err)
 		}
 		nb.Kernel = &k
-	} else if fl.Lookup("modules").Value.String() != fl.Lookup("modules").DefValue {
-		return flagErr(fl, "--modules needs --kernel DIR to take them from")
 	}
 	if *dryRun {
 		fmt.Fprint(stdout, nb.String())

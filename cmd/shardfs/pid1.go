@@ -90,31 +90,41 @@ func (noConn) Close(int)         {}
 func (noConn) Send([]byte) error { return errNoToken }
 func (noConn) Identify()         {}
 
-// serveNoToken serves the tree of s's plan with every shard FATAL with
-// "no token", so that an operator sees over the network why the node does
-// nothing. With shardfs.total=auto (discovery needs the token) the plan is
-// shard 0 of 1.
-func serveNoToken(ctx context.Context, s baremetal.Settings, console io.Writer) error {
+// newNoTokenNode assembles the core and tree of a node without a token;
+// nothing has started.
+func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Node, *noToken, *shardfs.Tree, error) {
 	total, _ := strconv.Atoi(s.Total)
 	if total == 0 {
 		total = 1
 	}
 	plan, err := planFor(total, s.Shards)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
+	tr := &noToken{}
+	n, err := core.New(core.Config{Plan: plan, Flavor: s.Flavor, Transport: tr, Pacer: tr, Lease: local.New(nil), Logger: log.With("component", "core")})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tree := shardfs.New(shardfs.Config{Node: n, Logger: log, Info: func() [][2]string { return [][2]string{{"token", "none"}} }})
+	return n, tr, tree, nil
+}
+
+// serveNoToken serves the tree of s's plan with every shard FATAL with
+// "no token", so that an operator sees over the network why the node does
+// nothing. With shardfs.total=auto (discovery needs the token) the plan is
+// shard 0 of 1.
+func serveNoToken(ctx context.Context, s baremetal.Settings, console io.Writer) error {
 	ls, err := listen(s.Listen, nil, tlsFlags{cert: s.TLSCert, key: s.TLSKey, clientCA: s.TLSClientCA})
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(console, nil))
-	tr := &noToken{}
-	n, err := core.New(core.Config{Plan: plan, Flavor: s.Flavor, Transport: tr, Pacer: tr, Lease: local.New(nil), Logger: log.With("component", "core")})
+	n, tr, tree, err := newNoTokenNode(s, log)
 	if err != nil {
 		closeListeners(ls)
 		return err
 	}
-	tree := shardfs.New(shardfs.Config{Node: n, Logger: log, Info: func() [][2]string { return [][2]string{{"token", "none"}} }})
 	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p")}
 	for _, l := range ls {
 		log.Info("serving the tree over 9P without a token: every shard is FATAL", "addr", addrString(l.l), "access", l.access())
