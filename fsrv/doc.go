@@ -82,4 +82,30 @@
 // names tls!HOST!PORT. An unknown option is an error. Server.Serve serves a
 // listener, Server.ServeConn one connection (read-write); Close or the
 // context ends both.
+//
+// # TLS
+//
+// ListenTLS serves tls!HOST!PORT (any address, ",ro" as above): 9P over
+// TLS 1.3 only, with a client certificate required and verified against
+// the configuration's ClientCAs (ServerTLSConfig loads one from PEM
+// files). Authentication is all or nothing: any certificate the CA signed
+// may read and, on a listener without ",ro", write; the common name is
+// logged at Info for every connection. The handshake runs in the
+// connection's goroutine within Server.HandshakeTimeout (10 s), so a
+// client that stalls it holds one of MaxConns and a goroutine for that
+// long and nothing else. Before the handshake the server looks at the
+// first five bytes itself: crypto/tls takes a 21-byte 9P Tversion
+// ("9P2000.L") for an alert record and would wait for 100 bytes more, so a
+// plain 9P client would hang until the timeout instead of being told. Each
+// refusal is logged at Warn with a fixed reason (no client certificate,
+// client certificate signed by another CA, expired, not yet valid, not
+// for client authentication, plain 9P on the TLS port, not a TLS client,
+// handshake timed out, the client refused the server's certificate) and
+// a detail naming the certificate; a reason is logged at most once a
+// minute (Server.Clock), the next line counting the refusals skipped
+// (more_refused). Dial is the client side: for tls! it verifies the
+// server's certificate against the given CA and the host dialled, and
+// ExplainTLS turns crypto/tls errors and the server's alerts into what
+// failed (server name, CA, expiry, our certificate refused). Certificates
+// are read at start: rotating them means restarting the listener.
 package fsrv

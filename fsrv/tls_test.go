@@ -195,6 +195,23 @@ func TestTLSRefusals(t *testing.T) {
 		stillGood("plain 9P")
 	})
 
+	t.Run("TLS 1.2", func(t *testing.T) {
+		conf := p.clientConf(p.client)
+		conf.MaxVersion = tls.VersionTLS12
+		c, err := tls.Dial("tcp", ts.hostPort, conf)
+		if err == nil {
+			c.Close()
+		}
+		if err := ExplainTLS(err, ""); err == nil || !strings.Contains(err.Error(), "the server speaks TLS 1.3 only") {
+			t.Errorf("a TLS 1.2 client: %v; want an error saying the server speaks TLS 1.3 only", err)
+		}
+		<-ts.released
+		if n := ts.refusals("TLS version below 1.3"); n != 1 {
+			t.Errorf("%d log lines for a TLS 1.2 client; want 1:\n%s", n, ts.logs)
+		}
+		stillGood("a TLS 1.2 client")
+	})
+
 	t.Run("stalled handshake", func(t *testing.T) {
 		c := rawConn(t, ts.hostPort) // sends nothing
 		if got := replyAndHangup(t, c); len(got) != 0 {

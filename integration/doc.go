@@ -9,7 +9,11 @@
 // String is the plan, its WriteTo the gzipped cpio. Boot starts the guest
 // with virtio-serial ports that are socketpairs to the test process (no
 // ports, no paths, no start-order races) and returns the Machine with its
-// console transcript.
+// console transcript. A guest may also have a virtio NIC on QEMU's user
+// network with restrict=on (Config.NIC): TestV9fsTLS forwards a guest
+// address to a TLS listener of the test process with guestfwd, QEMU
+// running the test binary itself as the relay of each connection (see
+// TestMain), so that the host needs no socat.
 //
 // The tests skip when the kit is missing, except under CI=true, where a
 // missing kit is a failure.

@@ -23,8 +23,11 @@ type Config struct {
 	Append string
 	// MemoryMiB is the guest's memory; zero means 256.
 	MemoryMiB int
+	// NIC is QEMU's arguments for the guest's network device (a -netdev
+	// user,...,restrict=on and its -device); empty means no NIC.
+	NIC []string
 	// PXE, when set, boots the guest from the network through the NIC's
-	// iPXE ROM instead of Kernel and Initrd.
+	// iPXE ROM instead of Kernel and Initrd (NIC is then unused).
 	PXE *PXE
 	// Ports names the guest's virtio-serial ports, in order: the guest sees
 	// them as /dev/vport*p* with /sys/class/virtio-ports/*/name set to the
@@ -76,10 +79,14 @@ func (cfg Config) Args() []string {
 		// blocking getrandom for many seconds under TCG.
 		args = append(args, "-cpu", "max", "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0", "-boot", "n")
 	} else {
-		// No NIC: QEMU adds a user-mode one otherwise.
-		args = append(args, "-nic", "none",
-			"-kernel", cfg.Kernel, "-initrd", cfg.Initrd,
+		args = append(args, "-kernel", cfg.Kernel, "-initrd", cfg.Initrd,
 			"-append", strings.TrimSpace("console=ttyS0 panic=-1 quiet "+cfg.Append))
+		if len(cfg.NIC) == 0 {
+			// No NIC: QEMU adds a user-mode one otherwise.
+			args = append(args, "-nic", "none")
+		} else {
+			args = append(args, cfg.NIC...)
+		}
 	}
 	if len(cfg.Ports) > 0 {
 		args = append(args, "-device", "virtio-serial-pci,id=vser")

@@ -69,8 +69,9 @@ func kernelImage(t *testing.T, k Kit) string {
 	return vmlinux
 }
 
-// guestImage builds the guest's initramfs and returns its path.
-func guestImage(t *testing.T, k Kit) string {
+// guestImage builds the guest's initramfs with the modules given and
+// returns its path; extra, if set, adds more.
+func guestImage(t *testing.T, k Kit, modules []string, extra func(*Image)) string {
 	t.Helper()
 	im := &Image{}
 	for _, d := range []string{"dev", "proc", "sys", "tmp", "run", "mnt", "root"} {
@@ -80,8 +81,11 @@ func guestImage(t *testing.T, k Kit) string {
 	if err := im.AddBusybox(k.Busybox); err != nil {
 		t.Fatal(err)
 	}
-	if err := im.AddModules(&k, guestModules...); err != nil {
+	if err := im.AddModules(&k, modules...); err != nil {
 		t.Fatal(err)
+	}
+	if extra != nil {
+		extra(im)
 	}
 	im.Text("init", guestInit, 0o755)
 	scripts, err := filepath.Glob("../examples/shell/*.sh")
@@ -121,7 +125,7 @@ func TestV9fs(t *testing.T) {
 	testStart := time.Now()
 	node := startNode(t, shards)
 	kernel := kernelImage(t, k)
-	initrd := guestImage(t, k)
+	initrd := guestImage(t, k, guestModules, nil)
 	prepared := time.Since(testStart)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)

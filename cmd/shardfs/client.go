@@ -70,6 +70,9 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 			since = eventsSize(root, path)
 		}
 		err := write(root, path, text)
+		if errors.Is(err, linux.EACCES) && conf != nil {
+			return fmt.Errorf("%w (a read-only listener: %s is served with ,ro; ask the node's operator for a read-write tls! listener)", err, *addr)
+		}
 		if errors.Is(err, linux.EACCES) {
 			return fmt.Errorf("%w (a read-only listener: serve's %s is ,ro by default; write through its unix socket, --addr unix!%s)", err, fsrv.DefaultAddr, defaultSocket())
 		}
@@ -99,9 +102,23 @@ func defaultClientAddr() string {
 type clientTLSFlags struct{ cert, key, ca string }
 
 func (f *clientTLSFlags) register(fl *flag.FlagSet) {
-	fl.StringVar(&f.cert, "cert", "", "tls! addresses: this client's certificate (PEM)")
-	fl.StringVar(&f.key, "key", "", "tls! addresses: this client's key (PEM)")
-	fl.StringVar(&f.ca, "ca", "", "tls! addresses: the CA certificate (PEM) that signed the server's certificate")
+	fl.StringVar(&f.cert, "cert", "", "tls! addresses: this client's certificate (PEM; default $SHARDFS_CERT)")
+	fl.StringVar(&f.key, "key", "", "tls! addresses: this client's key (PEM; default $SHARDFS_KEY)")
+	fl.StringVar(&f.ca, "ca", "", "tls! addresses: the CA certificate (PEM) that signed the server's certificate (default $SHARDFS_CA)")
+}
+
+// fromEnv fills what the flags left empty from SHARDFS_CERT, SHARDFS_KEY
+// and SHARDFS_CA, so that scripts (examples/shell with 9p!tls!...) reach
+// a tls! listener without passing them.
+func (f *clientTLSFlags) fromEnv() {
+	for _, v := range []struct {
+		p   *string
+		env string
+	}{{&f.cert, "SHARDFS_CERT"}, {&f.key, "SHARDFS_KEY"}, {&f.ca, "SHARDFS_CA"}} {
+		if *v.p == "" {
+			*v.p = os.Getenv(v.env)
+		}
+	}
 }
 
 // config is the TLS configuration for a tls! address, nil for another.
@@ -116,8 +133,9 @@ func (f clientTLSFlags) config(addr string) (*tls.Config, error) {
 		}
 		return nil, nil
 	}
+	f.fromEnv()
 	if f.cert == "" || f.key == "" || f.ca == "" {
-		return nil, fmt.Errorf("%s: a tls! address needs --cert and --key (this client's certificate) and --ca (the CA of the server's)", addr)
+		return nil, fmt.Errorf("%s: a tls! address needs --cert and --key (this client's certificate) and --ca (the CA of the server's), or SHARDFS_CERT, SHARDFS_KEY and SHARDFS_CA", addr)
 	}
 	return fsrv.ClientTLSConfig(f.cert, f.key, f.ca)
 }

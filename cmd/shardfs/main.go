@@ -11,6 +11,7 @@
 //	shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline '...'] [--token-file F]
 //	               [--tls-cert F --tls-key F --tls-client-ca F] [--ca-bundle F] [--dry-run]
 //	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+//	shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
 //	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
 //	shardfs version
 //
@@ -86,6 +87,7 @@ const usage = `usage:
                  the kernel and its NIC modules; the token and the TLS key in
                  secrets.cpio.gz)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
+  shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
   shardfs ls     [--addr ADDR] [--cert F --key F --ca F] PATH
   shardfs cat    [--addr ADDR] [--cert F --key F --ca F] PATH
   shardfs write  [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]     (TEXT or standard input)
@@ -110,6 +112,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
 	case "mount":
 		return runMount(ctx, args, stdout, stderr)
+	case "certs":
+		return runCerts(args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "shardfs", version())
 		return nil

@@ -175,8 +175,11 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err != nil {
 		closeAll()
 		why := fmt.Errorf("mount -t 9p %s %s: %w", m.addr, m.dir, err)
-		if errors.Is(err, unix.EPERM) {
+		switch {
+		case errors.Is(err, unix.EPERM):
 			why = fmt.Errorf("%w (mounting needs root or CAP_SYS_ADMIN)", why)
+		case errors.Is(err, unix.ENODEV):
+			why = fmt.Errorf("%w (the kernel has no 9p file system: modprobe 9p)", why)
 		}
 		// The server's refusal explains a mount that failed.
 		for range 2 {
@@ -188,7 +191,9 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "mounted %s on %s; umount %s or interrupt to end\n", m.addr, m.dir, m.dir)
 
-	unmounting := false
+	// A signal also ends ctx (main's NotifyContext): signals are counted
+	// on sigs alone, and ctx only starts the unmount.
+	unmounting, signals := false, 0
 	for {
 		select {
 		case e := <-ends:
@@ -205,12 +210,14 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 			}
 			return fmt.Errorf("mount: connection to %s lost (%s); %s detached", m.addr, why, m.dir)
 		case <-sigs:
-			if unmounting {
+			if signals++; signals > 1 {
 				closeAll()
 				return fmt.Errorf("mount: interrupted again: relay ended with %s detached but in use; its open files now fail", m.dir)
 			}
-			unmounting = true
-			m.unmount(stderr)
+			if !unmounting {
+				unmounting = true
+				m.unmount(stderr)
+			}
 		case <-ctx.Done():
 			if !unmounting {
 				unmounting = true

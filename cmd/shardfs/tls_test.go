@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/certs"
@@ -124,6 +127,22 @@ func TestClientTLS(t *testing.T) {
 	}
 }
 
+// A write through a ,ro TLS listener is refused with EACCES, and the
+// client says that the listener is read-only.
+func TestClientTLSReadOnly(t *testing.T) {
+	pki := testPKI(t)
+	addr := serveDemoTLS(t, pki, ",ro")
+	var out, errb strings.Builder
+	err := run(context.Background(), append(append([]string{"write", "--addr", addr}, clientArgs(pki, "client")...), "0/ctl", "reset"), strings.NewReader(""), &out, &errb)
+	if !errors.Is(err, linux.EACCES) || !strings.Contains(err.Error(), "is served with ,ro") {
+		t.Errorf("shardfs write over a ,ro TLS listener = %v; want EACCES naming the read-only listener", err)
+	}
+	out.Reset()
+	if err := run(context.Background(), append(append([]string{"cat", "--addr", addr}, clientArgs(pki, "client")...), "0/reconnects"), strings.NewReader(""), &out, &errb); err != nil || out.String() != "0\n" {
+		t.Errorf("shardfs cat 0/reconnects after the refused reset = %v, %q; want 0", err, out.String())
+	}
+}
+
 // serve refuses a tls! listener without its certificate flags, and names
 // a file it cannot read, before discovery.
 func TestServeTLSFlags(t *testing.T) {
@@ -233,5 +252,67 @@ func TestMountArgs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("shardfs mount %q = %v; want an error containing %q", tc.args, err, tc.says)
 		}
+	}
+}
+
+// shardfs certs makes a CA, a server certificate and a client
+// certificate that a tls! listener and the client accept; keys are 0600
+// and never overwritten.
+func TestCertsCommand(t *testing.T) {
+	dir := t.TempDir()
+	shardfs := func(args ...string) (string, error) {
+		var out, errb strings.Builder
+		err := run(context.Background(), args, strings.NewReader(""), &out, &errb)
+		return out.String() + errb.String(), err
+	}
+	for _, args := range [][]string{
+		{"certs", "ca", "--dir", dir},
+		{"certs", "server", "--dir", dir, "--name", "server", "--host", "127.0.0.1,node0.example"},
+		{"certs", "client", "--dir", dir, "--name", "client", "--days", "7"},
+	} {
+		if out, err := shardfs(args...); err != nil {
+			t.Fatalf("shardfs %q = %v\n%s", args, err, out)
+		}
+	}
+	for _, f := range []string{"ca.key", "server.key", "client.key"} {
+		if fi, err := os.Stat(filepath.Join(dir, f)); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, %v; want mode 0600", f, fi, err)
+		}
+	}
+	if out, err := shardfs("certs", "ca", "--dir", dir); err == nil || !strings.Contains(err.Error(), "ca.key") {
+		t.Errorf("a second certs ca in the same folder = %v, %q; want a refusal naming ca.key", err, out)
+	}
+	if out, err := shardfs("certs", "client", "--dir", t.TempDir(), "--name", "x"); err == nil || !strings.Contains(err.Error(), "shardfs certs ca --dir") {
+		t.Errorf("certs client without a CA = %v, %q; want it to say how to make one", err, out)
+	}
+	addr := serveDemoTLS(t, dir, "")
+	if out, err := shardfs(append(append([]string{"cat", "--addr", addr}, clientArgs(dir, "client")...), "plan")...); err != nil || !strings.Contains(out, "flavor discord") {
+		t.Errorf("cat plan with shardfs certs' certificates = %v, %q", err, out)
+	}
+}
+
+// The shell examples reach a tls! listener through the built-in client
+// (9p!tls!HOST!PORT) with the certificates in SHARDFS_CERT, SHARDFS_KEY
+// and SHARDFS_CA; those variables do not get in the way of a tcp!
+// address.
+func TestExamplesOverTLS(t *testing.T) {
+	pki := testPKI(t)
+	addr := serveDemoTLS(t, pki, "")
+	dir := binDir(t)
+	examples, _ := filepath.Abs("../../examples/shell")
+	env := []string{"SHARDFS_CERT=" + filepath.Join(pki, "client.crt"), "SHARDFS_KEY=" + filepath.Join(pki, "client.key"), "SHARDFS_CA=" + filepath.Join(pki, "ca.crt")}
+	cmd := exec.Command("sh", filepath.Join(examples, "wait-ready.sh"), "9p!"+addr, "60")
+	cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("wait-ready.sh 9p!%s: %v\n%s", addr, err, out)
+	}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		t.Setenv(k, v)
+	}
+	var out, errb strings.Builder
+	err := run(context.Background(), []string{"cat", "--addr", "tcp!127.0.0.1!1", "plan"}, strings.NewReader(""), &out, &errb)
+	if err == nil || strings.Contains(err.Error(), "tls!") {
+		t.Errorf("cat over tcp! with SHARDFS_CERT set = %v; want a dial error, not a TLS one", err)
 	}
 }

@@ -207,6 +207,67 @@ s_examples() {
 	done </etc/examples
 }
 
+# The TLS scenarios (tls_test.go): the guest has a virtio NIC on QEMU's
+# user network, where 10.0.2.100:5641 is forwarded to the host's tls!
+# listener, and /bin/shardfs with the certificates in /etc/shardfs.
+TLSADDR='tls!10.0.2.100!5641'
+
+tlsargs() { echo "--cert /etc/shardfs/$1.crt --key /etc/shardfs/$1.key --ca /etc/shardfs/ca.crt"; }
+
+mounted() { grep -q " $1 9p " /proc/mounts; }
+
+s_tlsmount() {
+	waitfor 10 test -e /sys/class/net/eth0 || die "no eth0"
+	ip link set lo up
+	ip addr add 10.0.2.15/24 dev eth0 || die "ip addr"
+	ip link set eth0 up || die "ip link"
+	mkdir -p /mnt/tls
+	# shellcheck disable=SC2046 # tlsargs is words
+	show refused timeout 30 shardfs mount "$TLSADDR" /mnt/tls $(tlsargs expired)
+	t0=$(now_ms)
+	# shellcheck disable=SC2046
+	shardfs mount "$TLSADDR" /mnt/tls $(tlsargs client) >/tmp/mount.out 2>&1 &
+	mountpid=$!
+	waitfor 30 mounted /mnt/tls || die "shardfs mount: $(cat /tmp/mount.out)"
+	say "mounted after_ms=$(($(now_ms) - t0))"
+	TREE=/mnt/tls
+	waitfor 60 all_ready "$TREE" || die "shards not READY: $(cat "$TREE/status")"
+	show ls-root ls -l "$TREE"
+	show state cat "$TREE/0/state"
+	show mounts grep " /mnt/tls " /proc/mounts
+}
+
+s_tlsreset() {
+	show reset put "$TREE/0/ctl" reset
+	show reconnects-after cat "$TREE/0/reconnects"
+	show frob put "$TREE/0/ctl" frobnicate
+	show events grep frobnicate "$TREE/0/events"
+}
+
+# s_tlsro mounts shard 3 read-only and ends shardfs mount with a signal,
+# which unmounts.
+s_tlsro() {
+	mkdir -p /mnt/tls3
+	# shellcheck disable=SC2046
+	shardfs mount "$TLSADDR" /mnt/tls3 --ro --aname /3 $(tlsargs client) >/tmp/mount3.out 2>&1 &
+	pid3=$!
+	waitfor 30 mounted /mnt/tls3 || die "shardfs mount --ro: $(cat /tmp/mount3.out)"
+	show ro-state cat /mnt/tls3/state
+	show ro-reset put /mnt/tls3/ctl reset
+	kill -TERM "$pid3"
+	wait "$pid3"
+	say "mount3-exit rc=$?"
+	if mounted /mnt/tls3; then say "still mounted"; fi
+	show mount3-out cat /tmp/mount3.out
+}
+
+s_tlsumount() {
+	show umount umount /mnt/tls
+	wait "$mountpid"
+	say "mount-exit rc=$?"
+	show mount-out cat /tmp/mount.out
+}
+
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
