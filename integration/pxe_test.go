@@ -81,7 +81,7 @@ func TestPXEBoot(t *testing.T) {
 	out := filepath.Join(dir, "tftp")
 	// No shardfs.listen: with the TLS files the node listens on
 	// tls!0.0.0.0!5641.
-	cmdline := "console=ttyS0 panic=-1 shardfs.flavor=discord shardfs.total=2 shardfs.gateway=wss://" + simGuestAddr + "/"
+	cmdline := "console=ttyS0 panic=-1 quiet shardfs.flavor=discord shardfs.total=2 shardfs.gateway=wss://" + simGuestAddr + "/"
 	nb := exec.Command(shardfs, "netboot", "--out", out, "--kernel", kernelDir(k),
 		"--modules", "virtio_pci,virtio_net", "--ca-bundle", caFile, "--token-file", tokenFile,
 		"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"), "--tls-client-ca", caFile,
@@ -155,8 +155,10 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 	}
 
 	// Markers end their lines (see Console.Expect): iPXE has loaded the
-	// initrd, the kernel runs /init, DHCP is done, the listener is open.
-	for _, marker := range []string{"initrd.cpio.gz... ok", "Run /init as init process", "DHCP Lease IP 10.0.2.15/24", "access=read-write"} {
+	// secrets (after the kernel and the initrd, whose lines may carry a
+	// progress percentage), the kernel runs /init (quiet: /init's first line), DHCP is
+	// done, the listener is open.
+	for _, marker := range []string{"secrets.cpio.gz... ok", "shardfs-init: setting up the root file system:", "DHCP Lease IP 10.0.2.15/24", "access=read-write"} {
 		if _, err := m.Console.Expect(ctx, marker); err != nil {
 			t.Fatalf("console: %v", err)
 		}
@@ -207,7 +209,7 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 
 	// Follow shard 0's events while it is reset.
 	tctx, stopTail := context.WithCancel(ctx)
-	tail := exec.CommandContext(tctx, shardfs, append(append([]string{"tail"}, tlsArgs...), "-n", "0", "0/events")...)
+	tail := exec.CommandContext(tctx, shardfs, append(append([]string{"tail"}, tlsArgs...), "-n", "1", "0/events")...)
 	tailOut, err := tail.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -230,6 +232,17 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 		tail.Wait()
 	}()
 
+	// The last line shows once tail follows: only then is the reset's
+	// line certain to come after where it started.
+	select {
+	case l, ok := <-lines:
+		if !ok {
+			t.Fatal("shardfs tail 0/events ended")
+		}
+		t.Logf("tail 0/events (the last line): %s", l)
+	case <-time.After(30 * time.Second):
+		t.Fatal("shardfs tail -n 1 0/events printed nothing within 30 s")
+	}
 	if out, err := cli("write", "0/ctl", "reset"); err != nil {
 		t.Fatalf("shardfs write 0/ctl reset: %v\n%s", err, out)
 	}
