@@ -97,6 +97,12 @@ func ParseCmdline(line string) (Settings, []Problem) {
 	}
 	for _, word := range splitCmdline(line) {
 		k, v, hasValue := strings.Cut(word, "=")
+		if k == "SHARDFS_TOKEN" {
+			// The kernel hands KEY=VALUE words without a dot to init's
+			// environment: the same leak as shardfs.token.
+			bad(k, true, ErrSecret)
+			continue
+		}
 		name, ok := strings.CutPrefix(k, "shardfs.")
 		if !ok {
 			continue

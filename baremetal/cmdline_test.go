@@ -48,6 +48,7 @@ func TestParseCmdlineProblems(t *testing.T) {
 		{"missing flavor", "shardfs.total=4 shardfs.listen=unix!/run/s", "shardfs.flavor", true, ErrMissing},
 		{"missing total", "shardfs.flavor=discord shardfs.listen=unix!/run/s", "shardfs.total", true, ErrMissing},
 		{"token", base + "shardfs.token=abc.def", "shardfs.token", true, ErrSecret},
+		{"token in the environment", base + "SHARDFS_TOKEN=abc.def", "SHARDFS_TOKEN", true, ErrSecret},
 		{"etcd", base + "shardfs.etcd=http://10.0.0.1:2379 shardfs.bot=b", "shardfs.etcd", true, ErrNoEtcd},
 		{"bad etcd", base + "shardfs.etcd=10.0.0.1:2379", "shardfs.etcd", true, ErrMalformed},
 		{"bad bot", base + "shardfs.etcd=http://e:2379 shardfs.bot=a/b", "shardfs.bot", true, ErrMalformed},
@@ -119,7 +120,7 @@ func FuzzParseCmdline(f *testing.F) {
 		s, probs := ParseCmdline(line)
 		fatal := false
 		for _, p := range probs {
-			if !strings.HasPrefix(p.Key, "shardfs.") {
+			if !strings.HasPrefix(p.Key, "shardfs.") && p.Key != "SHARDFS_TOKEN" {
 				t.Fatalf("problem %v names no shardfs key", p)
 			}
 			if p.Key == "shardfs.token" && strings.Contains(line, "shardfs.token=SECRET") && strings.Contains(p.String(), "SECRET") {

@@ -14,14 +14,17 @@
 //
 // Decisions:
 //   - Bad keys: an unknown shardfs.* key, or shardfs.bot without
-//     shardfs.etcd, is printed and ignored. A missing or malformed flavor,
-//     total, shards or listen, a key given twice with different values,
-//     shardfs.etcd (serve has no etcd ownership yet, so the node could
-//     duplicate shards other nodes own) and shardfs.token (the token never
-//     goes on the command line) refuse the node: the reason is repeated on
-//     the console once a minute, the network stays up.
-//   - No listener by default: shardfs.listen is required, so that the tree
-//     is exported only where the operator asked.
+//     shardfs.etcd, is printed and ignored. A missing or malformed flavor
+//     or total, a malformed shards, listen, api or gateway, a key given
+//     twice with different values, shardfs.etcd (serve has no etcd
+//     ownership yet, so the node could duplicate shards other nodes own)
+//     and shardfs.token or SHARDFS_TOKEN (the token never goes on the
+//     command line) refuse the node: the reason is repeated on the console
+//     once a minute, the network stays up.
+//   - Listeners: shardfs.listen, repeatable. Without it the node listens
+//     on tls!0.0.0.0!5641 when secrets.cpio.gz brought the TLS files
+//     (/secrets/tls.crt, tls.key, client-ca.crt), and refuses otherwise:
+//     the tree is never exported in the clear unless asked for.
 //   - No token (secrets.cpio.gz absent): the node still serves its tree and
 //     every shard is FATAL with "no token", so the operator sees why over
 //     the network.
