@@ -159,7 +159,7 @@ func checkListen(con *console, root string, s *Settings) bool {
 func readToken(con *console, root string) string {
 	b, err := os.ReadFile(root + TokenPath)
 	if errors.Is(err, fs.ErrNotExist) {
-		con.printf("no token: secrets.cpio.gz was not loaded (no %s); the node serves its tree and every shard is FATAL with \"no token\"", TokenPath)
+		con.printf("no token: no %s (secrets.cpio.gz was not loaded, or was made without --token-file); the node serves its tree and every shard is FATAL with \"no token\"", TokenPath)
 		return ""
 	}
 	if err != nil {

@@ -111,7 +111,7 @@ func TestReadToken(t *testing.T) {
 	if tok := readToken(con, root); tok != "" {
 		t.Errorf("readToken without secrets = %q; want empty", tok)
 	}
-	if l := next(t, out); !strings.Contains(l, `no token: secrets.cpio.gz was not loaded`) || !strings.Contains(l, `FATAL with "no token"`) {
+	if l := next(t, out); !strings.Contains(l, `no token: no /secrets/token (secrets.cpio.gz was not loaded`) || !strings.Contains(l, `FATAL with "no token"`) {
 		t.Errorf("console = %q; want it to say there is no token and what follows", l)
 	}
 	os.MkdirAll(filepath.Join(root, "secrets"), 0o700)

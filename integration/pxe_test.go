@@ -119,6 +119,69 @@ func TestPXEBoot(t *testing.T) {
 	}
 	slices.Sort(served)
 	t.Logf("boot -> tree served over 9P: median %v of %d boots %v", served[len(served)/2].Round(100*time.Millisecond), boots, served)
+
+	if os.Getenv(pxeNoTokenEnv) != "1" {
+		return
+	}
+	// The same node without its token: secrets.cpio.gz brings only the
+	// TLS files. It serves its tree, every shard FATAL with "no token".
+	out = filepath.Join(dir, "tftp-notoken")
+	nb = exec.Command(shardfs, "netboot", "--out", out, "--kernel", kernelDir(k),
+		"--modules", "virtio_pci,virtio_net", "--ca-bundle", caFile,
+		"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"), "--tls-client-ca", caFile,
+		"--cmdline", cmdline)
+	if b, err := nb.CombinedOutput(); err != nil {
+		t.Fatalf("shardfs netboot without a token: %v\n%s", err, b)
+	}
+	pxeBootNoToken(t, k, shardfs, dir, out, sim)
+}
+
+// pxeNoTokenEnv adds a boot without the token to TestPXEBoot.
+const pxeNoTokenEnv = "SHARDFS_PXE_NOTOKEN"
+
+func pxeBootNoToken(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Server) {
+	port := freePort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	m, err := Boot(ctx, Config{QEMU: k.QEMU, MemoryMiB: 512, PXE: &PXE{
+		TFTP: tftp, BootFile: "boot.ipxe", HostFwd: []string{fmt.Sprintf("tcp:127.0.0.1:%d-:5641", port)},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		m.Kill()
+		m.Wait()
+		if t.Failed() {
+			t.Logf("console:\n%s", m.Console)
+		}
+	}()
+	for _, marker := range []string{`every shard is FATAL with "no token"`, "access=read-write"} {
+		if _, err := m.Console.Expect(ctx, marker); err != nil {
+			t.Fatalf("console: %v", err)
+		}
+	}
+	tlsArgs := []string{"--addr", fmt.Sprintf("tls!127.0.0.1!%d", port), "--cert", filepath.Join(dir, "operator.crt"), "--key", filepath.Join(dir, "operator.key"), "--ca", filepath.Join(dir, "ca.pem")}
+	cli := func(args ...string) (string, error) {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		b, err := exec.CommandContext(cctx, shardfs, append(append([]string{args[0]}, tlsArgs...), args[1:]...)...).CombinedOutput()
+		return string(b), err
+	}
+	waitStatus(t, cli, func(lines [][]string) bool {
+		fatal := 0
+		for _, f := range lines {
+			if f[1] == "FATAL" {
+				fatal++
+			}
+		}
+		return len(lines) == 2 && fatal == 2
+	})
+	events, err := cli("cat", "1/events")
+	if err != nil || !strings.Contains(events, "no token") {
+		t.Errorf("cat 1/events = %q, %v; want \"no token\"", events, err)
+	}
+	t.Logf("without secrets' token: both shards FATAL, 1/events:\n%s", events)
 }
 
 // pxeBoot boots the guest once and returns the time from QEMU's start to

@@ -64,7 +64,7 @@ func (f firstLine) Write(b []byte) (int, error) {
 
 // errNoToken is every shard's failure on a node booted without
 // secrets.cpio.gz.
-var errNoToken = errors.New("no token: the node booted without secrets.cpio.gz (shardfs netboot --token-file); nothing can connect until it reboots with one")
+var errNoToken = errors.New("no token: the node booted without one in secrets.cpio.gz (shardfs netboot --token-file); nothing can connect until it reboots with one")
 
 // noToken is the transport of a node without a token: every attempt
 // fails at once, fatally.
