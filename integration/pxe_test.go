@@ -408,3 +408,53 @@ func issue(t *testing.T, ca *certs.CA, kind certs.Kind, name string, names []str
 	}
 	return c
 }
+
+// TestBareMetalBadInput boots netboot's image (directly, with -kernel)
+// on a NIC whose network has no DHCP server, and a command line with a
+// misspelt key: the console names the key and goes on, and shows DHCP
+// failing and being retried with a backoff. The command line is given to
+// QEMU (-append), as boot.ipxe would give it.
+func TestBareMetalBadInput(t *testing.T) {
+	k := kit(t)
+	dir := t.TempDir()
+	shardfs := buildStatic(t, dir)
+	out := filepath.Join(dir, "out")
+	nb := exec.Command(shardfs, "netboot", "--out", out, "--kernel", kernelDir(k), "--modules", "virtio_pci,virtio_net",
+		"--ca-bundle", "", "--cmdline", "console=ttyS0 shardfs.flavor=discord shardfs.total=2 shardfs.totl=3 shardfs.listen=tcp!0.0.0.0!5641,insecure")
+	if b, err := nb.CombinedOutput(); err != nil {
+		t.Fatalf("shardfs netboot: %v\n%s", err, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	m, err := Boot(ctx, Config{
+		QEMU: k.QEMU, Kernel: kernelImage(t, k), Initrd: filepath.Join(out, "initrd.cpio.gz"), MemoryMiB: 512,
+		Append: "shardfs.flavor=discord shardfs.total=2 shardfs.totl=3 shardfs.listen=tcp!0.0.0.0!5641,insecure",
+		// A NIC on a UDP socket nobody reads: no DHCP server answers.
+		// -cpu max: RDRAND, so that the kernel's RNG is ready at boot.
+		NIC: []string{"-cpu", "max", "-netdev", fmt.Sprintf("socket,id=n0,udp=127.0.0.1:%d,localaddr=127.0.0.1:0", freePort(t)), "-device", "virtio-net-pci,netdev=n0"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		m.Kill()
+		m.Wait()
+		if t.Failed() {
+			t.Logf("console:\n%s", m.Console)
+		}
+	}()
+	for _, marker := range []string{
+		"shardfs.totl: unknown key (known: shardfs.flavor, shardfs.total, shardfs.shards, shardfs.listen, shardfs.etcd, shardfs.bot, shardfs.api, shardfs.gateway) (ignored)",
+		"module virtio_net loaded",
+		"; retrying in 1s", // the doubling is TestRetryBackoff's (baremetal), to keep CI short
+	} {
+		text, err := m.Console.Expect(ctx, marker)
+		if err != nil {
+			t.Fatalf("console: %v", err)
+		}
+		if strings.HasPrefix(marker, "; retrying") && !strings.Contains(text, "shardfs-init: DHCP failed: no DHCP answer on any interface") {
+			t.Errorf("console before %q:\n%s\nwant the DHCP failure named", marker, text)
+		}
+		t.Logf("%6.1fs  %s", time.Since(m.Started).Seconds(), marker)
+	}
+}
