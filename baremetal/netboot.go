@@ -191,6 +191,7 @@ func (n Netboot) String() string {
 		fmt.Fprintf(&b, "%-16s %04o  %s\n", o.Name, o.Mode, o.What)
 	}
 	fmt.Fprintf(&b, "\n%s holds:\n%s", InitrdFile, n.Initrd())
+	fmt.Fprintf(&b, "\nat boot /init mounts:\n%s", RootFS)
 	if n.hasSecrets() {
 		fmt.Fprintf(&b, "\n%s holds:\n%s", SecretsFile, n.Secrets())
 	}

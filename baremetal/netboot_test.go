@@ -119,6 +119,9 @@ func TestNetbootWrite(t *testing.T) {
 		}
 	}
 	plan := nb.String()
+	if !strings.Contains(plan, "at boot /init mounts:\n"+RootFS.String()) {
+		t.Errorf("dry run =\n%s\nwant the mount table", plan)
+	}
 	if strings.Contains(plan, "SECRET") || !strings.Contains(plan, "file    0600 /secrets/token < "+nb.TokenFile) {
 		t.Errorf("dry run =\n%s\nwant the token's file listed, never its content", plan)
 	}

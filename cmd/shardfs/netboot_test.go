@@ -77,7 +77,7 @@ func TestNetbootDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := stdout.String()
-	for _, want := range []string{"boot.ipxe", "initrd.cpio.gz", "secrets.cpio.gz  0600", "file    0755 /init < " + self, "chardev 0600 /dev/console 5:1", "file    0600 /secrets/token < " + tok} {
+	for _, want := range []string{"boot.ipxe", "initrd.cpio.gz", "secrets.cpio.gz  0600", "file    0755 /init < " + self, "chardev 0600 /dev/console 5:1", "file    0600 /secrets/token < " + tok, "mount devtmpfs /dev"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run =\n%s\nwant %q", out, want)
 		}
