@@ -34,7 +34,10 @@ const guestAddr = "10.0.2.100"
 // socketpair; the guest reads, resets a shard, has a command refused, runs
 // the shell examples on the mount and unmounts, which ends shardfs mount.
 // Before that a mount with an expired client certificate fails and says
-// so.
+// so. A read-only mount of one shard (--ro --aname /3) refuses a write
+// with EROFS; SIGTERM with a file held open detaches it, the relay serving
+// the open file until it is closed. shardfs mount also mounts a plain
+// tcp! address.
 func TestV9fsTLS(t *testing.T) {
 	k := kit(t)
 	testStart := time.Now()
@@ -69,10 +72,15 @@ func TestV9fsTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	plain, err := fsrv.Listen("tcp!127.0.0.1!0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	var serving sync.WaitGroup
 	serving.Go(func() { node.Server.Serve(ctx, l) })
+	serving.Go(func() { node.Server.Serve(ctx, plain) })
 
 	bin := filepath.Join(t.TempDir(), "shardfs")
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "../cmd/shardfs")
@@ -93,7 +101,7 @@ func TestV9fsTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fwd := fmt.Sprintf("guestfwd=tcp:%s:5641-cmd:%s %s %s", guestAddr, self, relayArg, l.Addr())
+	fwd := fmt.Sprintf("guestfwd=tcp:%s:5641-cmd:%s %s %s,guestfwd=tcp:%s:5640-cmd:%s %s %s", guestAddr, self, relayArg, l.Addr(), guestAddr, self, relayArg, plain.Addr())
 	m, err := Boot(ctx, Config{
 		QEMU: k.QEMU, Kernel: kernel, Initrd: initrd, Ports: []string{"ctl"},
 		NIC: []string{"-netdev", "user,id=n0,restrict=on," + fwd, "-device", "virtio-net-pci,netdev=n0"},
@@ -187,9 +195,24 @@ var tlsScenarios = []scenario{
 			if slices.Contains(r.said, "still mounted") {
 				t.Errorf("guest: /mnt/tls3 still mounted after SIGTERM to shardfs mount")
 			}
-			if out := strings.Join(r.out["mount3-out"], "\n"); !strings.Contains(out, "/mnt/tls3 unmounted") {
-				t.Errorf("guest: shardfs mount said %q after SIGTERM; want it to report the unmount", out)
+			if out := strings.Join(r.out["mount3-out"], "\n"); !strings.Contains(out, "/mnt/tls3 unmounted") || !strings.Contains(out, "/mnt/tls3 is busy: detached") {
+				t.Errorf("guest: shardfs mount said %q after SIGTERM with a file open; want it to detach, then report the unmount", out)
 			}
+			if !slices.Contains(r.said, "relay alive while a file is open") {
+				t.Errorf("guest: shardfs mount ended while a file of its detached mount was open")
+			}
+			if held := r.word(t, "held"); !strings.Contains(held, "shard=") {
+				t.Errorf("guest: reading the held-open events file after the detach: %q; want an event line", held)
+			}
+		},
+	},
+	{
+		name: "plain",
+		check: func(t *testing.T, r *result) {
+			if got := r.word(t, "plain-state"); got == "" {
+				t.Errorf("guest: 0/state through shardfs mount tcp! is empty")
+			}
+			r.ok(t, "plain-umount", "plain-exit")
 		},
 	},
 	{

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"path/filepath"
 	"strings"
 	"time"
@@ -93,16 +94,16 @@ func runCerts(args []string, stdout, stderr io.Writer) error {
 	}
 	switch k {
 	case certs.Server:
-		fmt.Fprintf(stdout, "server %q for %s until %s: serve --tls-cert %s.crt --tls-key %s.key --tls-client-ca %s.crt\n", *name, strings.Join(append(c.Cert.DNSNames, ipStrings(c)...), ", "), c.Cert.NotAfter.UTC().Format(time.DateOnly), base, base, caBase)
+		fmt.Fprintf(stdout, "server %q for %s until %s: serve --tls-cert %s.crt --tls-key %s.key --tls-client-ca %s.crt\n", *name, strings.Join(append(c.Cert.DNSNames, ipStrings(c.Cert.IPAddresses)...), ", "), c.Cert.NotAfter.UTC().Format(time.DateOnly), base, base, caBase)
 	default:
 		fmt.Fprintf(stdout, "client %q until %s: --cert %s.crt --key %s.key --ca %s.crt\n", *name, c.Cert.NotAfter.UTC().Format(time.DateOnly), base, base, caBase)
 	}
 	return nil
 }
 
-func ipStrings(c *certs.Issued) []string {
+func ipStrings(ips []net.IP) []string {
 	var s []string
-	for _, ip := range c.Cert.IPAddresses {
+	for _, ip := range ips {
 		s = append(s, ip.String())
 	}
 	return s

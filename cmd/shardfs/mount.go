@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,7 +33,10 @@ import (
 // detached (MNT_DETACH) and the relay serves its open files until they
 // close; a second signal ends the relay at once (the open files then fail
 // with EIO). A connection lost to the server cannot be resumed (9P's fids
-// live in the connection): the mount is detached and mount exits 1.
+// live in the connection): the mount is detached and mount exits 1. The
+// kernel's wait in mount(2) yields to SIGKILL alone, so mount closes the
+// relay itself when a signal comes or the server has not answered within
+// 30 s, which makes mount(2) fail.
 func runMount(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
 	fl.SetOutput(stderr)
@@ -89,6 +93,10 @@ func defaultAccess() string {
 	return strconv.Itoa(os.Getuid())
 }
 
+// mountTimeout bounds mount(2): the kernel's 9P version and attach
+// exchanges through the relay.
+const mountTimeout = 30 * time.Second
+
 type mount struct {
 	addr, dir string
 	conn      net.Conn
@@ -121,31 +129,61 @@ type relayEnd struct {
 	err    error // the server's side failed (nil: it closed)
 }
 
-// The first direction to end closes both connections, so that a kernel
-// waiting in mount(2) for a server that refused us sees EOF and fails.
+// relay runs the two directions. Which side ended is told by where the
+// copy failed, reading or writing: after an unmount, a reply still on
+// its way from the server meets the kernel's closed end. The first
+// direction to end closes both connections, so that a kernel waiting in
+// mount(2) for a server that refused us sees EOF and fails.
 func relay(kernel, server net.Conn) <-chan relayEnd {
 	out := make(chan relayEnd, 2)
 	var once sync.Once
 	end := func(e relayEnd) {
+		first := false
 		once.Do(func() {
+			out <- e // before the close makes the other direction end
+			first = true
 			kernel.Close()
 			server.Close()
 		})
-		out <- e
+		if !first {
+			out <- e
+		}
 	}
 	go func() {
-		_, err := io.Copy(server, kernel)
-		if err != nil && !errors.Is(err, net.ErrClosed) {
-			end(relayEnd{err: err}) // a write to the server failed
+		if _, werr := pump(server, kernel); werr != nil {
+			end(relayEnd{err: werr})
 			return
 		}
 		end(relayEnd{kernel: true})
 	}()
 	go func() {
-		_, err := io.Copy(kernel, server)
-		end(relayEnd{err: err})
+		rerr, werr := pump(kernel, server)
+		if werr != nil {
+			end(relayEnd{kernel: true})
+			return
+		}
+		if errors.Is(rerr, io.EOF) {
+			rerr = nil
+		}
+		end(relayEnd{err: rerr})
 	}()
 	return out
+}
+
+// pump copies src to dst until one fails, and says which.
+func pump(dst, src net.Conn) (readErr, writeErr error) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return nil, werr
+			}
+		}
+		if err != nil {
+			return err, nil
+		}
+	}
 }
 
 func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
@@ -170,11 +208,29 @@ func (m *mount) run(ctx context.Context, stdout, stderr io.Writer) error {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
+	// The kernel waits for the server's answers in mount(2) and only
+	// SIGKILL interrupts it: a server that accepted us and then says
+	// nothing, or a signal meanwhile, ends the wait by closing the relay.
+	var timedOut atomic.Bool
+	timer := time.AfterFunc(mountTimeout, func() { timedOut.Store(true); closeAll() })
+	interrupt := context.AfterFunc(ctx, closeAll)
 	err = unix.Mount(m.addr, m.dir, "9p", m.flags(), m.options(kfd))
+	timer.Stop()
+	interrupted := !interrupt()
 	unix.Close(kfd) // the kernel holds its own reference now
+	if err == nil && (interrupted || timedOut.Load()) {
+		unix.Unmount(m.dir, unix.MNT_DETACH)
+		err = unix.EINTR
+	}
 	if err != nil {
 		closeAll()
 		why := fmt.Errorf("mount -t 9p %s %s: %w", m.addr, m.dir, err)
+		switch {
+		case timedOut.Load():
+			return fmt.Errorf("%w: the server did not answer within %v", why, mountTimeout)
+		case interrupted:
+			return fmt.Errorf("%w: interrupted", why)
+		}
 		switch {
 		case errors.Is(err, unix.EPERM):
 			why = fmt.Errorf("%w (mounting needs root or CAP_SYS_ADMIN)", why)

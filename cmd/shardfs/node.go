@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -57,8 +58,12 @@ type listener struct {
 	ro bool
 }
 
-// tlsFlags are serve's --tls-cert, --tls-key and --tls-client-ca.
-type tlsFlags struct{ cert, key, clientCA string }
+// tlsFlags are serve's --tls-cert, --tls-key and --tls-client-ca; leaf is
+// the server certificate once config loaded it.
+type tlsFlags struct {
+	cert, key, clientCA string
+	leaf                *x509.Certificate
+}
 
 func (f *tlsFlags) register(fl *flag.FlagSet) {
 	fl.StringVar(&f.cert, "tls-cert", "", "tls! listeners: the server's certificate (PEM)")
@@ -67,7 +72,7 @@ func (f *tlsFlags) register(fl *flag.FlagSet) {
 }
 
 // config loads the TLS configuration when a tls! listener needs it.
-func (f tlsFlags) config(addrs []string) (*tls.Config, error) {
+func (f *tlsFlags) config(addrs []string) (*tls.Config, error) {
 	var tlsAddr string
 	for _, a := range addrs {
 		if la, err := fsrv.ParseListenAddr(a); err == nil && la.TLS {
@@ -85,13 +90,33 @@ func (f tlsFlags) config(addrs []string) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", tlsAddr, err)
 	}
+	f.leaf = conf.Certificates[0].Leaf
 	return conf, nil
+}
+
+// logCert says which certificate the tls! listeners present, and warns
+// when it expires within 30 days or is not valid now.
+func (f *tlsFlags) logCert(log *slog.Logger, now time.Time) {
+	c := f.leaf
+	if c == nil {
+		return
+	}
+	names := append(append([]string(nil), c.DNSNames...), ipStrings(c.IPAddresses)...)
+	args := []any{"cert", f.cert, "cn", c.Subject.CommonName, "names", strings.Join(names, ","), "not_after", c.NotAfter.UTC().Format(time.RFC3339)}
+	switch {
+	case now.Before(c.NotBefore) || now.After(c.NotAfter):
+		log.Warn("the TLS listeners' certificate is not valid now: clients will refuse it (or this machine's clock is wrong)", append(args, "not_before", c.NotBefore.UTC().Format(time.RFC3339))...)
+	case c.NotAfter.Sub(now) < 30*24*time.Hour:
+		log.Warn("the TLS listeners' certificate expires within 30 days: shardfs certs server makes a new one", args...)
+	default:
+		log.Info("TLS listeners' certificate", args...)
+	}
 }
 
 // listen opens every address (defaults when addrs is empty); on failure it
 // closes those already open. Every address is parsed before any is opened.
 // tf's configuration serves the tls! listeners.
-func listen(addrs, defaults []string, tf tlsFlags) ([]listener, error) {
+func listen(addrs, defaults []string, tf *tlsFlags) ([]listener, error) {
 	if len(addrs) == 0 {
 		addrs = defaults
 	}

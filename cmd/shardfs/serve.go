@@ -100,7 +100,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	}
 	// Listeners open first, so that a refused one fails serve before
 	// discovery spends a request.
-	ls, err := listen(listens, serveListeners(), tf)
+	ls, err := listen(listens, serveListeners(), &tf)
 	if err != nil {
 		return err
 	}
@@ -190,6 +190,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
 	}
+	tf.logCert(log, time.Now())
 	sup.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup

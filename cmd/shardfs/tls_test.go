@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/demo"
 	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
 )
 
 // testPKI writes a CA, a server certificate for 127.0.0.1, a client
@@ -315,4 +317,101 @@ func TestExamplesOverTLS(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "tls!") {
 		t.Errorf("cat over tcp! with SHARDFS_CERT set = %v; want a dial error, not a TLS one", err)
 	}
+}
+
+// serve logs the TLS listeners' certificate, and warns when it is not
+// valid now or expires within 30 days.
+func TestLogTLSCert(t *testing.T) {
+	pki := testPKI(t)
+	tf := &tlsFlags{cert: filepath.Join(pki, "server.crt"), key: filepath.Join(pki, "server.key"), clientCA: filepath.Join(pki, "ca.crt")}
+	if _, err := tf.config([]string{"tls!127.0.0.1!0"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		now  time.Time
+		want string
+	}{
+		{time.Now(), `level=INFO msg="TLS listeners' certificate" cert=` + tf.cert + " cn=server names=127.0.0.1"},
+		{tf.leaf.NotAfter.Add(-24 * time.Hour), "level=WARN msg=\"the TLS listeners' certificate expires within 30 days"},
+		{tf.leaf.NotAfter.Add(time.Hour), "level=WARN msg=\"the TLS listeners' certificate is not valid now"},
+		{tf.leaf.NotBefore.Add(-time.Hour), "or this machine's clock is wrong"},
+	} {
+		var b strings.Builder
+		tf.logCert(slog.New(slog.NewTextHandler(&b, nil)), tc.now)
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("at %v: log %q; want %q", tc.now, b.String(), tc.want)
+		}
+	}
+}
+
+// serve with a tls! listener on every interface (no ,insecure needed)
+// beside its unix socket: the built-in client reads and resets a shard
+// over TLS with a certificate from the CA, and a client whose
+// certificate is expired is refused, logged by serve with its name.
+func TestServeTLS(t *testing.T) {
+	const token = "TLS-SERVE-TOKEN-1"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 1, MaxConcurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	pki := testPKI(t)
+	dir := binDir(t)
+	sock := filepath.Join(t.TempDir(), "serve.sock")
+	cmd := command(t, dir, "serve", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto",
+		"--listen", "unix!"+sock, "--listen", "tls!0.0.0.0!0",
+		"--tls-cert", filepath.Join(pki, "server.crt"), "--tls-key", filepath.Join(pki, "server.key"), "--tls-client-ca", filepath.Join(pki, "ca.crt"))
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("serve exited with %v:\n%s", err, stderr)
+		}
+		if strings.Contains(stderr.String(), token) {
+			t.Errorf("serve's log holds the token")
+		}
+	}()
+	var port string
+	eventually(t, "serve listening on tls!", func() (bool, string) {
+		s := stderr.String()
+		// Every interface shows as :: on a dual-stack machine.
+		if i := strings.Index(s, "addr=tls!"); i >= 0 {
+			a := strings.Fields(s[i:])[0]
+			port = a[strings.LastIndex(a, "!")+1:]
+			return true, port
+		}
+		return false, s
+	})
+	if s := stderr.String(); !strings.Contains(s, "!"+port+" access=read-write") || !strings.Contains(s, "TLS listeners' certificate") {
+		t.Errorf("serve's log does not describe the TLS listener and its certificate:\n%s", s)
+	}
+	addr := "tls!127.0.0.1!" + port
+	shardfs := func(cert string, args ...string) (string, error) {
+		c := command(t, dir, append(append([]string{args[0], "--addr", addr}, clientArgs(pki, cert)...), args[1:]...)...)
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	eventually(t, "shard 0 READY over TLS", func() (bool, string) {
+		out, err := shardfs("client", "cat", "0/state")
+		return err == nil && out == "READY\n", out
+	})
+	if out, err := shardfs("client", "write", "0/ctl", "reset"); err != nil {
+		t.Fatalf("reset over TLS: %v\n%s", err, out)
+	}
+	if out, err := shardfs("client", "cat", "0/reconnects"); err != nil || out != "1\n" {
+		t.Errorf("0/reconnects after a reset over TLS = %q, %v; want 1", out, err)
+	}
+	out, err := shardfs("expired", "cat", "status")
+	if err == nil || !strings.Contains(out, "refused our client certificate: expired") {
+		t.Errorf("cat with an expired certificate = %v, %q; want a refusal that says expired", err, out)
+	}
+	eventually(t, "serve logging the refusal", func() (bool, string) {
+		s := stderr.String()
+		return strings.Count(s, `reason="client certificate expired"`) == 1 && strings.Contains(s, "CN=expired expired at"), s
+	})
 }

@@ -254,11 +254,31 @@ s_tlsro() {
 	waitfor 30 mounted /mnt/tls3 || die "shardfs mount --ro: $(cat /tmp/mount3.out)"
 	show ro-state cat /mnt/tls3/state
 	show ro-reset put /mnt/tls3/ctl reset
+	# A file held open makes the unmount busy: the mount is detached and
+	# the relay serves the open file until it is closed.
+	exec 7</mnt/tls3/events
 	kill -TERM "$pid3"
+	waitfor 10 sh -c '! grep -q " /mnt/tls3 9p " /proc/mounts' || die "/mnt/tls3 not detached after SIGTERM"
+	if kill -0 "$pid3" 2>/dev/null; then say "relay alive while a file is open"; fi
+	show held sh -c 'head -n 1 <&7'
+	exec 7<&-
 	wait "$pid3"
 	say "mount3-exit rc=$?"
 	if mounted /mnt/tls3; then say "still mounted"; fi
 	show mount3-out cat /tmp/mount3.out
+}
+
+# s_plain mounts through shardfs mount without TLS: 10.0.2.100:5640 is
+# forwarded to a plain TCP listener of the test.
+s_plain() {
+	mkdir -p /mnt/plain
+	shardfs mount 'tcp!10.0.2.100!5640' /mnt/plain >/tmp/plain.out 2>&1 &
+	pidp=$!
+	waitfor 30 mounted /mnt/plain || die "shardfs mount tcp!: $(cat /tmp/plain.out)"
+	show plain-state cat /mnt/plain/0/state
+	show plain-umount umount /mnt/plain
+	wait "$pidp"
+	say "plain-exit rc=$?"
 }
 
 s_tlsumount() {
