@@ -115,7 +115,7 @@ func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Node, *noToke
 // nothing. With shardfs.total=auto (discovery needs the token) the plan is
 // shard 0 of 1.
 func serveNoToken(ctx context.Context, s baremetal.Settings, console io.Writer) error {
-	ls, err := listen(s.Listen, nil, tlsFlags{cert: s.TLSCert, key: s.TLSKey, clientCA: s.TLSClientCA})
+	ls, err := listen(s.Listen, nil, &tlsFlags{cert: s.TLSCert, key: s.TLSKey, clientCA: s.TLSClientCA})
 	if err != nil {
 		return err
 	}
