@@ -93,7 +93,7 @@ func Boot(ctx context.Context, cfg Config) error {
 	if err := loUp(); err != nil {
 		con.printf("loopback: %v", err)
 	}
-	if err := retry(ctx, clk, con, "DHCP", func(time.Duration) error {
+	if err := retry(ctx, clk, con, "DHCP", func() error {
 		lease, err := dhcp(ctx, 10*time.Second)
 		if err == nil {
 			con.printf("network up: %v", lease)
@@ -108,7 +108,7 @@ func Boot(ctx context.Context, cfg Config) error {
 	if refused {
 		return refuse(ctx, clk, con)
 	}
-	return retry(ctx, clk, con, "the node", func(time.Duration) error {
+	return retry(ctx, clk, con, "the node", func() error {
 		con.printf("starting the node: shardfs serve %s", strings.Join(settings.Args(), " "))
 		err := cfg.Run(ctx, settings, token)
 		if err == nil && ctx.Err() == nil {
@@ -192,11 +192,11 @@ func refuse(ctx context.Context, clk clock.Clock, con *console) error {
 // the wait before the next try. The wait doubles from RetryMin to
 // RetryMax, and starts again from RetryMin after a try that lasted
 // RetryReset.
-func retry(ctx context.Context, clk clock.Clock, con *console, what string, f func(attempt time.Duration) error) error {
+func retry(ctx context.Context, clk clock.Clock, con *console, what string, f func() error) error {
 	wait := RetryMin
 	for {
 		start := clock.Mono(clk)
-		err := f(wait)
+		err := f()
 		if err == nil || ctx.Err() != nil {
 			return ctx.Err()
 		}

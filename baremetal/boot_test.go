@@ -42,7 +42,7 @@ func TestRetryBackoff(t *testing.T) {
 	calls := 0
 	done := make(chan error, 1)
 	go func() {
-		done <- retry(context.Background(), clk, con, "DHCP", func(time.Duration) error {
+		done <- retry(context.Background(), clk, con, "DHCP", func() error {
 			calls++
 			switch calls {
 			case 4:
@@ -87,7 +87,7 @@ func TestRetryCapAndCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- retry(ctx, clk, &console{w: out}, "the node", func(time.Duration) error { return errors.New("down") })
+		done <- retry(ctx, clk, &console{w: out}, "the node", func() error { return errors.New("down") })
 	}()
 	var last string
 	for range 8 {
