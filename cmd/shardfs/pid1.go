@@ -38,7 +38,8 @@ func runPID1(ctx context.Context, console io.Writer) {
 				return serve(ctx, s.Args(), console, console, func(string) (string, error) { return token, nil })
 			},
 		})
-		fmt.Fprintf(console, "shardfs-init: boot ended: %v; starting over\n", err)
+		fmt.Fprintf(console, "shardfs-init: boot ended: %v; starting over in 1s\n", err)
+		time.Sleep(time.Second) // never a tight loop in PID 1
 	}
 }
 
