@@ -15,6 +15,11 @@
 // running the test binary itself as the relay of each connection (see
 // TestMain), so that the host needs no socat.
 //
+// Config.PXE boots instead from QEMU's restricted user-mode network
+// through the NIC's iPXE ROM (Debian package ipxe-qemu): TestPXEBoot boots
+// what `shardfs netboot` writes, with shardfs as PID 1, and drives the
+// node's tree over TLS through a host forward.
+//
 // The tests skip when the kit is missing, except under CI=true, where a
 // missing kit is a failure.
 package integration

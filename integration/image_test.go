@@ -153,3 +153,20 @@ func TestConfigArgs(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigArgsPXE(t *testing.T) {
+	args := strings.Join(Config{QEMU: "qemu", Kernel: "unused", PXE: &PXE{
+		TFTP: "/srv/tftp", BootFile: "boot.ipxe",
+		HostFwd:  []string{"tcp:127.0.0.1:9-:5641"},
+		GuestFwd: []string{"tcp:10.0.2.100:443-cmd:nc 127.0.0.1 8"},
+	}}.Args(), " ")
+	want := "-netdev user,id=n0,restrict=on,tftp=/srv/tftp,bootfile=boot.ipxe,hostfwd=tcp:127.0.0.1:9-:5641,guestfwd=tcp:10.0.2.100:443-cmd:nc 127.0.0.1 8 -device virtio-net-pci,netdev=n0 -boot n"
+	if !strings.Contains(args, want) {
+		t.Errorf("Args() = %s; want it to contain %s", args, want)
+	}
+	for _, not := range []string{"-kernel", "-nic none"} {
+		if strings.Contains(args, not) {
+			t.Errorf("Args() = %s; a network boot has no %s", args, not)
+		}
+	}
+}

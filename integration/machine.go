@@ -26,11 +26,32 @@ type Config struct {
 	// NIC is QEMU's arguments for the guest's network device (a -netdev
 	// user,...,restrict=on and its -device); empty means no NIC.
 	NIC []string
+	// PXE, when set, boots the guest from the network through the NIC's
+	// iPXE ROM instead of Kernel and Initrd (NIC is then unused).
+	PXE *PXE
 	// Ports names the guest's virtio-serial ports, in order: the guest sees
 	// them as /dev/vport*p* with /sys/class/virtio-ports/*/name set to the
 	// name. Each is a socketpair whose other end is Machine.Ports[name].
 	Ports []string
 }
+
+// PXE is a network boot from QEMU's user-mode network, restricted to the
+// forwards below: its DHCP server hands out BootFile, which the NIC's iPXE
+// ROM (Debian package ipxe-qemu) fetches from TFTP, as the files it names.
+type PXE struct {
+	TFTP     string // the folder QEMU's TFTP server serves
+	BootFile string // e.g. boot.ipxe
+	// HostFwd are QEMU hostfwd rules, e.g. "tcp:127.0.0.1:HOSTPORT-:GUESTPORT".
+	HostFwd []string
+	// GuestFwd are QEMU guestfwd rules, e.g.
+	// "tcp:10.0.2.100:443-cmd:busybox nc 127.0.0.1 PORT" (each guest
+	// connection runs the command).
+	GuestFwd []string
+}
+
+// IPXEROM is the ROM QEMU loads for a virtio-net-pci NIC; Debian's
+// ipxe-qemu provides it.
+const IPXEROM = "/usr/lib/ipxe/qemu/efi-virtio.rom"
 
 // Args returns QEMU's arguments for cfg when the port socketpairs are file
 // descriptors 3, 4, ... of QEMU.
@@ -41,17 +62,31 @@ func (cfg Config) Args() []string {
 	}
 	args := []string{
 		"-accel", "tcg", "-machine", "q35", "-m", strconv.Itoa(mem), "-smp", "1",
-		// No display, the serial console on stdio, no NIC (QEMU adds a
-		// user-mode one otherwise), and exit instead of rebooting, so that
-		// a panic (panic=-1) ends the run.
+		// No display, the serial console on stdio, and exit instead of
+		// rebooting, so that a panic (panic=-1) ends the run.
 		"-nographic", "-no-reboot",
-		"-kernel", cfg.Kernel, "-initrd", cfg.Initrd,
-		"-append", strings.TrimSpace("console=ttyS0 panic=-1 quiet " + cfg.Append),
 	}
-	if len(cfg.NIC) == 0 {
-		args = append(args, "-nic", "none")
+	if p := cfg.PXE; p != nil {
+		netdev := "user,id=n0,restrict=on,tftp=" + p.TFTP + ",bootfile=" + p.BootFile
+		for _, f := range p.HostFwd {
+			netdev += ",hostfwd=" + f
+		}
+		for _, f := range p.GuestFwd {
+			netdev += ",guestfwd=" + f
+		}
+		// -cpu max has RDRAND, which Debian's kernel trusts: its random
+		// number generator is ready at boot, as on a server, instead of
+		// blocking getrandom for many seconds under TCG.
+		args = append(args, "-cpu", "max", "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0", "-boot", "n")
 	} else {
-		args = append(args, cfg.NIC...)
+		args = append(args, "-kernel", cfg.Kernel, "-initrd", cfg.Initrd,
+			"-append", strings.TrimSpace("console=ttyS0 panic=-1 quiet "+cfg.Append))
+		if len(cfg.NIC) == 0 {
+			// No NIC: QEMU adds a user-mode one otherwise.
+			args = append(args, "-nic", "none")
+		} else {
+			args = append(args, cfg.NIC...)
+		}
 	}
 	if len(cfg.Ports) > 0 {
 		args = append(args, "-device", "virtio-serial-pci,id=vser")

@@ -8,6 +8,8 @@
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
 //	               [--tls-cert F --tls-key F --tls-client-ca F]  (tls!HOST!PORT listeners)
+//	shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline '...'] [--token-file F]
+//	               [--tls-cert F --tls-key F --tls-client-ca F] [--ca-bundle F] [--dry-run]
 //	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
 //	shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
 //	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
@@ -25,6 +27,12 @@
 // A burst of log lines with the same long err (shards that shared one
 // failed discovery) prints it whole once and "same as shard N" after; the
 // tree's events keep every shard's full text.
+//
+// Run as PID 1 (the /init of a netboot image), the binary boots the node
+// (package baremetal, pid1.go) whatever its arguments. Without a token it
+// still serves the tree, its shards FATAL with "no token". netboot puts
+// the running binary in the image, so it must be static (CGO_ENABLED=0);
+// it refuses a dynamic one.
 //
 // With --sessions DIR, serve locks the folder before it discovers or
 // connects, so a second serve on it fails at once and names the first's
@@ -49,6 +57,11 @@ import (
 )
 
 func main() {
+	if os.Getpid() == 1 {
+		// The kernel ran the binary as /init of a netboot image. No
+		// signal ends PID 1: it runs until the machine powers off.
+		runPID1(context.Background(), os.Stderr)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr); err != nil {
@@ -67,6 +80,12 @@ const usage = `usage:
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
                  [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
+  shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline 'shardfs.x=y ...']
+                 [--token-file FILE] [--tls-cert F --tls-key F --tls-client-ca F]
+                 [--ca-bundle FILE] [--dry-run]
+                 (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,
+                 the kernel and its NIC modules; the token and the TLS key in
+                 secrets.cpio.gz)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
   shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
   shardfs ls     [--addr ADDR] [--cert F --key F --ca F] PATH
@@ -87,6 +106,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runDemo(ctx, args, stdout, stderr)
 	case "serve":
 		return runServe(ctx, args, stdout, stderr)
+	case "netboot":
+		return runNetboot(args, stdout, stderr)
 	case "ls", "cat", "write", "tail":
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
 	case "mount":

@@ -20,6 +20,12 @@ import (
 // SHARDFS_TOKEN or --token-file, never from a flag value, so that it does
 // not show in ps or the shell history.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return serve(ctx, args, stdout, stderr, readToken)
+}
+
+// serve is runServe with the token from tokenFrom (called with --token-file's
+// value): PID 1 of a bare-metal node hands over the token it already read.
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFrom func(file string) (string, error)) error {
 	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	flavorName := fl.String("flavor", "", "gateway flavor: discord or fluxer (required)")
@@ -88,7 +94,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return flagErr(fl, "%v", err)
 		}
 	}
-	token, err := readToken(*tokenFile)
+	token, err := tokenFrom(*tokenFile)
 	if err != nil {
 		return err
 	}

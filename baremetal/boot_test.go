@@ -1,0 +1,217 @@
+package baremetal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardfs/shardfs/clock"
+)
+
+// lines is a console that hands each line to the test.
+type lines chan string
+
+func (l lines) Write(p []byte) (int, error) {
+	l <- strings.TrimSuffix(string(p), "\n")
+	return len(p), nil
+}
+
+func next(t *testing.T, l lines) string {
+	t.Helper()
+	select {
+	case s := <-l:
+		return s
+	case <-time.After(10 * time.Second): // a bound on a hang, not a wait for a state
+		t.Fatal("no console line within 10 s")
+		return ""
+	}
+}
+
+func TestRetryBackoff(t *testing.T) {
+	clk := clock.NewFake()
+	out := make(lines, 16)
+	con := &console{w: out}
+	calls := 0
+	done := make(chan error, 1)
+	go func() {
+		done <- retry(context.Background(), clk, con, "DHCP", func() error {
+			calls++
+			switch calls {
+			case 4:
+				// A try that lasted RetryReset: the wait starts over.
+				clk.Advance(RetryReset)
+				return errors.New("lost after a while")
+			case 6:
+				return nil
+			}
+			return fmt.Errorf("no answer %d", calls)
+		})
+	}()
+	for _, want := range []struct {
+		line string
+		wait time.Duration
+	}{
+		{"shardfs-init: DHCP failed: no answer 1; retrying in 1s", time.Second},
+		{"shardfs-init: DHCP failed: no answer 2; retrying in 2s", 2 * time.Second},
+		{"shardfs-init: DHCP failed: no answer 3; retrying in 4s", 4 * time.Second},
+		{"shardfs-init: DHCP failed: lost after a while; retrying in 1s", time.Second},
+		{"shardfs-init: DHCP failed: no answer 5; retrying in 2s", 2 * time.Second},
+	} {
+		if got := next(t, out); got != want.line {
+			t.Fatalf("console = %q; want %q", got, want.line)
+		}
+		clk.Advance(want.wait - time.Nanosecond)
+		select {
+		case err := <-done:
+			t.Fatalf("retry returned %v before its wait of %v ended", err, want.wait)
+		default:
+		}
+		clk.Advance(time.Nanosecond)
+	}
+	if err := <-done; err != nil || calls != 6 {
+		t.Errorf("retry = %v after %d calls; want nil after 6", err, calls)
+	}
+}
+
+func TestRetryCapAndCancel(t *testing.T) {
+	clk := clock.NewFake()
+	out := make(lines, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- retry(ctx, clk, &console{w: out}, "the node", func() error { return errors.New("down") })
+	}()
+	var last string
+	for range 8 {
+		last = next(t, out)
+		clk.Advance(RetryMax)
+	}
+	if !strings.HasSuffix(last, "retrying in 30s") {
+		t.Errorf("8th failure: %q; want the wait capped at %v", last, RetryMax)
+	}
+	next(t, out) // waiting again
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("retry after cancel = %v; want context.Canceled", err)
+	}
+}
+
+func TestReadToken(t *testing.T) {
+	root := t.TempDir()
+	out := make(lines, 4)
+	con := &console{w: out}
+	if tok := readToken(con, root); tok != "" {
+		t.Errorf("readToken without secrets = %q; want empty", tok)
+	}
+	if l := next(t, out); !strings.Contains(l, `no token: no /secrets/token (secrets.cpio.gz was not loaded`) || !strings.Contains(l, `FATAL with "no token"`) {
+		t.Errorf("console = %q; want it to say there is no token and what follows", l)
+	}
+	os.MkdirAll(filepath.Join(root, "secrets"), 0o700)
+	if err := os.WriteFile(root+TokenPath, []byte("  tok-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok := readToken(con, root); tok != "tok-123" {
+		t.Errorf("readToken = %q; want tok-123", tok)
+	}
+	if _, err := os.Stat(root + TokenPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the token file is still there after readToken: %v", err)
+	}
+	if len(out) != 0 {
+		t.Errorf("console after a good token: %q", <-out)
+	}
+}
+
+func TestCheckListen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		listen []string
+		files  []string
+		ok     bool
+		want   []string // listeners after
+		line   string   // in the console
+	}{
+		{"no listener, no TLS", nil, nil, false, nil, "shardfs.listen: missing"},
+		{"tls without files", []string{"tls!0.0.0.0!5641"}, nil, false, []string{"tls!0.0.0.0!5641"}, "no TLS files"},
+		{"plain, no files", []string{"tcp!0.0.0.0!1,insecure"}, nil, true, []string{"tcp!0.0.0.0!1,insecure"}, ""},
+		{"default with files", nil, []string{TLSCertPath, TLSKeyPath, TLSClientCAPath}, true, []string{DefaultListen}, "listening on " + DefaultListen},
+		{"some files", nil, []string{TLSKeyPath}, false, nil, "only some of"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			os.MkdirAll(root+"/secrets", 0o700)
+			for _, f := range tc.files {
+				os.WriteFile(root+f, []byte("x"), 0o600)
+			}
+			out := make(lines, 4)
+			s := Settings{Listen: tc.listen}
+			if ok := checkListen(&console{w: out}, root, &s); ok != tc.ok {
+				t.Errorf("checkListen = %v; want %v", ok, tc.ok)
+			}
+			if strings.Join(s.Listen, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("Listen = %q; want %q", s.Listen, tc.want)
+			}
+			var console string
+			for len(out) > 0 {
+				console += <-out + "\n"
+			}
+			if !strings.Contains(console, tc.line) || tc.line == "" && console != "" {
+				t.Errorf("console = %q; want %q", console, tc.line)
+			}
+			if tc.ok && len(tc.files) == 3 && s.TLSKey != root+TLSKeyPath {
+				t.Errorf("TLSKey = %q; want %q", s.TLSKey, root+TLSKeyPath)
+			}
+		})
+	}
+}
+
+func TestReap(t *testing.T) {
+	// A child nobody waits for stays a zombie until reap collects it.
+	pid, err := syscall.ForkExec("/bin/sh", []string{"sh", "-c", "exit 3"}, &syscall.ProcAttr{})
+	if err != nil {
+		t.Skipf("no /bin/sh to fork: %v", err)
+	}
+	reaped := map[int]int{}
+	for deadline := time.Now().Add(10 * time.Second); reaped[pid] == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		// A process boundary: the child exits on its own time.
+		reap(func(p int, ws unix.WaitStatus) { reaped[p] = ws.ExitStatus() + 100 })
+	}
+	if reaped[pid] != 103 {
+		t.Fatalf("reap saw %v; want pid %d with exit status 3", reaped, pid)
+	}
+	if _, err := unix.Wait4(pid, nil, unix.WNOHANG, nil); !errors.Is(err, unix.ECHILD) {
+		t.Errorf("Wait4(%d) after reap = %v; want ECHILD (already reaped)", pid, err)
+	}
+}
+
+func TestRootFSTable(t *testing.T) {
+	got := RootFS.String()
+	for _, want := range []string{
+		"mount proc     /proc      proc     nosuid,nodev,noexec\n",
+		"mount devtmpfs /dev       devtmpfs nosuid,mode=0755\n",
+		"mount devpts   /dev/pts   devpts   nosuid,noexec,mode=0620,ptmxmode=0666\n",
+		"mount tmpfs    /tmp       tmpfs    nosuid,nodev,mode=1777\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("RootFS.String() =\n%s\nwant a line %q", got, want)
+		}
+	}
+	// /dev/pts needs /dev first.
+	dev, pts := strings.Index(got, " /dev "), strings.Index(got, " /dev/pts ")
+	if dev < 0 || pts < dev {
+		t.Errorf("RootFS mounts /dev/pts before /dev:\n%s", got)
+	}
+}
+
+func TestClockFloor(t *testing.T) {
+	if f := clockFloor(); f.Year() < 2026 {
+		t.Errorf("clockFloor() = %v; want the build's time, not before 2026", f)
+	}
+}

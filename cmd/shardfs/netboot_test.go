@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shardfs/shardfs/baremetal"
+	"github.com/shardfs/shardfs/core"
+)
+
+const nbCmdline = "shardfs.flavor=discord shardfs.total=2 shardfs.listen=tcp!0.0.0.0!5641,insecure"
+
+func TestNetbootRefuses(t *testing.T) {
+	dir := t.TempDir()
+	open := filepath.Join(dir, "open-token")
+	os.WriteFile(open, []byte("tok"), 0o644)
+	empty := filepath.Join(dir, "empty-token")
+	os.WriteFile(empty, nil, 0o600)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad flavor", []string{"--cmdline", "shardfs.flavor=irc shardfs.total=2 shardfs.listen=unix!/s"}, "shardfs.flavor"},
+		{"token on the command line", []string{"--cmdline", nbCmdline + " shardfs.token=SEKRIT"}, "shardfs.token"},
+		{"no listener, no TLS", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2"}, "shardfs.listen: missing"},
+		{"tls listener, no TLS files", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2 shardfs.listen=tls!0.0.0.0!5641"}, "needs --tls-cert"},
+		{"token readable by others", []string{"--cmdline", nbCmdline, "--token-file", open}, "chmod 600"},
+		{"empty token", []string{"--cmdline", nbCmdline, "--token-file", empty}, "empty"},
+		{"missing token file", []string{"--cmdline", nbCmdline, "--token-file", filepath.Join(dir, "nope")}, "--token-file"},
+		{"no out", []string{"--cmdline", nbCmdline}, "--out is required"},
+		{"modules without kernel", []string{"--cmdline", nbCmdline, "--modules", "e1000"}, "needs --kernel"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"netboot"}, tc.args...)
+			if tc.name != "no out" {
+				args = append(args, "--out", dir, "--ca-bundle", "")
+			}
+			err := run(context.Background(), args, nil, &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("netboot %q = %v; want an error containing %q", tc.args, err, tc.want)
+			}
+			if strings.Contains(err.Error()+stderr.String(), "SEKRIT") {
+				t.Errorf("netboot's error shows the token: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, baremetal.InitrdFile)); err == nil {
+				t.Errorf("netboot wrote an image despite the refusal")
+			}
+		})
+	}
+}
+
+func TestNetbootDryRun(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte("SEKRIT\n"), 0o600)
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"netboot", "--dry-run", "--out", filepath.Join(dir, "out"), "--ca-bundle", "", "--token-file", tok, "--cmdline", nbCmdline + " shardfs.colour=red"}, nil, &stdout, &stderr)
+	self, _ := os.Executable()
+	if baremetal.CheckStatic(self) != nil {
+		// The test binary is dynamically linked (cgo): netboot must
+		// refuse to make it /init, and say how to build a static one.
+		if !errors.Is(err, baremetal.ErrNotStatic) || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+			t.Fatalf("netboot with a dynamic binary = %v; want ErrNotStatic saying how to build", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := stdout.String()
+	for _, want := range []string{"boot.ipxe", "initrd.cpio.gz", "secrets.cpio.gz  0600", "file    0755 /init < " + self, "chardev 0600 /dev/console 5:1", "file    0600 /secrets/token < " + tok, "mount devtmpfs /dev"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run =\n%s\nwant %q", out, want)
+		}
+	}
+	if strings.Contains(out, "SEKRIT") {
+		t.Errorf("dry run shows the token:\n%s", out)
+	}
+	if !strings.Contains(stderr.String(), "shardfs.colour") {
+		t.Errorf("stderr = %q; want a warning naming shardfs.colour", stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "out")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dry run created the output folder: %v", err)
+	}
+}
+
+// TestNoTokenNode: a node booted without secrets.cpio.gz shows every
+// shard FATAL with "no token", at once (no identify pacing).
+func TestNoTokenNode(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	n, tr, tree, err := newNoTokenNode(baremetal.Settings{Flavor: core.Discord, Total: "4", Shards: "1-3"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree.Root() == nil {
+		t.Fatal("no tree")
+	}
+	events := n.Events()
+	n.Start()
+	defer func() {
+		n.Close()
+		tr.wg.Wait()
+	}()
+	for {
+		changed := events.Notify() // before the look, so no change is missed
+		diags := n.Snapshot(nil)
+		fatal := 0
+		for _, d := range diags {
+			if d.State == core.Fatal {
+				fatal++
+				if d.LastError == nil || !strings.Contains(d.LastError.Error(), "no token") {
+					t.Fatalf("shard %d: FATAL with %v; want \"no token\"", d.Shard, d.LastError)
+				}
+			}
+		}
+		if len(diags) != 3 {
+			t.Fatalf("%d shards; want 3 (1-3 of 4)", len(diags))
+		}
+		if fatal == len(diags) {
+			return
+		}
+		<-changed
+	}
+}
