@@ -116,8 +116,8 @@ type Config struct {
 	Assignment Assignment
 	Policy     Policy
 	Launch     Launcher
-	Clock  clock.Clock
-	Logger *slog.Logger
+	Clock      clock.Clock
+	Logger     *slog.Logger
 }
 
 // exit intents: what the supervisor does when a child's process ends.

@@ -73,8 +73,10 @@ func (h journalHandler) Handle(_ context.Context, r slog.Record) error {
 	h.j.add(b.String())
 	return nil
 }
-func (h journalHandler) WithAttrs(a []slog.Attr) slog.Handler { return journalHandler{h.j, append(h.attrs, a...)} }
-func (h journalHandler) WithGroup(string) slog.Handler        { return h }
+func (h journalHandler) WithAttrs(a []slog.Attr) slog.Handler {
+	return journalHandler{h.j, append(h.attrs, a...)}
+}
+func (h journalHandler) WithGroup(string) slog.Handler { return h }
 
 type fakeProc struct {
 	j       *journal
