@@ -70,6 +70,10 @@ type Config struct {
 	// ResumeWindow is the age beyond which a snapshot is not resumed;
 	// zero means the flavor's.
 	ResumeWindow time.Duration
+	// IdentifyPacer, when set, grants the core's identify slots instead of
+	// Pacer (a supervised child asks its parent, which paces every
+	// child); Pacer then only takes discovery's figures.
+	IdentifyPacer core.IdentifyPacer
 	// Gateway is the endpoint Fluxer snapshots must resume on: what the
 	// caller discovered before New, as the transport will find it; empty
 	// means GatewayURL. With neither, no Fluxer snapshot is resumed.
@@ -142,8 +146,12 @@ func New(cfg Config) (*Node, error) {
 			cfg.ObserveEvent(kind, d)
 		}
 	}
+	var pacer core.IdentifyPacer = s.Pacer
+	if cfg.IdentifyPacer != nil {
+		pacer = cfg.IdentifyPacer
+	}
 	node, err := core.New(core.Config{
-		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: s.Pacer, Lease: s.Lease,
+		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: pacer, Lease: s.Lease,
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: log.With("component", "core"),
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),

@@ -20,23 +20,23 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// journal records, in order, what the supervisor logged and what it did
+// record records, in order, what the supervisor logged and what it did
 // to the fake processes, so that a test can check that it logs before it
 // acts.
-type journal struct {
+type record struct {
 	t     testing.TB
 	mu    sync.Mutex
 	lines []string
 }
 
-func (j *journal) add(line string) {
+func (j *record) add(line string) {
 	j.mu.Lock()
 	j.lines = append(j.lines, line)
 	j.mu.Unlock()
 	j.t.Log(line)
 }
 
-func (j *journal) all() []string {
+func (j *record) all() []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return slices.Clone(j.lines)
@@ -44,7 +44,7 @@ func (j *journal) all() []string {
 
 // index returns the position of the first line at or after from that
 // contains every substring, or -1.
-func (j *journal) index(from int, subs ...string) int {
+func (j *record) index(from int, subs ...string) int {
 	for i, l := range j.all() {
 		if i < from {
 			continue
@@ -61,7 +61,7 @@ func (j *journal) index(from int, subs ...string) int {
 }
 
 type journalHandler struct {
-	j     *journal
+	j     *record
 	attrs []slog.Attr
 }
 
@@ -79,7 +79,7 @@ func (h journalHandler) WithAttrs(a []slog.Attr) slog.Handler {
 func (h journalHandler) WithGroup(string) slog.Handler { return h }
 
 type fakeProc struct {
-	j       *journal
+	j       *record
 	id      string
 	pid     int
 	launch  Launch
@@ -105,7 +105,7 @@ func (p *fakeProc) got() []os.Signal {
 
 type harness struct {
 	t   *testing.T
-	j   *journal
+	j   *record
 	clk *clock.Fake
 	s   *Supervisor
 
@@ -116,7 +116,7 @@ type harness struct {
 }
 
 func newHarness(t *testing.T, a Assignment, pol Policy) *harness {
-	h := &harness{t: t, j: &journal{t: t}, clk: clock.NewFake(), fail: map[string]error{}, nextPid: 100}
+	h := &harness{t: t, j: &record{t: t}, clk: clock.NewFake(), fail: map[string]error{}, nextPid: 100}
 	h.s = New(Config{
 		Assignment: a, Policy: pol, Clock: h.clk, Logger: slog.New(journalHandler{j: h.j}),
 		Launch: func(l Launch, r *Reports) (Process, error) {

@@ -63,6 +63,9 @@ const usage = `usage:
                  [--sessions DIR [--resume-window D]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
+  shardfs supervise (serve's flags) --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
+                 [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
+                 [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
   shardfs ls     [--addr ADDR] PATH
   shardfs cat    [--addr ADDR] PATH
   shardfs write  [--addr ADDR] PATH [TEXT]     (TEXT or standard input)
@@ -81,6 +84,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runDemo(ctx, args, stdout, stderr)
 	case "serve":
 		return runServe(ctx, args, stdout, stderr)
+	case "supervise":
+		return runSupervise(ctx, args, stderr)
 	case "ls", "cat", "write", "tail":
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
 	case "version":

@@ -90,6 +90,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	ctx, link, err := supervisedChild(ctx)
+	if err != nil {
+		return err
+	}
+	defer link.Close()
 	// Listeners open first, so that a refused one fails serve before
 	// discovery spends a request.
 	ls, err := listen(listens, serveListeners())
@@ -159,6 +164,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if store != nil {
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
 	}
+	link.configure(&cfg)
 	sup, err := node.New(cfg)
 	if err != nil {
 		closeListeners(ls)
@@ -186,6 +192,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { progress(pctx, sup, log, status) })
+	link.started(pctx, sup, ls, log)
 	err = runNode(ctx, sup, netListeners(ls), log)
 	stopProgress()
 	wg.Wait()

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/hugelgupf/p9/p9"
+
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
+)
+
+type superviseProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	root   p9.File
+}
+
+// startSupervise runs `supervise` against sim and waits, at most 30 s,
+// for the parent's TCP listener.
+func startSupervise(t *testing.T, sim *gatewaysim.Server, token string, args ...string) *superviseProc {
+	t.Helper()
+	base := []string{"supervise", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto",
+		"--max-concurrency", strconv.Itoa(sim.Config().MaxConcurrency), "--listen", "tcp!127.0.0.1!0,insecure", "--backoff", "fixed:100ms"}
+	cmd := command(t, binDir(t), append(base, args...)...)
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
+	p := &superviseProc{cmd: cmd, stderr: &syncBuffer{}}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("supervise's stderr:\n%s", p.stderr)
+		}
+	})
+	p.root = dotlRoot(t, tcpHostPort(tcpListener(t, p.stderr)))
+	return p
+}
+
+// children reads /children into id → fields (state pid restarts generation shards).
+func (p *superviseProc) children(t *testing.T) map[string][]string {
+	t.Helper()
+	text, err := dotlRead(p.root, "children")
+	if err != nil {
+		t.Fatalf("read children: %v", err)
+	}
+	out := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 6 {
+			t.Fatalf("children line %q: want id state pid restarts generation shards", l)
+		}
+		out[f[0]] = f[1:]
+	}
+	return out
+}
+
+func (p *superviseProc) waitReady(t *testing.T, shards int) {
+	t.Helper()
+	eventually(t, "every shard READY through the parent", func() (bool, string) {
+		s, err := dotlRead(p.root, "status")
+		return err == nil && strings.Count(s, " READY ") == shards, s
+	})
+}
+
+// TestSuperviseKillRestart: kill -9 of one child under traffic: it comes
+// back within the policy and its shards are READY again, the other
+// child's shards never reconnect, /children shows the restart; then
+// `restart all` under traffic: every message once in the parent's
+// /dispatch, every shard resumed (no new identify), one child down at a
+// time; SIGTERM ends everything with status 0 and the token never shows.
+func TestSuperviseKillRestart(t *testing.T) {
+	const token = "SUPERVISE-TOKEN-never-print-9876"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 4, MaxConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	p := startSupervise(t, sim, token, "--processes", "2")
+	p.waitReady(t, 4)
+	ch := p.children(t)
+	if ch["c0"][0] != "running" || ch["c1"][0] != "running" || ch["c0"][4] != "0-1" || ch["c1"][4] != "2-3" {
+		t.Fatalf("children = %v", ch)
+	}
+	if s, _ := dotlRead(p.root, "2/state"); s != "READY\n" {
+		t.Fatalf("2/state through the parent = %q", s)
+	}
+
+	first := publishAny(t, sim, 4, 5, "a")
+	waitIDs(t, p.root, first)
+	pid, _ := strconv.Atoi(ch["c1"][1])
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "c1 restarted", func() (bool, string) {
+		c := p.children(t)["c1"]
+		return c[0] == "running" && c[2] == "1" && c[1] != strconv.Itoa(pid), fmt.Sprint(c)
+	})
+	p.waitReady(t, 4)
+	for _, sh := range []string{"0", "1"} {
+		if r, _ := dotlRead(p.root, sh+"/reconnects"); r != "0\n" {
+			t.Errorf("shard %s of the other child: reconnects %q; want 0", sh, r)
+		}
+	}
+	if c := p.children(t)["c0"]; c[1] != ch["c0"][1] || c[2] != "0" {
+		t.Errorf("c0 = %v; want it untouched (pid %s)", c, ch["c0"][1])
+	}
+	if !strings.Contains(p.stderr.String(), "restarting child") || !strings.Contains(p.stderr.String(), "child=c1") {
+		t.Errorf("the restart was not logged:\n%s", p.stderr)
+	}
+
+	// restart all under traffic.
+	identifies := sim.Totals().Identifies
+	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
+		t.Fatalf("restart all: %v", err)
+	}
+	var during []string
+	for i := range 10 {
+		during = append(during, publishAny(t, sim, 4, 1, fmt.Sprintf("b%d", i))...)
+		c := p.children(t)
+		if c["c0"][0] != "running" && c["c1"][0] != "running" {
+			t.Fatalf("both children down at once: %v", c)
+		}
+	}
+	eventually(t, "restart all done", func() (bool, string) {
+		c := p.children(t)
+		return c["c0"][3] == "2" && c["c1"][3] == "3" && c["c0"][0] == "running" && c["c1"][0] == "running", fmt.Sprint(c)
+	})
+	p.waitReady(t, 4)
+	last := publishAny(t, sim, 4, 3, "c")
+	got := waitIDs(t, p.root, append(append(append([]string(nil), first...), during...), last...))
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("message %s appears %d times in /dispatch", id, n)
+		}
+	}
+	if n := sim.Totals().Identifies; n != identifies {
+		t.Errorf("restart all spent %d identifies; want 0 (every shard resumes)", n-identifies)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("supervise exited with %v:\n%s", err, p.stderr)
+	}
+	if strings.Contains(p.stderr.String(), token) {
+		t.Fatal("the token appeared on stderr")
+	}
+}
+
+func writeFile(root p9.File, path, text string) error {
+	f, err := walk(root, path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, _, err := f.Open(p9.WriteOnly); err != nil {
+		return err
+	}
+	_, err = f.WriteAt([]byte(text), 0)
+	return err
+}
+
+// publishAny is publish for shards that may also hold a crashed child's
+// session, still resumable in the simulator: at least one session must
+// get each message.
+func publishAny(t *testing.T, sim *gatewaysim.Server, shards, count int, prefix string) []string {
+	t.Helper()
+	var ids []string
+	for sh := range shards {
+		for i := range count {
+			id := fmt.Sprintf("%s-%d-%d", prefix, sh, i)
+			ev := gatewaysim.Event{Name: "MESSAGE_CREATE", Data: json.RawMessage(`{"id":"` + id + `","content":"x"}`)}
+			if n, err := sim.Publish(sh, ev); err != nil || n < 1 {
+				t.Fatalf("publish %s reached %d sessions (%v); want at least 1", id, n, err)
+			}
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
