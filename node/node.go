@@ -74,6 +74,9 @@ type Config struct {
 	// Pacer (a supervised child asks its parent, which paces every
 	// child); Pacer then only takes discovery's figures.
 	IdentifyPacer core.IdentifyPacer
+	// OnSession receives each new session of a shard (see
+	// gateway.Config.OnSession); the session ID is a secret.
+	OnSession func(shard int, s core.Session, seq int64)
 	// Gateway is the endpoint Fluxer snapshots must resume on: what the
 	// caller discovered before New, as the transport will find it; empty
 	// means GatewayURL. With neither, no Fluxer snapshot is resumed.
@@ -134,6 +137,7 @@ func New(cfg Config) (*Node, error) {
 		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
 		Sink:         func(shard int, seq int64, name string, d []byte) { tree.Dispatch(shard, seq, name, d) },
 		OnStartLimit: s.Pacer.SetStartLimit,
+		OnSession:    cfg.OnSession,
 		Clock:        cfg.Clock, Logger: log.With("component", "gateway"),
 	})
 	if err != nil {

@@ -13,7 +13,8 @@ import (
 // The private channel between the parent and a child is a socketpair
 // carrying one JSON object a line, each with its type in "t".
 //
-//	child → parent: ready {socket}, status {ready, total}, identify {id, shard, operator}, cancel {id}
+//	child → parent: ready {socket}, status {ready, total}, identify {id, shard, operator}, cancel {id},
+//	                session {shard, sid, url, seq}
 //	parent → child: grant {id}, shutdown
 //
 // Besides, the child copies its dispatch log's lines ({"shard":...}) and
@@ -28,6 +29,11 @@ type msg struct {
 	ID       uint64 `json:"id,omitempty"`
 	Shard    int    `json:"shard"`
 	Operator bool   `json:"operator,omitempty"`
+	// A new session of Shard (T "session"): its ID (a secret: never
+	// logged), resume URL and first sequence.
+	SID string `json:"sid,omitempty"`
+	URL string `json:"url,omitempty"`
+	Seq int64  `json:"seq,omitempty"`
 	// Raw is a dispatch or event line (T "dispatch" or "event"), newline
 	// included; it is only valid until the next read.
 	Raw []byte `json:"-"`
@@ -37,7 +43,7 @@ type msg struct {
 // take megabytes.
 const maxMsg = 16 << 20
 
-var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true}
+var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true}
 
 // ErrGarbage is wrapped by the reader's errors about what it read.
 var ErrGarbage = errors.New("garbage on the private channel")
@@ -82,6 +88,10 @@ func (m *msgReader) next() (msg, error) {
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil || !msgTypes[v.T] {
+		if bytes.Contains(line, []byte(`"sid"`)) {
+			// It may hold a session ID: say what it is, not what it says.
+			return msg{}, fmt.Errorf("%w: a malformed %d-byte line that names a session", ErrGarbage, len(line))
+		}
 		return msg{}, fmt.Errorf("%w: %q", ErrGarbage, clip(string(bytes.TrimSpace(line))))
 	}
 	return v, nil

@@ -36,9 +36,10 @@ func TestMsgReaderGarbage(t *testing.T) {
 		{`{"t":"ready"`, `cut short`},
 		{strings.Repeat("x", maxMsg+1) + "\n", "over 16777216 bytes"},
 		{"\x00\x01\x02\n", `\x00\x01\x02`},
+		{`{"t":"session","sid":"SECRET-SESSION","bad":1}` + "\n", "names a session"},
 	} {
 		_, err := newMsgReader(strings.NewReader(tc.in)).next()
-		if !errors.Is(err, ErrGarbage) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, ErrGarbage) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SECRET") {
 			t.Errorf("next(%.40q) = %v; want ErrGarbage naming %q", tc.in, err, tc.want)
 		}
 	}

@@ -115,6 +115,12 @@ func (l *Link) Err() error {
 // Ready tells the parent the child serves its tree at socket.
 func (l *Link) Ready(socket string) error { return l.w.send(msg{T: "ready", Socket: socket}) }
 
+// Session tells the parent of a shard's new session (see
+// gateway.Config.OnSession), over the private channel only.
+func (l *Link) Session(shard int, s core.Session, seq int64) {
+	l.w.send(msg{T: "session", Shard: shard, SID: s.ID, URL: s.ResumeURL, Seq: seq})
+}
+
 // Watch reports how many of the node's shards are READY each time that
 // changes, until ctx ends.
 func (l *Link) Watch(ctx context.Context, n *core.Node) {

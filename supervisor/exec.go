@@ -41,8 +41,10 @@ type Exec struct {
 	Output *Output
 	// Lines receives the dispatch and event lines the children copy
 	// (Tree.Line); nil drops them.
-	Lines  func(child, kind string, line []byte)
-	Logger *slog.Logger
+	Lines func(child, kind string, line []byte)
+	// Sessions receives each new session a child reports (Tree.Session).
+	Sessions func(child string, shard int, s core.Session, seq int64)
+	Logger   *slog.Logger
 
 	wg sync.WaitGroup
 }
@@ -177,6 +179,10 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 		case "dispatch", "event":
 			if e.Lines != nil {
 				e.Lines(p.id, m.T, m.Raw)
+			}
+		case "session":
+			if e.Sessions != nil {
+				e.Sessions(p.id, m.Shard, core.Session{ID: m.SID, ResumeURL: m.URL}, m.Seq)
 			}
 		case "identify":
 			e.identify(p, m)

@@ -53,6 +53,9 @@ type Launch struct {
 	// this start is (1-based), 0 for a first start or an operator's
 	// restart.
 	Attempt int
+	// Crashed: the previous process of the child ended without a clean
+	// stop, and was reaped.
+	Crashed bool
 }
 
 // Launcher starts a child. It must not call the Reports before it
@@ -137,6 +140,7 @@ type child struct {
 	restarts int // starts after the first, whatever the reason
 	attempts int // restart attempts used in the current run of failures
 	lastExit string
+	crashed  bool // the last process ended without a clean stop
 	socket   string
 	settled  bool
 	intent   intent
@@ -320,7 +324,7 @@ func (s *Supervisor) startLocked(c *child, attempt int) {
 	}
 	c.gen++
 	c.state, c.settled, c.socket, c.intent = Starting, false, "", exitFailure
-	p, err := s.cfg.Launch(Launch{ID: c.ID, Shards: c.Shards, Generation: c.gen, Attempt: attempt}, &Reports{s: s, c: c, gen: c.gen})
+	p, err := s.cfg.Launch(Launch{ID: c.ID, Shards: c.Shards, Generation: c.gen, Attempt: attempt, Crashed: c.crashed}, &Reports{s: s, c: c, gen: c.gen})
 	if err != nil {
 		s.log.Error("starting child failed", "child", c.ID, "generation", c.gen, "err", err)
 		c.lastExit = "not started: " + err.Error()
@@ -421,6 +425,8 @@ func (s *Supervisor) stopLocked(c *child, why intent) {
 func (s *Supervisor) exitedLocked(c *child, err error) {
 	c.lastExit = exitText(err)
 	c.proc = nil
+	// Only a stop this supervisor asked for (restart or close) is clean.
+	c.crashed = c.intent == exitFailure
 	s.stopTimerLocked(c)
 	was := c.state
 	switch {

@@ -72,8 +72,17 @@ type shardLogs struct {
 	dispatch *journal.Log
 	events   *journal.Log
 	lastSeq  int64 // -1: none
-	once     sync.Once
-	dir      *fsrv.Dir
+	// The session the parent could resume (guarded by Tree.mu): pending
+	// from the child's report until its READY line reaches the parent's
+	// log, which orders it among the dispatches; then current, whose
+	// dispatches lastSeq counts.
+	pending, current core.Session
+	pendingSeq       int64
+	// readyWaits: a READY line at readySeq came with no report yet.
+	readySeq   int64
+	readyWaits bool
+	once       sync.Once
+	dir        *fsrv.Dir
 }
 
 type childClient struct {
@@ -147,6 +156,12 @@ func (t *Tree) Line(child, kind string, line []byte) {
 		if seq >= 0 {
 			t.mu.Lock()
 			sl.lastSeq = seq
+			if isReady(line) {
+				sl.current, sl.readySeq, sl.readyWaits = core.Session{}, seq, true
+				if sl.pending.ID != "" && sl.pendingSeq == seq {
+					sl.current, sl.pending, sl.readyWaits = sl.pending, core.Session{}, false
+				}
+			}
 			t.mu.Unlock()
 		}
 	case "event":
@@ -157,6 +172,57 @@ func (t *Tree) Line(child, kind string, line []byte) {
 			}
 		}
 	}
+}
+
+// Session takes a new session a child reported (Exec calls it).
+func (t *Tree) Session(child string, shard int, s core.Session, seq int64) {
+	sl := t.shards[shard]
+	if sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child || s.ID == "" {
+		t.log.Warn("dropped a session report for a shard the child does not own", "child", child, "shard", shard)
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sl.readyWaits && sl.readySeq == seq {
+		// The READY line came first (the log's copy overtook the report).
+		sl.current, sl.readyWaits = s, false
+		return
+	}
+	sl.pending, sl.pendingSeq = s, seq
+}
+
+// ResumePoint is where a crashed child's shard can resume: its session
+// and the last sequence the parent's /dispatch holds of it.
+type ResumePoint struct {
+	Shard    int
+	Session  core.Session
+	Sequence int64
+}
+
+// ResumePoints returns, for child's shards, the sessions whose READY
+// and dispatches the parent has seen. Call it only once the child's
+// process was reaped, so that nobody else holds them.
+func (t *Tree) ResumePoints(child string) []ResumePoint {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []ResumePoint
+	for i, b := range t.cfg.Assignment.Blocks {
+		if b.ID != child {
+			continue
+		}
+		for _, id := range t.cfg.Assignment.Blocks[i].Shards {
+			sl := t.shards[id]
+			if sl.current.ID != "" && sl.lastSeq >= 0 {
+				out = append(out, ResumePoint{Shard: id, Session: sl.current, Sequence: sl.lastSeq})
+			}
+		}
+	}
+	return out
+}
+
+func isReady(line []byte) bool {
+	i := bytes.Index(line, []byte(`,"t":`))
+	return i >= 0 && bytes.HasPrefix(line[i+len(`,"t":`):], []byte(`"READY"`))
 }
 
 // dispatchShardSeq reads the shard and the sequence at the start of a

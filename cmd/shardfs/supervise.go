@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/sessions/dir"
 	"github.com/shardfs/shardfs/supervisor"
 )
 
@@ -192,15 +194,22 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	out := supervisor.NewOutput(stderr)
 	ex := &supervisor.Exec{Path: self, Args: childArgs, Env: childEnv(), Token: token, Pacer: supervisor.NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out, Logger: log}
-	sup := supervisor.New(supervisor.Config{Assignment: a, Policy: pol, Launch: ex.Launch, Logger: log.With("component", "supervisor")})
-	tree := supervisor.NewTree(supervisor.TreeConfig{
+	var tree *supervisor.Tree // set below, before the first launch
+	launch := func(l supervisor.Launch, r *supervisor.Reports) (supervisor.Process, error) {
+		if l.Crashed && flavor == core.Discord {
+			resumeCrashed(tree, l.ID, filepath.Join(sessions, l.ID), flavor, total, log)
+		}
+		return ex.Launch(l, r)
+	}
+	sup := supervisor.New(supervisor.Config{Assignment: a, Policy: pol, Launch: launch, Logger: log.With("component", "supervisor")})
+	tree = supervisor.NewTree(supervisor.TreeConfig{
 		Supervisor: sup, Assignment: a, Flavor: flavor, Identify: pacer.Budget,
 		Info: func() [][2]string {
 			return [][2]string{{"max_concurrency", strconv.Itoa(pacer.MaxConcurrency())}}
 		},
 		Logger: log.With("component", "tree"),
 	})
-	ex.Lines = tree.Line
+	ex.Lines, ex.Sessions = tree.Line, tree.Session
 	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: *maxConns}
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
@@ -256,4 +265,37 @@ func childEnv() []string {
 		}
 	}
 	return env
+}
+
+// resumeCrashed writes, into a crashed child's sessions folder, a
+// snapshot of each of its shards' sessions at the last sequence the
+// parent's /dispatch holds, so that the next child resumes them and the
+// gateway replays, once, what the parent had not seen (package
+// supervisor's doc says when this is safe). Discord only: Fluxer trims
+// its replay buffer to the sequence the child's heartbeats acknowledged,
+// which may be past the parent's, and refuses such a resume.
+func resumeCrashed(tree *supervisor.Tree, id, folder string, flavor core.Flavor, total int, log *slog.Logger) {
+	points := tree.ResumePoints(id)
+	if len(points) == 0 {
+		return
+	}
+	store, err := dir.Open(folder, dir.Options{Logger: log})
+	if err != nil {
+		log.Error("cannot resume the crashed child's sessions: its shards start new ones", "child", id, "err", err)
+		return
+	}
+	defer store.Close()
+	now := time.Now()
+	saved := 0
+	for _, p := range points {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := store.Save(ctx, p.Shard, core.Snapshot{Flavor: flavor, Session: p.Session, Sequence: p.Sequence, Total: total, SavedAt: now})
+		cancel()
+		if err != nil {
+			log.Error("saving a crashed child's session failed: that shard starts a new one", "child", id, "shard", p.Shard, "err", err)
+			continue
+		}
+		saved++
+	}
+	log.Info("the crashed child's shards resume from the last sequence the parent has", "child", id, "shards", saved)
 }

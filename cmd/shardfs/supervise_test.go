@@ -98,14 +98,23 @@ func TestSuperviseKillRestart(t *testing.T) {
 	first := publishAny(t, sim, 4, 5, "a")
 	waitIDs(t, p.root, first)
 	pid, _ := strconv.Atoi(ch["c1"][1])
+	identifies := sim.Totals().Identifies
+	// Messages in flight at the kill, and while the child is down: the
+	// new child resumes from the last sequence the parent has, and the
+	// gateway replays the rest once.
+	first = append(first, publishAny(t, sim, 4, 5, "k")...)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	first = append(first, publishAny(t, sim, 4, 5, "d")...)
 	eventually(t, "c1 restarted", func() (bool, string) {
 		c := p.children(t)["c1"]
 		return c[0] == "running" && c[2] == "1" && c[1] != strconv.Itoa(pid), fmt.Sprint(c)
 	})
 	p.waitReady(t, 4)
+	if n := sim.Totals().Identifies; n != identifies {
+		t.Errorf("the crashed child's shards spent %d identifies; want 0 (they resume)", n-identifies)
+	}
 	for _, sh := range []string{"0", "1"} {
 		if r, _ := dotlRead(p.root, sh+"/reconnects"); r != "0\n" {
 			t.Errorf("shard %s of the other child: reconnects %q; want 0", sh, r)
@@ -119,7 +128,7 @@ func TestSuperviseKillRestart(t *testing.T) {
 	}
 
 	// restart all under traffic.
-	identifies := sim.Totals().Identifies
+	identifies = sim.Totals().Identifies
 	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
 		t.Fatalf("restart all: %v", err)
 	}

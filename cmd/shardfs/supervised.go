@@ -48,6 +48,7 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 func (c *childLink) configure(cfg *node.Config) {
 	if c != nil {
 		cfg.IdentifyPacer = c.Pacer()
+		cfg.OnSession = c.Session
 	}
 }
 
