@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -257,7 +258,11 @@ func NewOutput(w io.Writer) *Output {
 		defer close(o.done)
 		for b := range o.q {
 			o.w.Write(b)
+			if len(o.q) == 0 {
+				o.notes()
+			}
 		}
+		o.notes()
 	}()
 	return o
 }
@@ -283,18 +288,6 @@ func (o *Output) copy(id string, r io.Reader) {
 }
 
 func (o *Output) line(id string, line []byte) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if n := o.dropped[id]; n > 0 {
-		note := []byte("[child " + id + "] (" + strconv.Itoa(n) + " lines dropped: the child wrote faster than stderr took them)\n")
-		select {
-		case o.q <- note:
-			delete(o.dropped, id)
-		default:
-			o.dropped[id]++
-			return
-		}
-	}
 	b := make([]byte, 0, len(id)+len(line)+10)
 	b = append(append(append(b, "[child "...), id...), "] "...)
 	b = append(b, line...)
@@ -304,6 +297,20 @@ func (o *Output) line(id string, line []byte) {
 	select {
 	case o.q <- b:
 	default:
+		o.mu.Lock()
 		o.dropped[id]++
+		o.mu.Unlock()
+	}
+}
+
+// notes writes, once the queue is drained, how many lines of each child
+// were dropped.
+func (o *Output) notes() {
+	o.mu.Lock()
+	dropped := o.dropped
+	o.dropped = map[string]int{}
+	o.mu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(dropped)) {
+		fmt.Fprintf(o.w, "[child %s] (%d lines dropped: the child wrote faster than stderr took them)\n", id, dropped[id])
 	}
 }

@@ -18,7 +18,12 @@ import (
 	"github.com/shardfs/shardfs/clock"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("SUPERVISOR_TEST_CHILD"); mode != "" {
+		os.Exit(testChild(mode))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // record records, in order, what the supervisor logged and what it did
 // to the fake processes, so that a test can check that it logs before it
