@@ -2,16 +2,20 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hugelgupf/p9/p9"
 
+	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/supervisor"
 )
 
 type superviseProc struct {
@@ -194,4 +198,51 @@ func publishAny(t *testing.T, sim *gatewaysim.Server, shards, count int, prefix 
 		}
 	}
 	return ids
+}
+
+var paceShards = flag.Int("supervise.shards", 16, "shards of TestSuperviseIdentifyPacing (the issue's figure is 64: about 80 s)")
+
+// TestSuperviseIdentifyPacing: 4 children share the parent's pacer at
+// max_concurrency 4: the simulator refuses no identify, and the start
+// takes no longer than one node needs (a bucket identifies every 5 s, so
+// shards/4 rounds), plus the grant margin per round.
+func TestSuperviseIdentifyPacing(t *testing.T) {
+	const token = "PACING-TOKEN-1234"
+	shards := *paceShards
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	start := time.Now()
+	p := startSupervise(t, sim, token, "--processes", "4")
+	p.waitReadyWithin(t, shards, time.Duration(shards/4)*6*time.Second+30*time.Second)
+	took := time.Since(start)
+	tot := sim.Totals()
+	if tot.RefusedIdentifies != 0 {
+		t.Errorf("the simulator refused %d identifies", tot.RefusedIdentifies)
+	}
+	if tot.Identifies != int64(shards) {
+		t.Errorf("%d identifies for %d shards", tot.Identifies, shards)
+	}
+	rounds := shards / 4
+	oneNode := time.Duration(rounds-1) * core.DiscordWindow
+	bound := oneNode + time.Duration(rounds)*supervisor.GrantMargin + 3*time.Second // process starts, discovery
+	t.Logf("%d shards in 4 children at max_concurrency 4: READY in %v (one node: at least %v)", shards, took.Round(10*time.Millisecond), oneNode)
+	if took > bound {
+		t.Errorf("the start took %v; want at most %v", took, bound)
+	}
+	if b, _ := dotlRead(p.root, "identify"); !strings.Contains(b, "max_concurrency 4\n") || !strings.Contains(b, "waiting 0\n") {
+		t.Errorf("/identify = %q", b)
+	}
+}
+
+func (p *superviseProc) waitReadyWithin(t *testing.T, shards int, d time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if s, err := dotlRead(p.root, "status"); err == nil && strings.Count(s, " READY ") == shards {
+			return
+		}
+	}
+	t.Fatalf("not every shard READY within %v", d)
 }
