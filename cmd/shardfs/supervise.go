@@ -88,6 +88,28 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	case pol.HealthyReset <= 0 || pol.StartupTimeout <= 0 || pol.ShutdownTimeout <= 0:
 		return flagErr(fl, "--healthy-reset, --startup-timeout and --shutdown-timeout must be positive")
 	}
+	// The flags the children take as they are are checked here, so that a
+	// bad one fails the parent, not every child in turn.
+	if *intents != "" {
+		if _, err := strconv.ParseUint(*intents, 10, 64); err != nil {
+			return flagErr(fl, "--intents %q: want a decimal bit field", *intents)
+		}
+	}
+	if *compress != "" {
+		if _, err := gateway.ParseCompression(*compress); err != nil {
+			return flagErr(fl, "--compress: %v", err)
+		}
+	}
+	if *backoffFlag != "" {
+		if _, err := core.ParseBackoff(*backoffFlag); err != nil {
+			return flagErr(fl, "--backoff: %v", err)
+		}
+	}
+	if *resumeWindow != "" {
+		if d, err := time.ParseDuration(*resumeWindow); err != nil || d < 0 {
+			return flagErr(fl, "--resume-window %q: want a duration, 0 for the flavor's", *resumeWindow)
+		}
+	}
 	total := 0
 	if *totalFlag == "" {
 		return flagErr(fl, "--total is required: a shard count or auto")

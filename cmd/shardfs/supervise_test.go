@@ -2,9 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -245,4 +249,65 @@ func (p *superviseProc) waitReadyWithin(t *testing.T, shards int, d time.Duratio
 		}
 	}
 	t.Fatalf("not every shard READY within %v", d)
+}
+
+// TestSuperviseCrashLoop: a child that cannot start (its sessions folder
+// is a file) is restarted 3 times, then the parent stops the other child
+// and exits non-zero naming the child and its last exit.
+func TestSuperviseCrashLoop(t *testing.T) {
+	const token = "CRASH-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 2, MaxConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	sess := t.TempDir()
+	if err := os.WriteFile(filepath.Join(sess, "bad"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSupervise(t, sim, token, "--assign", "good=0;bad=1", "--sessions", sess, "--restart-min-delay", "10ms", "--restart-max-delay", "40ms")
+	err = p.cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("supervise exited with %v; want status 1:\n%s", err, p.stderr)
+	}
+	out := p.stderr.String()
+	for _, want := range []string{
+		`attempt=1 max=3 delay=10ms`, `attempt=2 max=3 delay=20ms`, `attempt=3 max=3 delay=40ms`,
+		"restart budget exhausted", `shardfs: child "bad" failed: restarted 3 times in a row, last exit: exit status 1`,
+		`msg="child stopped" component=supervisor child=good`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stderr lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("stderr:\n%s", out)
+	}
+}
+
+// TestSuperviseBadInput: bad flags fail the parent at once, naming them.
+func TestSuperviseBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--total", "8", "--assign", "a=0-3;b=3-7"}, `shard 3 is assigned to both "a" and "b"`},
+		{[]string{"--total", "8", "--assign", "a=0-8"}, "shard 8 is outside the total of 8"},
+		{[]string{"--total", "8", "--assign", "a=0-3;a=4-7"}, `child "a" is named twice`},
+		{[]string{"--total", "8", "--assign", strings.Repeat("x", 129) + "=0"}, "over 128"},
+		{[]string{"--total", "4", "--processes", "5"}, "--processes 5 is larger than the total of 4"},
+		{[]string{"--total", "4"}, "want exactly one of"},
+		{[]string{"--total", "4", "--processes", "2", "--shards-per-process", "2"}, "want exactly one of"},
+		{[]string{"--total", "4", "--processes", "2", "--restart-max", "-1"}, "--restart-max -1"},
+		{[]string{"--total", "4", "--processes", "2", "--restart-min-delay", "2s", "--restart-max-delay", "1s"}, "min <= max"},
+		{[]string{"--total", "4", "--processes", "2", "--backoff", "nope"}, "--backoff"},
+	} {
+		var errb strings.Builder
+		args := append([]string{"supervise", "--flavor", "discord"}, tc.args...)
+		err := run(t.Context(), args, strings.NewReader(""), io.Discard, &errb)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("shardfs %v = %v; want an error containing %q", tc.args, err, tc.want)
+		}
+	}
 }
