@@ -495,6 +495,8 @@ func (t *Tree) ctl(line string) error {
 	return errors.Join(errs...)
 }
 
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 8<<10); return &b }}
+
 // read reads a file of child i's tree.
 func (t *Tree) read(i int, path string) ([]byte, error) {
 	var out []byte
@@ -507,16 +509,20 @@ func (t *Tree) read(i int, path string) ([]byte, error) {
 		if _, _, err := f.Open(p9.ReadOnly); err != nil {
 			return err
 		}
-		buf := make([]byte, 64<<10)
+		bp := readBufs.Get().(*[]byte)
+		defer readBufs.Put(bp)
+		buf := *bp
 		for off := int64(0); ; {
 			n, err := f.ReadAt(buf, off)
 			out = append(out, buf[:n]...)
 			off += int64(n)
-			if n == 0 || err == io.EOF {
-				return nil
-			}
-			if err != nil {
+			// A short read is the end: a child's files are fixed at
+			// open, and 8 KiB is below any msize.
+			if err != nil && err != io.EOF {
 				return err
+			}
+			if n < len(buf) || err == io.EOF {
+				return nil
 			}
 		}
 	})
