@@ -7,6 +7,9 @@
 //	               [--sessions DIR [--resume-window D]]
 //	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
+//	shardfs supervise (serve's flags) --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
+//	               [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
+//	               [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
 //	shardfs ls|cat|write|tail [--addr ADDR] PATH [TEXT]
 //	shardfs version
 //

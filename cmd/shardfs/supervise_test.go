@@ -311,3 +311,39 @@ func TestSuperviseBadInput(t *testing.T) {
 		}
 	}
 }
+
+var restartAllShards = flag.Int("supervise.restart-all", 0, "shards of TestSuperviseRestartAllTime (skipped at 0; the issue's figure is 1024, about 6 minutes cold at max_concurrency 16)")
+
+// TestSuperviseRestartAllTime measures `restart all` of 4 children with
+// many shards, each resuming: run with -supervise.restart-all 1024.
+func TestSuperviseRestartAllTime(t *testing.T) {
+	shards := *restartAllShards
+	if shards == 0 {
+		t.Skip("a measurement: -supervise.restart-all N")
+	}
+	const token = "RESTART-ALL-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	start := time.Now()
+	p := startSupervise(t, sim, token, "--processes", "4")
+	p.waitReadyWithin(t, shards, time.Duration(shards/16)*6*time.Second+time.Minute)
+	t.Logf("%d shards in 4 children at max_concurrency 16: READY in %v", shards, time.Since(start).Round(10*time.Millisecond))
+	identifies := sim.Totals().Identifies
+	start = time.Now()
+	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("restart all did not finish in 5 minutes")
+		}
+		if strings.Contains(p.stderr.String(), "restart all done") {
+			break
+		}
+	}
+	t.Logf("restart all of 4 children, %d shards: %v, %d identifies", shards, time.Since(start).Round(10*time.Millisecond), sim.Totals().Identifies-identifies)
+	p.waitReady(t, shards)
+}
