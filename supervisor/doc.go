@@ -65,7 +65,9 @@
 // shared pacer's; /children has one line per child (id state pid
 // restarts generation shards, pid "none" without a process); /ctl takes
 // restart ID|all and the node commands, each sent to the children that
-// own its shards. Not combined yet: /metrics, /lease.
+// own its shards. /metrics merges the children's families, each sample
+// labelled child=ID, with the parent's children by state and restarts by
+// child. Not combined yet: /lease.
 //
 // # Resuming a crashed child (beyond the SDK)
 //

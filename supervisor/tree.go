@@ -118,6 +118,7 @@ func NewTree(cfg TreeConfig) *Tree {
 		&fsrv.Text{Name: "status", Content: t.status},
 		&fsrv.Text{Name: "plan", Content: t.plan},
 		&fsrv.Text{Name: "identify", Content: t.identify},
+		&fsrv.Text{Name: "metrics", Content: t.metrics},
 		&fsrv.Log{Name: "dispatch", Source: t.dispatch, Private: true},
 	}
 	t.root = &fsrv.Dir{List: t.list, Lookup: t.lookup}

@@ -131,6 +131,18 @@ func TestSuperviseKillRestart(t *testing.T) {
 	if c := p.children(t)["c0"]; c[1] != ch["c0"][1] || c[2] != "0" {
 		t.Errorf("c0 = %v; want it untouched (pid %s)", c, ch["c0"][1])
 	}
+	m, err := dotlRead(p.root, "metrics")
+	if err != nil {
+		t.Fatalf("read metrics: %v", err)
+	}
+	for _, want := range []string{`shardfs_supervisor_restarts_total{child="c1"} 1`, `shardfs_supervisor_children{state="running"} 2`, `child="c0"`, `child="c1"`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Count(m, "# TYPE shardfs_supervisor_children ") != 1 {
+		t.Errorf("/metrics repeats a family:\n%s", m)
+	}
 	if !strings.Contains(p.stderr.String(), "restarting child") || !strings.Contains(p.stderr.String(), "child=c1") {
 		t.Errorf("the restart was not logged:\n%s", p.stderr)
 	}
