@@ -140,8 +140,19 @@ func TestSuperviseKillRestart(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	if strings.Count(m, "# TYPE shardfs_supervisor_children ") != 1 {
-		t.Errorf("/metrics repeats a family:\n%s", m)
+	families := map[string]int{}
+	for _, l := range strings.Split(m, "\n") {
+		if f, ok := strings.CutPrefix(l, "# TYPE "); ok {
+			families[strings.Fields(f)[0]]++
+		}
+	}
+	for name, n := range families {
+		if n != 1 {
+			t.Errorf("/metrics has family %s %d times", name, n)
+		}
+	}
+	if len(families) < 3 {
+		t.Errorf("/metrics has %d families: %v", len(families), families)
 	}
 	if !strings.Contains(p.stderr.String(), "restarting child") || !strings.Contains(p.stderr.String(), "child=c1") {
 		t.Errorf("the restart was not logged:\n%s", p.stderr)
