@@ -46,6 +46,12 @@ func testChild(mode string) int {
 	case "close":
 		l.f.Close()
 		time.Sleep(time.Hour) // until the parent's SIGTERM
+	case "stubborn":
+		// Neither SIGTERM nor the channel's shutdown ends it.
+		signal.Ignore(syscall.SIGTERM)
+		l.Ready("")
+		fmt.Fprintln(os.Stderr, "stubborn ready")
+		time.Sleep(time.Hour)
 	case "flood":
 		line := strings.Repeat("x", 100) + "\n"
 		for range 20000 {
@@ -101,7 +107,9 @@ func (w *blockedWriter) String() string {
 // TestExecChildren runs real children: one well-behaved (token on its
 // pipe, ready, an identify granted by the shared pacer, shutdown on the
 // channel), one writing garbage on its channel, one closing it, one
-// flooding stderr while the parent's stderr is blocked. The parent names
+// flooding stderr while the parent's stderr is blocked, one ignoring
+// SIGTERM and the shutdown (killed after the shutdown timeout, logged
+// first). The parent names
 // each bad child and keeps the good one running; the flood neither blocks
 // the child nor the parent, and the drop is said.
 func TestExecChildren(t *testing.T) {
@@ -109,23 +117,34 @@ func TestExecChildren(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := ParseAssign(4, "good=0;garbage=1;close=2;flood=3")
+	a, err := ParseAssign(5, "good=0;garbage=1;close=2;flood=3;stubborn=4")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The flooding child writes to a stderr nobody reads; the others to
+	// one that is read.
 	out := &blockedWriter{release: make(chan struct{})}
-	output := NewOutput(out)
+	blocked := NewOutput(out)
+	free := &blockedWriter{release: make(chan struct{})}
+	close(free.release)
+	output := NewOutput(free)
 	j := &record{t: t}
-	ex := &Exec{
-		Path: self, Args: func(l Launch) []string { return []string{"-test.run=none"} },
-		Token: testToken, Pacer: core.NewDiscordPacer(nil, 1), Output: output,
+	newExec := func(o *Output) *Exec {
+		return &Exec{
+			Path: self, Args: func(l Launch) []string { return []string{"-test.run=none"} },
+			Token: testToken, Pacer: core.NewDiscordPacer(nil, 1), Output: o,
+		}
 	}
-	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 5 * time.Second}
+	ex, exFlood := newExec(output), newExec(blocked)
+	pol := Policy{MaxAttempts: 100, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
 	launch := func(l Launch, r *Reports) (Process, error) {
-		ex.Env = append(os.Environ(), "SUPERVISOR_TEST_CHILD="+l.ID)
-		return ex.Launch(l, r)
+		e := ex
+		if l.ID == "flood" {
+			e = exFlood
+		}
+		e.Env = append(os.Environ(), "SUPERVISOR_TEST_CHILD="+l.ID)
+		return e.Launch(l, r)
 	}
-	pol.MaxAttempts = 100 // the bad children come back; the test is about the others
 	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
 	s.Start()
 	waitFor(t, "the bad children named", func() bool {
@@ -136,13 +155,24 @@ func TestExecChildren(t *testing.T) {
 	if c := s.Children()[0]; c.State != Running || c.Generation != 1 {
 		t.Fatalf("good = %v; want running, untouched", c)
 	}
+	waitFor(t, "the good child's identify", func() bool { return strings.Contains(free.String(), "[child good] identify granted") })
+	waitFor(t, "the stubborn child ready", func() bool { return strings.Contains(free.String(), "[child stubborn] stubborn ready") })
 	close(out.release)
-	waitFor(t, "the good child's identify", func() bool { return strings.Contains(out.String(), "[child good] identify granted") })
 	s.Close()
+	logged := j.index(0, "forced termination", "child=stubborn")
+	killed := j.index(0, "child stopped", "child=stubborn", "signal: killed")
+	if logged < 0 || killed < logged {
+		t.Errorf("the stubborn child: forced termination logged at %d, its SIGKILLed exit at %d", logged, killed)
+	}
+	if j.index(0, "forced termination", "child=good") >= 0 {
+		t.Error("the good child was killed")
+	}
 	ex.Wait()
+	exFlood.Wait()
 	output.Close()
-	text := out.String()
-	for _, want := range []string{"[child good] token ok", "[child good] shutdown: the parent asked for a shutdown", "lines dropped"} {
+	blocked.Close()
+	text := free.String() + out.String()
+	for _, want := range []string{"[child good] token ok", "[child good] shutdown: the parent asked for a shutdown", "[child flood] (", "lines dropped"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q", want)
 		}
