@@ -50,7 +50,7 @@
 // overspend. A grant crosses the channel before the identify leaves, so
 // two grants of a bucket 5 s apart could reach the gateway a few
 // milliseconds less than 5 s apart, which Discord answers with op 9:
-// SpacedPacer keeps them GrantMargin (100 ms) further apart. A request of
+// SpacedPacer keeps them GrantMargin (250 ms) further apart. A request of
 // a child that exits is cancelled.
 //
 // # One tree

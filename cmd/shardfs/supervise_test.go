@@ -345,7 +345,9 @@ func TestSuperviseRestartAllTime(t *testing.T) {
 		t.Skip("a measurement: -supervise.restart-all N")
 	}
 	const token = "RESTART-ALL-TOKEN-1234"
-	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: 16})
+	// Over 1,000 shards need a bot whose daily budget is larger than the
+	// default 1,000 starts.
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: 16, SessionStartLimit: 4 * shards})
 	if err != nil {
 		t.Fatal(err)
 	}
