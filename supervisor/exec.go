@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net"
 	"os"
@@ -45,7 +44,6 @@ type Exec struct {
 	Lines func(child, kind string, line []byte)
 	// Sessions receives each new session a child reports (Tree.Session).
 	Sessions func(child string, shard int, s core.Session, seq int64)
-	Logger   *slog.Logger
 
 	wg sync.WaitGroup
 }

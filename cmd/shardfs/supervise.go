@@ -215,7 +215,7 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 		return args
 	}
 	out := supervisor.NewOutput(stderr)
-	ex := &supervisor.Exec{Path: self, Args: childArgs, Env: childEnv(), Token: token, Pacer: supervisor.NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out, Logger: log}
+	ex := &supervisor.Exec{Path: self, Args: childArgs, Env: childEnv(), Token: token, Pacer: supervisor.NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out}
 	var tree *supervisor.Tree // set below, before the first launch
 	launch := func(l supervisor.Launch, r *supervisor.Reports) (supervisor.Process, error) {
 		if l.Crashed && flavor == core.Discord {

@@ -103,6 +103,22 @@ func TestSuperviseKillRestart(t *testing.T) {
 		t.Fatalf("2/state through the parent = %q", s)
 	}
 
+	// Commands through the parent: a node command reaches the owning
+	// child, a shard's ctl is forwarded, a bad line is refused.
+	if err := writeFile(p.root, "ctl", "stop 3\n"); err != nil {
+		t.Fatalf("stop 3: %v", err)
+	}
+	eventually(t, "3 STOPPED", func() (bool, string) { s, _ := dotlRead(p.root, "3/state"); return s == "STOPPED\n", s })
+	if err := writeFile(p.root, "3/ctl", "start\n"); err != nil {
+		t.Fatalf("3/ctl start: %v", err)
+	}
+	eventually(t, "3 READY again", func() (bool, string) { s, _ := dotlRead(p.root, "3/state"); return s == "READY\n", s })
+	if err := writeFile(p.root, "ctl", "frob\n"); err == nil {
+		t.Error("frob on the parent's ctl was accepted")
+	}
+	if err := writeFile(p.root, "ctl", "restart nobody\n"); err == nil {
+		t.Error("restart of an unknown child was accepted")
+	}
 	first := publishAny(t, sim, 4, 5, "a")
 	waitIDs(t, p.root, first)
 	pid, _ := strconv.Atoi(ch["c1"][1])
