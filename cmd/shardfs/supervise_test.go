@@ -388,3 +388,47 @@ func TestSuperviseRestartAllTime(t *testing.T) {
 	t.Logf("restart all of 4 children, %d shards: %v, %d identifies", shards, time.Since(start).Round(10*time.Millisecond), sim.Totals().Identifies-identifies)
 	p.waitReady(t, shards)
 }
+
+// TestSuperviseExamples runs the shell examples against the parent's
+// tree through the built-in client (the QEMU guest runs them against
+// serve's tree): the scripts see one tree whatever serves it.
+func TestSuperviseExamples(t *testing.T) {
+	const token = "EXAMPLES-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 4, MaxConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	p := startSupervise(t, sim, token, "--processes", "2")
+	tree := "9p!" + tcpListener(t, p.stderr)
+	dir := binDir(t)
+	examples, _ := filepath.Abs("../../examples/shell")
+	run := func(env []string, script string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("sh", append([]string{filepath.Join(examples, script)}, args...)...)
+		cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", script, args, err, out)
+		}
+		return string(out)
+	}
+	run(nil, "wait-ready.sh", tree, "60")
+	if out := run(nil, "watch-states.sh", tree, "0.2", "2"); strings.Count(out, "none -> READY") != 4 {
+		t.Errorf("watch-states printed %q; want the 4 shards going READY", out)
+	}
+	ids := publishAny(t, sim, 4, 1, "ex")
+	waitIDs(t, p.root, ids)
+	if out := run(nil, "last-dispatch-types.sh", tree, "3"); out != "MESSAGE_CREATE\nMESSAGE_CREATE\nMESSAGE_CREATE\n" {
+		t.Errorf("last-dispatch-types printed %q; want 3 MESSAGE_CREATE", out)
+	}
+	if out := run(nil, "reset-stuck.sh", tree, "0"); out != "" {
+		t.Errorf("reset-stuck with every shard READY reset %q", out)
+	}
+	run([]string{"ROUNDS=1"}, "keep-lease.sh", tree, "30s", "1", "true")
+	for _, sh := range []string{"0", "3"} {
+		if d, _ := dotlRead(p.root, sh+"/diag"); !strings.Contains(d, "lease_deadline ") || strings.Contains(d, "lease_deadline none") {
+			t.Errorf("after keep-lease.sh shard %s's diag has no lease deadline:\n%s", sh, d)
+		}
+	}
+}
