@@ -33,8 +33,9 @@ type TreeConfig struct {
 	Info func() [][2]string
 	// Identify returns the shared pacer's figures for /identify.
 	Identify func() core.Budget
-	// Retention of the logs in bytes: each shard's dispatch and events,
-	// and the node's (0: 1 MiB, 16 MiB, 256 KiB, 1 MiB).
+	// Retention of the logs in bytes: each shard's dispatch, the node's
+	// dispatch, each shard's events and the node's events (0: serve's
+	// defaults, 256 KiB, 16 MiB, 16 KiB, 1 MiB).
 	DispatchRetention, NodeDispatchRetention, EventRetention, NodeEventRetention int
 	// Timeout bounds one forwarded request to a child (0: 2 s).
 	Timeout time.Duration
@@ -107,8 +108,8 @@ func NewTree(cfg TreeConfig) *Tree {
 	for i, b := range cfg.Assignment.Blocks {
 		for _, id := range b.Shards {
 			t.shards[id] = &shardLogs{id: id, owner: i, lastSeq: -1,
-				dispatch: journal.New(orDefault(cfg.DispatchRetention, 1<<20)),
-				events:   journal.New(orDefault(cfg.EventRetention, 256<<10))}
+				dispatch: journal.New(orDefault(cfg.DispatchRetention, 256<<10)),
+				events:   journal.New(orDefault(cfg.EventRetention, 16<<10))}
 		}
 	}
 	t.top = []fsrv.Node{
