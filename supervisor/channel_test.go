@@ -3,8 +3,11 @@ package supervisor
 import (
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMsgReader(t *testing.T) {
@@ -63,4 +66,36 @@ func FuzzMsgReader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestLinkEndsWithParent: a child's link is done when the parent's end
+// closes (the parent died), and when the parent asks for the shutdown.
+func TestLinkEndsWithParent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(parent *os.File)
+		want string
+	}{
+		{"closed", func(p *os.File) { p.Close() }, "closed the channel"},
+		{"shutdown", func(p *os.File) { p.WriteString(`{"t":"shutdown","shard":0}` + "\n") }, "asked for a shutdown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
+			defer parent.Close()
+			l := NewLink(child)
+			defer l.Close()
+			if l.Err() != nil {
+				t.Fatalf("Err() = %v before the end", l.Err())
+			}
+			tc.end(parent)
+			<-l.Done()
+			if err := l.Err(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Err() = %v; want %q", err, tc.want)
+			}
+		})
+	}
 }
