@@ -40,7 +40,9 @@
 // the next only once every shard of the previous one is READY again; if
 // they are not within the startup timeout the rollout stops there, logged
 // with the children not restarted, so that a bad deploy breaks one child,
-// not all.
+// not all. FATAL is not READY: a shard left FATAL holds every rollout at
+// its child until the operator retries it (or restarts the children one
+// by one), the price of never carrying a bad build further.
 //
 // # Identify pacing
 //
