@@ -432,3 +432,58 @@ func TestSuperviseExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestSuperviseFluxer: with Fluxer, restart all resumes every shard, and
+// a crashed child's shards start new sessions (the SDK's rule: Fluxer
+// trims its replay buffer to what the dead child acknowledged).
+func TestSuperviseFluxer(t *testing.T) {
+	const token = "FLUXER-SUPERVISE-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Fluxer, Token: token, Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	cmd := command(t, binDir(t), "supervise", "--flavor", "fluxer", "--api", sim.APIURL(), "--total", "2", "--processes", "2",
+		"--listen", "tcp!127.0.0.1!0", "--backoff", "fixed:100ms")
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
+	p := &superviseProc{cmd: cmd, stderr: &syncBuffer{}}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("supervise's stderr:\n%s", p.stderr)
+		}
+	})
+	p.root = dotlRoot(t, tcpHostPort(tcpListener(t, p.stderr)))
+	p.waitReady(t, 2)
+	identifies := sim.Totals().Identifies
+	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "restart all done", func() (bool, string) {
+		return strings.Contains(p.stderr.String(), "restart all done"), ""
+	})
+	p.waitReady(t, 2)
+	if n := sim.Totals().Identifies; n != identifies {
+		t.Errorf("restart all spent %d identifies; want 0", n-identifies)
+	}
+	pid, _ := strconv.Atoi(p.children(t)["c1"][1])
+	syscall.Kill(pid, syscall.SIGKILL)
+	eventually(t, "c1 back", func() (bool, string) {
+		c := p.children(t)["c1"]
+		return c[0] == "running" && c[1] != strconv.Itoa(pid), fmt.Sprint(c)
+	})
+	p.waitReady(t, 2)
+	if n := sim.Totals().Identifies; n != identifies+1 {
+		t.Errorf("after the crash: %d identifies; want 1 (a new session for the crashed child's shard)", n-identifies)
+	}
+	if strings.Contains(p.stderr.String(), "the crashed child's shards resume") {
+		t.Error("a Fluxer crash was resumed")
+	}
+}
