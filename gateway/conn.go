@@ -925,6 +925,9 @@ func (c *conn) ready(d []byte, seq int64) error {
 		}
 		r.mu.Unlock()
 	}
+	if on := c.t.cfg.OnSession; on != nil {
+		on(c.a.Shard, core.Session{ID: sid, ResumeURL: resumeURL}, seq)
+	}
 	c.link.Ready(core.Session{ID: sid, ResumeURL: resumeURL}, seq)
 	return nil
 }

@@ -50,6 +50,11 @@ type Config struct {
 	// slot was granted), so the pacer only ever lowers its count from it.
 	// It is never called for Fluxer, whose figures are constants.
 	OnStartLimit func(core.StartLimit)
+	// OnSession, when set, receives each new session (READY) of a shard
+	// and its first sequence, before the core hears of it; a supervised
+	// child hands it to its parent, which resumes the session if the
+	// child crashes. The session ID is a secret.
+	OnSession func(shard int, s core.Session, seq int64)
 
 	// Clock drives heartbeats and the Hello and READY timeouts; nil means
 	// real time. Network deadlines (dial, TLS, writes) use real time.

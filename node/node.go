@@ -72,6 +72,13 @@ type Config struct {
 	// ResumeWindow is the age beyond which a snapshot is not resumed;
 	// zero means the flavor's.
 	ResumeWindow time.Duration
+	// IdentifyPacer, when set, grants the core's identify slots instead of
+	// Pacer (a supervised child asks its parent, which paces every
+	// child); Pacer then only takes discovery's figures.
+	IdentifyPacer core.IdentifyPacer
+	// OnSession receives each new session of a shard (see
+	// gateway.Config.OnSession); the session ID is a secret.
+	OnSession func(shard int, s core.Session, seq int64)
 	// Gateway is the endpoint Fluxer snapshots must resume on: what the
 	// caller discovered before New, as the transport will find it; empty
 	// means GatewayURL. With neither, no Fluxer snapshot is resumed.

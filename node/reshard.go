@@ -472,6 +472,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
 		Sink:         p.dispatch,
 		OnStartLimit: s.Pacer.SetStartLimit,
+		OnSession:    cfg.OnSession,
 		Clock:        cfg.Clock, Logger: s.log.With("component", "gateway", "total", plan.Total),
 	}
 	var dispatch *journal.Merged
@@ -490,8 +491,12 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 			cfg.ObserveEvent(kind, d)
 		}
 	}
+	var pacer core.IdentifyPacer = s.Pacer
+	if cfg.IdentifyPacer != nil {
+		pacer = cfg.IdentifyPacer
+	}
 	c, err := core.New(core.Config{
-		Plan: plan, Flavor: cfg.Flavor, Transport: tr, Pacer: s.Pacer, Lease: p.lease,
+		Plan: plan, Flavor: cfg.Flavor, Transport: tr, Pacer: pacer, Lease: p.lease,
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: s.log.With("component", "core", "total", plan.Total),
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),

@@ -13,6 +13,9 @@
 //	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
 //	shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
 //	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
+//	shardfs supervise (serve's flags) --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
+//	               [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
+//	               [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
 //	shardfs version
 //
 // Decisions. When serve takes its token from SHARDFS_TOKEN it re-executes
@@ -92,6 +95,9 @@ const usage = `usage:
   shardfs cat    [--addr ADDR] [--cert F --key F --ca F] PATH
   shardfs write  [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]     (TEXT or standard input)
   shardfs tail   [--addr ADDR] [--cert F --key F --ca F] [-n LINES] [--once] PATH
+  shardfs supervise (serve's flags) --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
+                 [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
+                 [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
   shardfs version
 `
 
@@ -108,6 +114,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runServe(ctx, args, stdout, stderr)
 	case "netboot":
 		return runNetboot(args, stdout, stderr)
+	case "supervise":
+		return runSupervise(ctx, args, stderr)
 	case "ls", "cat", "write", "tail":
 		return runClient(ctx, cmd, args, stdin, stdout, stderr)
 	case "mount":

@@ -98,6 +98,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	if err != nil {
 		return err
 	}
+	ctx, link, err := supervisedChild(ctx)
+	if err != nil {
+		return err
+	}
+	defer link.Close()
 	// Listeners open first, so that a refused one fails serve before
 	// discovery spends a request.
 	ls, err := listen(listens, serveListeners(), &tf)
@@ -170,6 +175,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	if store != nil {
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
 	}
+	link.configure(&cfg)
 	sup, err := node.New(cfg)
 	if err != nil {
 		closeListeners(ls)
@@ -198,6 +204,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { progress(pctx, sup, log, status) })
+	link.started(pctx, sup, ls, log)
 	err = runNode(ctx, sup, netListeners(ls), log)
 	stopProgress()
 	wg.Wait()

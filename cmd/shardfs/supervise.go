@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/sessions/dir"
+	"github.com/shardfs/shardfs/supervisor"
+)
+
+// runSupervise runs children (serve, this binary) that own blocks of the
+// shards, restarts them under the restart policy, and serves one tree for
+// all of them (DESIGN.md section 7.4; package supervisor).
+//
+// Each child gets its own sessions folder, --sessions DIR/ID (or one in a
+// private temporary folder when --sessions is not given), so that a
+// restart resumes its shards; and a unix socket in a private temporary
+// folder, where the parent reaches its tree.
+func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
+	fl := flag.NewFlagSet("supervise", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	flavorName := fl.String("flavor", "", "gateway flavor: discord or fluxer (required)")
+	api := fl.String("api", "", "HTTP API base for discovery (default: the platform's)")
+	gatewayURL := fl.String("gateway", "", "gateway WebSocket URL; skips discovery")
+	totalFlag := fl.String("total", "", "global shard count, or auto for the platform's recommendation (required)")
+	maxConc := fl.Int("max-concurrency", 1, "Discord max_concurrency until discovery says otherwise")
+	idTotal := fl.Int("identify-total", 0, "Discord session starts per 24 h: with --gateway the total (default 1000), else a cap on what discovery says")
+	idReserve := fl.Int("identify-reserve", -1, "session starts automatic new sessions leave to the operator (-1: 1% of the total, at least 1)")
+	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
+	debug := fl.Bool("debug", false, "log at debug level")
+	var listens listenFlag
+	fl.Var(&listens, "listen", "9P listener of the parent's tree (as serve's; default: serve's)")
+	var tf tlsFlags // the parent's tls!HOST!PORT listeners, as serve's
+	tf.register(fl)
+	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once by the parent")
+	sessDir := fl.String("sessions", "", "folder of session snapshots; child ID uses DIR/ID (default: a private temporary folder)")
+	// Passed to every child as they are.
+	intents := fl.String("intents", "", "Discord gateway intents bit field")
+	compress := fl.String("compress", "", "transport compression: none, zlib-stream or zstd-stream")
+	backoffFlag := fl.String("backoff", "", "reconnect backoff: default or fixed:DURATION")
+	resumeWindow := fl.String("resume-window", "", "age beyond which a saved session is not resumed")
+	// The children.
+	processes := fl.Int("processes", 0, "run N children with contiguous blocks of shards")
+	perProcess := fl.Int("shards-per-process", 0, "run children of K shards each")
+	assign := fl.String("assign", "", "named blocks: 'a=0-3;b=4-7' (gaps allowed: those shards run nowhere)")
+	pol := supervisor.DefaultPolicy
+	fl.IntVar(&pol.MaxAttempts, "restart-max", pol.MaxAttempts, "restarts in a row of a child that exits unexpectedly before the supervisor fails (0: the first exit fails it)")
+	fl.DurationVar(&pol.MinDelay, "restart-min-delay", pol.MinDelay, "delay before the first restart, doubling with each attempt")
+	fl.DurationVar(&pol.MaxDelay, "restart-max-delay", pol.MaxDelay, "longest restart delay")
+	fl.DurationVar(&pol.HealthyReset, "healthy-reset", pol.HealthyReset, "a child running that long gets its restart budget back")
+	fl.DurationVar(&pol.StartupTimeout, "startup-timeout", pol.StartupTimeout, "time a child has to serve its tree after its start")
+	fl.DurationVar(&pol.ShutdownTimeout, "shutdown-timeout", pol.ShutdownTimeout, "time a child has to exit after SIGTERM before SIGKILL")
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if fl.NArg() > 0 {
+		return flagErr(fl, "unexpected argument %q", fl.Arg(0))
+	}
+	flavor, err := core.ParseFlavor(*flavorName)
+	if err != nil {
+		return flagErr(fl, "--flavor: %v", err)
+	}
+	ways := 0
+	for _, set := range []bool{*processes != 0, *perProcess != 0, *assign != ""} {
+		if set {
+			ways++
+		}
+	}
+	if ways != 1 {
+		return flagErr(fl, "want exactly one of --processes N, --shards-per-process K, --assign 'a=0-3;b=4-7'")
+	}
+	switch {
+	case pol.MaxAttempts < 0:
+		return flagErr(fl, "--restart-max %d: want 0 or more", pol.MaxAttempts)
+	case pol.MinDelay <= 0 || pol.MaxDelay < pol.MinDelay:
+		return flagErr(fl, "--restart-min-delay %v, --restart-max-delay %v: want 0 < min <= max", pol.MinDelay, pol.MaxDelay)
+	case pol.HealthyReset <= 0 || pol.StartupTimeout <= 0 || pol.ShutdownTimeout <= 0:
+		return flagErr(fl, "--healthy-reset, --startup-timeout and --shutdown-timeout must be positive")
+	}
+	// The flags the children take as they are are checked here, so that a
+	// bad one fails the parent, not every child in turn.
+	if *intents != "" {
+		if _, err := strconv.ParseUint(*intents, 10, 64); err != nil {
+			return flagErr(fl, "--intents %q: want a decimal bit field", *intents)
+		}
+	}
+	if *compress != "" {
+		if _, err := gateway.ParseCompression(*compress); err != nil {
+			return flagErr(fl, "--compress: %v", err)
+		}
+	}
+	if *backoffFlag != "" {
+		if _, err := core.ParseBackoff(*backoffFlag); err != nil {
+			return flagErr(fl, "--backoff: %v", err)
+		}
+	}
+	if *resumeWindow != "" {
+		if d, err := time.ParseDuration(*resumeWindow); err != nil || d < 0 {
+			return flagErr(fl, "--resume-window %q: want a duration, 0 for the flavor's", *resumeWindow)
+		}
+	}
+	total := 0
+	if *totalFlag == "" {
+		return flagErr(fl, "--total is required: a shard count or auto")
+	}
+	if *totalFlag != "auto" {
+		if total, err = strconv.Atoi(*totalFlag); err != nil || total < 1 || total > core.MaxTotal {
+			return flagErr(fl, "--total %q: want a count from 1 to %d, or auto", *totalFlag, core.MaxTotal)
+		}
+		if _, err := assignment(total, *processes, *perProcess, *assign); err != nil {
+			return flagErr(fl, "%v", err)
+		}
+	}
+	token, err := readToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	ls, err := listen(listens, serveListeners(), &tf)
+	if err != nil {
+		return err
+	}
+	defer closeListeners(ls)
+	log, _, stopLog := newLogger(stderr, *debug)
+	defer stopLog()
+
+	var limit *core.StartLimit
+	if *totalFlag == "auto" || (flavor == core.Discord && *gatewayURL == "") {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		disc, err := gateway.Discover(dctx, nil, flavor, *api, token)
+		cancel()
+		switch {
+		case err != nil && *totalFlag == "auto":
+			return fmt.Errorf("--total auto: %w", err)
+		case err != nil:
+			log.Error("discovery before the start failed: the identify budget is unknown until a child's shard discovers", "err", err)
+		default:
+			limit = &disc.StartLimit
+			if *totalFlag == "auto" {
+				total = disc.Shards
+				log.Info("discovered the recommended shard count", "total", total)
+			}
+		}
+	}
+	a, err := assignment(total, *processes, *perProcess, *assign)
+	if err != nil {
+		return flagErr(fl, "%v", err)
+	}
+	if len(a.Unowned) > 0 {
+		log.Warn("some shards of the total are in no child's block: they run nowhere here", "unowned", supervisor.FormatShards(a.Unowned))
+	}
+
+	// The shared pacer: the children identify as one node would.
+	var pacer *core.Pacer
+	if flavor == core.Fluxer {
+		pacer = core.NewFluxerPacer(nil, core.DefaultFluxerPacing)
+	} else {
+		pacer = core.NewDiscordPacer(nil, *maxConc)
+		switch *idReserve {
+		case -1:
+		default:
+			pacer.SetReserve(*idReserve)
+		}
+		lt := *idTotal
+		if lt == 0 && *gatewayURL != "" {
+			lt = core.DiscordStartTotal
+		}
+		pacer.LimitTotal(lt)
+		if limit != nil {
+			pacer.SetStartLimit(*limit)
+		}
+	}
+
+	run, err := os.MkdirTemp("", "shardfs-supervise-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(run)
+	sessions := *sessDir
+	if sessions == "" {
+		sessions = filepath.Join(run, "sessions")
+	}
+	if err := os.MkdirAll(sessions, 0o700); err != nil {
+		return fmt.Errorf("--sessions: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	childArgs := func(l supervisor.Launch) []string {
+		args := []string{"serve", "--flavor", flavor.String(), "--total", strconv.Itoa(total),
+			"--shards", supervisor.FormatShards(l.Shards),
+			"--listen", "unix!" + filepath.Join(run, l.ID+".sock"),
+			"--sessions", filepath.Join(sessions, l.ID),
+			"--max-concurrency", strconv.Itoa(pacer.MaxConcurrency()),
+		}
+		for _, kv := range [][2]string{{"api", *api}, {"gateway", *gatewayURL}, {"intents", *intents}, {"compress", *compress}, {"backoff", *backoffFlag}, {"resume-window", *resumeWindow}} {
+			if kv[1] != "" {
+				args = append(args, "--"+kv[0], kv[1])
+			}
+		}
+		if *debug {
+			args = append(args, "--debug")
+		}
+		return args
+	}
+	out := supervisor.NewOutput(stderr)
+	ex := &supervisor.Exec{Path: self, Args: childArgs, Env: childEnv(), Token: token, Pacer: supervisor.NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out}
+	var tree *supervisor.Tree // set below, before the first launch
+	launch := func(l supervisor.Launch, r *supervisor.Reports) (supervisor.Process, error) {
+		if l.Crashed && flavor == core.Discord {
+			resumeCrashed(tree, l.ID, filepath.Join(sessions, l.ID), flavor, total, log)
+		}
+		return ex.Launch(l, r)
+	}
+	sup := supervisor.New(supervisor.Config{Assignment: a, Policy: pol, Launch: launch, Logger: log.With("component", "supervisor")})
+	tree = supervisor.NewTree(supervisor.TreeConfig{
+		Supervisor: sup, Assignment: a, Flavor: flavor, Identify: pacer.Budget,
+		Info: func() [][2]string {
+			return [][2]string{{"max_concurrency", strconv.Itoa(pacer.MaxConcurrency())}}
+		},
+		Logger: log.With("component", "tree"),
+	})
+	ex.Lines, ex.Sessions = tree.Line, tree.Session
+	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: *maxConns}
+	for _, l := range ls {
+		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
+	}
+	log.Info("starting children", "children", len(a.Blocks), "total", total)
+	sup.Start()
+
+	sctx, stopServing := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		wg.Go(func() {
+			if err := srv.Serve(sctx, l.l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
+				log.Error("serving 9P", "addr", addrString(l.l), "err", err)
+			}
+		})
+	}
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: stopping every child, each saving its sessions")
+	case <-sup.Done():
+	}
+	sup.Close()
+	ex.Wait()
+	out.Close()
+	stopServing()
+	srv.Close()
+	wg.Wait()
+	tree.Close()
+	if err := sup.Err(); err != nil {
+		return err
+	}
+	log.Info("every child stopped")
+	return nil
+}
+
+func assignment(total, processes, perProcess int, assign string) (supervisor.Assignment, error) {
+	switch {
+	case processes != 0:
+		return supervisor.ByProcesses(total, processes)
+	case perProcess != 0:
+		return supervisor.ByShardsPerProcess(total, perProcess)
+	}
+	return supervisor.ParseAssign(total, assign)
+}
+
+// childEnv is the environment without the token (readToken re-executed
+// the parent without it; this is for a parent that was given both).
+func childEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SHARDFS_TOKEN=") && !strings.HasPrefix(kv, tokenFDVar+"=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// resumeCrashed writes, into a crashed child's sessions folder, a
+// snapshot of each of its shards' sessions at the last sequence the
+// parent's /dispatch holds, so that the next child resumes them and the
+// gateway replays, once, what the parent had not seen (package
+// supervisor's doc says when this is safe). Discord only: Fluxer trims
+// its replay buffer to the sequence the child's heartbeats acknowledged,
+// which may be past the parent's, and refuses such a resume.
+func resumeCrashed(tree *supervisor.Tree, id, folder string, flavor core.Flavor, total int, log *slog.Logger) {
+	points := tree.ResumePoints(id)
+	if len(points) == 0 {
+		return
+	}
+	store, err := dir.Open(folder, dir.Options{Logger: log})
+	if err != nil {
+		log.Error("cannot resume the crashed child's sessions: its shards start new ones", "child", id, "err", err)
+		return
+	}
+	defer store.Close()
+	now := time.Now()
+	saved := 0
+	for _, p := range points {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := store.Save(ctx, p.Shard, core.Snapshot{Flavor: flavor, Session: p.Session, Sequence: p.Sequence, Total: total, SavedAt: now})
+		cancel()
+		if err != nil {
+			log.Error("saving a crashed child's session failed: that shard starts a new one", "child", id, "shard", p.Shard, "err", err)
+			continue
+		}
+		saved++
+	}
+	log.Info("the crashed child's shards resume from the last sequence the parent has", "child", id, "shards", saved)
+}

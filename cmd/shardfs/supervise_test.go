@@ -1,0 +1,489 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hugelgupf/p9/p9"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/supervisor"
+)
+
+type superviseProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	root   p9.File
+}
+
+// startSupervise runs `supervise` against sim and waits, at most 30 s,
+// for the parent's TCP listener.
+func startSupervise(t *testing.T, sim *gatewaysim.Server, token string, args ...string) *superviseProc {
+	t.Helper()
+	base := []string{"supervise", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto",
+		"--max-concurrency", strconv.Itoa(sim.Config().MaxConcurrency), "--listen", "tcp!127.0.0.1!0,insecure", "--backoff", "fixed:100ms"}
+	cmd := command(t, binDir(t), append(base, args...)...)
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
+	p := &superviseProc{cmd: cmd, stderr: &syncBuffer{}}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("supervise's stderr:\n%s", p.stderr)
+		}
+	})
+	p.root = dotlRoot(t, tcpHostPort(tcpListener(t, p.stderr)))
+	return p
+}
+
+// children reads /children into id → fields (state pid restarts generation shards).
+func (p *superviseProc) children(t *testing.T) map[string][]string {
+	t.Helper()
+	text, err := dotlRead(p.root, "children")
+	if err != nil {
+		t.Fatalf("read children: %v", err)
+	}
+	out := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 6 {
+			t.Fatalf("children line %q: want id state pid restarts generation shards", l)
+		}
+		out[f[0]] = f[1:]
+	}
+	return out
+}
+
+func (p *superviseProc) waitReady(t *testing.T, shards int) {
+	t.Helper()
+	eventually(t, "every shard READY through the parent", func() (bool, string) {
+		s, err := dotlRead(p.root, "status")
+		return err == nil && strings.Count(s, " READY ") == shards, s
+	})
+}
+
+// TestSuperviseKillRestart: kill -9 of one child under traffic: it comes
+// back within the policy and its shards are READY again, the other
+// child's shards never reconnect, /children shows the restart; then
+// `restart all` under traffic: every message once in the parent's
+// /dispatch, every shard resumed (no new identify), one child down at a
+// time; SIGTERM ends everything with status 0 and the token never shows.
+func TestSuperviseKillRestart(t *testing.T) {
+	const token = "SUPERVISE-TOKEN-never-print-9876"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 4, MaxConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	p := startSupervise(t, sim, token, "--processes", "2")
+	p.waitReady(t, 4)
+	ch := p.children(t)
+	if ch["c0"][0] != "running" || ch["c1"][0] != "running" || ch["c0"][4] != "0-1" || ch["c1"][4] != "2-3" {
+		t.Fatalf("children = %v", ch)
+	}
+	if s, _ := dotlRead(p.root, "2/state"); s != "READY\n" {
+		t.Fatalf("2/state through the parent = %q", s)
+	}
+
+	// Commands through the parent: a node command reaches the owning
+	// child, a shard's ctl is forwarded, a bad line is refused.
+	if err := writeFile(p.root, "ctl", "stop 3\n"); err != nil {
+		t.Fatalf("stop 3: %v", err)
+	}
+	eventually(t, "3 STOPPED", func() (bool, string) { s, _ := dotlRead(p.root, "3/state"); return s == "STOPPED\n", s })
+	if err := writeFile(p.root, "3/ctl", "start\n"); err != nil {
+		t.Fatalf("3/ctl start: %v", err)
+	}
+	eventually(t, "3 READY again", func() (bool, string) { s, _ := dotlRead(p.root, "3/state"); return s == "READY\n", s })
+	if err := writeFile(p.root, "ctl", "frob\n"); err == nil {
+		t.Error("frob on the parent's ctl was accepted")
+	}
+	if err := writeFile(p.root, "ctl", "restart nobody\n"); err == nil {
+		t.Error("restart of an unknown child was accepted")
+	}
+	first := publishAny(t, sim, 4, 5, "a")
+	waitIDs(t, p.root, first)
+	pid, _ := strconv.Atoi(ch["c1"][1])
+	identifies := sim.Totals().Identifies
+	// Messages in flight at the kill, and while the child is down: the
+	// new child resumes from the last sequence the parent has, and the
+	// gateway replays the rest once.
+	first = append(first, publishAny(t, sim, 4, 5, "k")...)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	first = append(first, publishAny(t, sim, 4, 5, "d")...)
+	eventually(t, "c1 restarted", func() (bool, string) {
+		c := p.children(t)["c1"]
+		return c[0] == "running" && c[2] == "1" && c[1] != strconv.Itoa(pid), fmt.Sprint(c)
+	})
+	p.waitReady(t, 4)
+	if n := sim.Totals().Identifies; n != identifies {
+		t.Errorf("the crashed child's shards spent %d identifies; want 0 (they resume)", n-identifies)
+	}
+	for _, sh := range []string{"0", "1"} {
+		if r, _ := dotlRead(p.root, sh+"/reconnects"); r != "0\n" {
+			t.Errorf("shard %s of the other child: reconnects %q; want 0", sh, r)
+		}
+	}
+	if c := p.children(t)["c0"]; c[1] != ch["c0"][1] || c[2] != "0" {
+		t.Errorf("c0 = %v; want it untouched (pid %s)", c, ch["c0"][1])
+	}
+	m, err := dotlRead(p.root, "metrics")
+	if err != nil {
+		t.Fatalf("read metrics: %v", err)
+	}
+	for _, want := range []string{`shardfs_supervisor_restarts_total{child="c1"} 1`, `shardfs_supervisor_children{state="running"} 2`, `child="c0"`, `child="c1"`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	families := map[string]int{}
+	for _, l := range strings.Split(m, "\n") {
+		if f, ok := strings.CutPrefix(l, "# TYPE "); ok {
+			families[strings.Fields(f)[0]]++
+		}
+	}
+	for name, n := range families {
+		if n != 1 {
+			t.Errorf("/metrics has family %s %d times", name, n)
+		}
+	}
+	if len(families) < 3 {
+		t.Errorf("/metrics has %d families: %v", len(families), families)
+	}
+	if !strings.Contains(p.stderr.String(), "restarting child") || !strings.Contains(p.stderr.String(), "child=c1") {
+		t.Errorf("the restart was not logged:\n%s", p.stderr)
+	}
+
+	// restart all under traffic.
+	identifies = sim.Totals().Identifies
+	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
+		t.Fatalf("restart all: %v", err)
+	}
+	var during []string
+	for i := range 10 {
+		during = append(during, publishAny(t, sim, 4, 1, fmt.Sprintf("b%d", i))...)
+		c := p.children(t)
+		if c["c0"][0] != "running" && c["c1"][0] != "running" {
+			t.Fatalf("both children down at once: %v", c)
+		}
+	}
+	eventually(t, "restart all done", func() (bool, string) {
+		c := p.children(t)
+		return c["c0"][3] == "2" && c["c1"][3] == "3" && c["c0"][0] == "running" && c["c1"][0] == "running", fmt.Sprint(c)
+	})
+	p.waitReady(t, 4)
+	last := publishAny(t, sim, 4, 3, "c")
+	got := waitIDs(t, p.root, append(append(append([]string(nil), first...), during...), last...))
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("message %s appears %d times in /dispatch", id, n)
+		}
+	}
+	if n := sim.Totals().Identifies; n != identifies {
+		t.Errorf("restart all spent %d identifies; want 0 (every shard resumes)", n-identifies)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("supervise exited with %v:\n%s", err, p.stderr)
+	}
+	if strings.Contains(p.stderr.String(), token) {
+		t.Fatal("the token appeared on stderr")
+	}
+}
+
+func writeFile(root p9.File, path, text string) error {
+	f, err := walk(root, path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, _, err := f.Open(p9.WriteOnly); err != nil {
+		return err
+	}
+	_, err = f.WriteAt([]byte(text), 0)
+	return err
+}
+
+// publishAny is publish for shards that may also hold a crashed child's
+// session, still resumable in the simulator: at least one session must
+// get each message.
+func publishAny(t *testing.T, sim *gatewaysim.Server, shards, count int, prefix string) []string {
+	t.Helper()
+	var ids []string
+	for sh := range shards {
+		for i := range count {
+			id := fmt.Sprintf("%s-%d-%d", prefix, sh, i)
+			ev := gatewaysim.Event{Name: "MESSAGE_CREATE", Data: json.RawMessage(`{"id":"` + id + `","content":"x"}`)}
+			if n, err := sim.Publish(sh, ev); err != nil || n < 1 {
+				t.Fatalf("publish %s reached %d sessions (%v); want at least 1", id, n, err)
+			}
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+var paceShards = flag.Int("supervise.shards", 16, "shards of TestSuperviseIdentifyPacing (the issue's figure is 64: about 80 s)")
+
+// TestSuperviseIdentifyPacing: 4 children share the parent's pacer at
+// max_concurrency 4: the simulator refuses no identify, and the start
+// takes no longer than one node needs (a bucket identifies every 5 s, so
+// shards/4 rounds), plus the grant margin per round.
+func TestSuperviseIdentifyPacing(t *testing.T) {
+	const token = "PACING-TOKEN-1234"
+	shards := *paceShards
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	start := time.Now()
+	p := startSupervise(t, sim, token, "--processes", "4")
+	p.waitReadyWithin(t, shards, time.Duration(shards/4)*6*time.Second+30*time.Second)
+	took := time.Since(start)
+	tot := sim.Totals()
+	if tot.RefusedIdentifies != 0 {
+		t.Errorf("the simulator refused %d identifies", tot.RefusedIdentifies)
+	}
+	if tot.Identifies != int64(shards) {
+		t.Errorf("%d identifies for %d shards", tot.Identifies, shards)
+	}
+	rounds := shards / 4
+	oneNode := time.Duration(rounds-1) * core.DiscordWindow
+	bound := oneNode + time.Duration(rounds)*supervisor.GrantMargin + 5*time.Second // process starts, discovery, a loaded CI machine
+	t.Logf("%d shards in 4 children at max_concurrency 4: READY in %v (one node: at least %v)", shards, took.Round(10*time.Millisecond), oneNode)
+	if took > bound {
+		t.Errorf("the start took %v; want at most %v", took, bound)
+	}
+	if b, _ := dotlRead(p.root, "identify"); !strings.Contains(b, "max_concurrency 4\n") || !strings.Contains(b, "waiting 0\n") {
+		t.Errorf("/identify = %q", b)
+	}
+}
+
+func (p *superviseProc) waitReadyWithin(t *testing.T, shards int, d time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if s, err := dotlRead(p.root, "status"); err == nil && strings.Count(s, " READY ") == shards {
+			return
+		}
+	}
+	t.Fatalf("not every shard READY within %v", d)
+}
+
+// TestSuperviseCrashLoop: a child that cannot start (its sessions folder
+// is a file) is restarted 3 times, then the parent stops the other child
+// and exits non-zero naming the child and its last exit.
+func TestSuperviseCrashLoop(t *testing.T) {
+	const token = "CRASH-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 2, MaxConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	sess := t.TempDir()
+	if err := os.WriteFile(filepath.Join(sess, "bad"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSupervise(t, sim, token, "--assign", "good=0;bad=1", "--sessions", sess, "--restart-min-delay", "10ms", "--restart-max-delay", "40ms")
+	err = p.cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("supervise exited with %v; want status 1:\n%s", err, p.stderr)
+	}
+	out := p.stderr.String()
+	for _, want := range []string{
+		`attempt=1 max=3 delay=10ms`, `attempt=2 max=3 delay=20ms`, `attempt=3 max=3 delay=40ms`,
+		"restart budget exhausted", `shardfs: child "bad" failed: restarted 3 times in a row, last exit: exit status 1`,
+		`msg="child stopped" component=supervisor child=good`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stderr lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("stderr:\n%s", out)
+	}
+}
+
+// TestSuperviseBadInput: bad flags fail the parent at once, naming them.
+func TestSuperviseBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--total", "8", "--assign", "a=0-3;b=3-7"}, `shard 3 is assigned to both "a" and "b"`},
+		{[]string{"--total", "8", "--assign", "a=0-8"}, "shard 8 is outside the total of 8"},
+		{[]string{"--total", "8", "--assign", "a=0-3;a=4-7"}, `child "a" is named twice`},
+		{[]string{"--total", "8", "--assign", strings.Repeat("x", 129) + "=0"}, "over 128"},
+		{[]string{"--total", "4", "--processes", "5"}, "--processes 5 is larger than the total of 4"},
+		{[]string{"--total", "4"}, "want exactly one of"},
+		{[]string{"--total", "4", "--processes", "2", "--shards-per-process", "2"}, "want exactly one of"},
+		{[]string{"--total", "4", "--processes", "2", "--restart-max", "-1"}, "--restart-max -1"},
+		{[]string{"--total", "4", "--processes", "2", "--restart-min-delay", "2s", "--restart-max-delay", "1s"}, "min <= max"},
+		{[]string{"--total", "4", "--processes", "2", "--backoff", "nope"}, "--backoff"},
+	} {
+		var errb strings.Builder
+		args := append([]string{"supervise", "--flavor", "discord"}, tc.args...)
+		err := run(t.Context(), args, strings.NewReader(""), io.Discard, &errb)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("shardfs %v = %v; want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+var restartAllShards = flag.Int("supervise.restart-all", 0, "shards of TestSuperviseRestartAllTime (skipped at 0; the issue's figure is 1024, about 6 minutes cold at max_concurrency 16)")
+
+// TestSuperviseRestartAllTime measures `restart all` of 4 children with
+// many shards, each resuming: run with -supervise.restart-all 1024.
+func TestSuperviseRestartAllTime(t *testing.T) {
+	shards := *restartAllShards
+	if shards == 0 {
+		t.Skip("a measurement: -supervise.restart-all N")
+	}
+	const token = "RESTART-ALL-TOKEN-1234"
+	// Over 1,000 shards need a bot whose daily budget is larger than the
+	// default 1,000 starts.
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: 16, SessionStartLimit: 4 * shards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	start := time.Now()
+	p := startSupervise(t, sim, token, "--processes", "4")
+	p.waitReadyWithin(t, shards, time.Duration(shards/16)*6*time.Second+time.Minute)
+	t.Logf("%d shards in 4 children at max_concurrency 16: READY in %v", shards, time.Since(start).Round(10*time.Millisecond))
+	identifies := sim.Totals().Identifies
+	start = time.Now()
+	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("restart all did not finish in 5 minutes")
+		}
+		if strings.Contains(p.stderr.String(), "restart all done") {
+			break
+		}
+	}
+	t.Logf("restart all of 4 children, %d shards: %v, %d identifies", shards, time.Since(start).Round(10*time.Millisecond), sim.Totals().Identifies-identifies)
+	p.waitReady(t, shards)
+}
+
+// TestSuperviseExamples runs the shell examples against the parent's
+// tree through the built-in client (the QEMU guest runs them against
+// serve's tree): the scripts see one tree whatever serves it.
+func TestSuperviseExamples(t *testing.T) {
+	const token = "EXAMPLES-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 4, MaxConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	p := startSupervise(t, sim, token, "--processes", "2")
+	tree := "9p!" + tcpListener(t, p.stderr)
+	dir := binDir(t)
+	examples, _ := filepath.Abs("../../examples/shell")
+	run := func(env []string, script string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("sh", append([]string{filepath.Join(examples, script)}, args...)...)
+		cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", script, args, err, out)
+		}
+		return string(out)
+	}
+	run(nil, "wait-ready.sh", tree, "60")
+	if out := run(nil, "watch-states.sh", tree, "0.2", "2"); strings.Count(out, "none -> READY") != 4 {
+		t.Errorf("watch-states printed %q; want the 4 shards going READY", out)
+	}
+	ids := publishAny(t, sim, 4, 1, "ex")
+	waitIDs(t, p.root, ids)
+	if out := run(nil, "last-dispatch-types.sh", tree, "3"); out != "MESSAGE_CREATE\nMESSAGE_CREATE\nMESSAGE_CREATE\n" {
+		t.Errorf("last-dispatch-types printed %q; want 3 MESSAGE_CREATE", out)
+	}
+	if out := run(nil, "reset-stuck.sh", tree, "0"); out != "" {
+		t.Errorf("reset-stuck with every shard READY reset %q", out)
+	}
+	run([]string{"ROUNDS=1"}, "keep-lease.sh", tree, "30s", "1", "true")
+	for _, sh := range []string{"0", "3"} {
+		if d, _ := dotlRead(p.root, sh+"/diag"); !strings.Contains(d, "lease_deadline ") || strings.Contains(d, "lease_deadline none") {
+			t.Errorf("after keep-lease.sh shard %s's diag has no lease deadline:\n%s", sh, d)
+		}
+	}
+}
+
+// TestSuperviseFluxer: with Fluxer, restart all resumes every shard, and
+// a crashed child's shards start new sessions (the SDK's rule: Fluxer
+// trims its replay buffer to what the dead child acknowledged).
+func TestSuperviseFluxer(t *testing.T) {
+	const token = "FLUXER-SUPERVISE-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Fluxer, Token: token, Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	cmd := command(t, binDir(t), "supervise", "--flavor", "fluxer", "--api", sim.APIURL(), "--total", "2", "--processes", "2",
+		"--listen", "tcp!127.0.0.1!0", "--backoff", "fixed:100ms")
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
+	p := &superviseProc{cmd: cmd, stderr: &syncBuffer{}}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("supervise's stderr:\n%s", p.stderr)
+		}
+	})
+	p.root = dotlRoot(t, tcpHostPort(tcpListener(t, p.stderr)))
+	p.waitReady(t, 2)
+	identifies := sim.Totals().Identifies
+	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "restart all done", func() (bool, string) {
+		return strings.Contains(p.stderr.String(), "restart all done"), ""
+	})
+	p.waitReady(t, 2)
+	if n := sim.Totals().Identifies; n != identifies {
+		t.Errorf("restart all spent %d identifies; want 0", n-identifies)
+	}
+	pid, _ := strconv.Atoi(p.children(t)["c1"][1])
+	syscall.Kill(pid, syscall.SIGKILL)
+	eventually(t, "c1 back", func() (bool, string) {
+		c := p.children(t)["c1"]
+		return c[0] == "running" && c[1] != strconv.Itoa(pid), fmt.Sprint(c)
+	})
+	p.waitReady(t, 2)
+	if n := sim.Totals().Identifies; n != identifies+1 {
+		t.Errorf("after the crash: %d identifies; want 1 (a new session for the crashed child's shard)", n-identifies)
+	}
+	if strings.Contains(p.stderr.String(), "the crashed child's shards resume") {
+		t.Error("a Fluxer crash was resumed")
+	}
+}

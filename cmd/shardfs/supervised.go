@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	"github.com/shardfs/shardfs/node"
+	"github.com/shardfs/shardfs/supervisor"
+)
+
+// childLink is serve's side of a supervisor's private channel, when
+// supervise started it (nil otherwise): the node asks the parent for its
+// identify slots, tells it when it serves and how many shards are READY,
+// and shuts down when the parent asks or goes away.
+type childLink struct {
+	*supervisor.Link
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+	// copying ends the copies of the logs, only in Close: after the node
+	// closed, so that the parent gets every line written before the
+	// sessions were saved.
+	copying    context.Context
+	endCopying context.CancelFunc
+}
+
+// supervisedChild opens the link; ctx ends when the parent asks for the
+// shutdown. Close (on a nil link too) releases it.
+func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
+	l, err := supervisor.LinkFromEnv()
+	if l == nil || err != nil {
+		return ctx, nil, err
+	}
+	c := &childLink{Link: l}
+	c.copying, c.endCopying = context.WithCancel(context.Background())
+	ctx, c.cancel = context.WithCancel(ctx)
+	c.wg.Go(func() {
+		select {
+		case <-l.Done():
+			c.cancel()
+		case <-ctx.Done():
+		}
+	})
+	return ctx, c, nil
+}
+
+// configure makes the node ask the parent for identify slots.
+func (c *childLink) configure(cfg *node.Config) {
+	if c != nil {
+		cfg.IdentifyPacer = c.Pacer()
+		cfg.OnSession = c.Session
+	}
+}
+
+// started tells the parent the node serves, at its first unix listener,
+// and reports its shards until ctx ends.
+func (c *childLink) started(ctx context.Context, n *node.Node, ls []listener, log *slog.Logger) {
+	if c == nil {
+		return
+	}
+	socket := ""
+	for _, l := range ls {
+		if l.l.Addr().Network() == "unix" {
+			socket = l.l.Addr().String()
+			break
+		}
+	}
+	if err := c.Ready(socket); err != nil {
+		log.Error("telling the supervisor this child is ready", "err", err)
+	}
+	c.wg.Go(func() { c.Watch(ctx, n.Node) })
+	c.wg.Go(func() { c.Copy(c.copying, n.Tree.NodeDispatchLog()) })
+	c.wg.Go(func() { c.Copy(c.copying, n.Node.Events()) })
+}
+
+func (c *childLink) Close() {
+	if c == nil {
+		return
+	}
+	c.cancel()
+	c.endCopying()
+	c.wg.Wait()
+	c.Link.Close()
+}

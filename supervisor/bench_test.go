@@ -1,0 +1,99 @@
+package supervisor
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hugelgupf/p9/p9"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+)
+
+// serveUnix serves root on a unix socket in dir until the benchmark ends.
+func serveUnix(b *testing.B, root *fsrv.Dir, path string) {
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &fsrv.Server{Root: root}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx, l); close(done) }()
+	b.Cleanup(func() { cancel(); srv.Close(); l.Close(); <-done })
+}
+
+func dialRoot(b *testing.B, path string) p9.File {
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl, err := p9.NewClient(conn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cl.Close() })
+	root, err := cl.Attach("")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return root
+}
+
+// BenchmarkForwardedRead: one walk+open+read+clunk of /0/state, straight
+// from a child's server ("direct") and through the parent's tree, which
+// forwards it over its own 9P connection to the child ("parent"). Client
+// and servers share the process, so B/op and allocs/op count all sides:
+// the difference is the parent's cost per forwarded request.
+func BenchmarkForwardedRead(b *testing.B) {
+	dir := b.TempDir()
+	childSock := filepath.Join(dir, "child.sock")
+	state := []byte("READY\n")
+	child := &fsrv.Dir{List: func() []fsrv.Node { return nil }}
+	shard := fsrv.NewDir("0", &fsrv.Text{Name: "state", Content: func() []byte { return state }})
+	child.List = func() []fsrv.Node { return []fsrv.Node{shard} }
+	serveUnix(b, child, childSock)
+
+	a, _ := ByProcesses(1, 1)
+	var reports *Reports
+	s := New(Config{Assignment: a, Policy: DefaultPolicy, Launch: func(l Launch, r *Reports) (Process, error) {
+		reports = r
+		return benchProc{}, nil
+	}})
+	s.Start()
+	reports.Ready(childSock)
+	tree := NewTree(TreeConfig{Supervisor: s, Assignment: a, Flavor: core.Discord})
+	b.Cleanup(tree.Close)
+	parentSock := filepath.Join(dir, "parent.sock")
+	serveUnix(b, tree.Root(), parentSock)
+
+	for _, tc := range []struct{ name, sock string }{{"direct", childSock}, {"parent", parentSock}} {
+		b.Run(tc.name, func(b *testing.B) {
+			root := dialRoot(b, tc.sock)
+			buf := make([]byte, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				_, f, err := root.Walk([]string{"0", "state"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := f.Open(p9.ReadOnly); err != nil {
+					b.Fatal(err)
+				}
+				n, _ := f.ReadAt(buf, 0)
+				if string(buf[:n]) != "READY\n" {
+					b.Fatalf("read %q", buf[:n])
+				}
+				f.Close()
+			}
+		})
+	}
+}
+
+type benchProc struct{}
+
+func (benchProc) Pid() int               { return 1 }
+func (benchProc) Signal(os.Signal) error { return nil }

@@ -1,0 +1,126 @@
+package supervisor
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// The private channel between the parent and a child is a socketpair
+// carrying one JSON object a line, each with its type in "t".
+//
+//	child → parent: ready {socket}, status {ready, total}, identify {id, shard, operator}, cancel {id},
+//	                session {shard, sid, url, seq}
+//	parent → child: grant {id}, shutdown
+//
+// Besides, the child copies its dispatch log's lines ({"shard":...}) and
+// its events log's lines (ts=...) as they are, unquoted: the parent's
+// logs are built from them. A line over maxMsg bytes, a line that is none
+// of these, or an unknown type is garbage: the reader stops and names it.
+type msg struct {
+	T        string `json:"t"`
+	Socket   string `json:"socket,omitempty"`
+	Ready    int    `json:"ready,omitempty"`
+	Total    int    `json:"total,omitempty"`
+	ID       uint64 `json:"id,omitempty"`
+	Shard    int    `json:"shard"`
+	Operator bool   `json:"operator,omitempty"`
+	// A new session of Shard (T "session"): its ID (a secret: never
+	// logged), resume URL and first sequence.
+	SID string `json:"sid,omitempty"`
+	URL string `json:"url,omitempty"`
+	Seq int64  `json:"seq,omitempty"`
+	// Raw is a dispatch or event line (T "dispatch" or "event"), newline
+	// included; it is only valid until the next read.
+	Raw []byte `json:"-"`
+}
+
+// maxMsg bounds a line: a dispatch (a large guild's GUILD_CREATE) can
+// take megabytes.
+const maxMsg = 16 << 20
+
+var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true}
+
+// ErrGarbage is wrapped by the reader's errors about what it read.
+var ErrGarbage = errors.New("garbage on the private channel")
+
+var (
+	dispatchPrefix = []byte(`{"shard":`)
+	eventPrefix    = []byte("ts=")
+)
+
+type msgReader struct{ r *bufio.Reader }
+
+func newMsgReader(r io.Reader) *msgReader { return &msgReader{bufio.NewReaderSize(r, 4096)} }
+
+// next returns the next message, io.EOF at a clean end, or an error
+// wrapping ErrGarbage.
+func (m *msgReader) next() (msg, error) {
+	var line []byte
+	for {
+		part, err := m.r.ReadSlice('\n')
+		if len(line)+len(part) > maxMsg {
+			return msg{}, fmt.Errorf("%w: a line over %d bytes", ErrGarbage, maxMsg)
+		}
+		line = append(line, part...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err == io.EOF && len(line) > 0 {
+			return msg{}, fmt.Errorf("%w: %q cut short by the end of the channel", ErrGarbage, clip(string(line)))
+		}
+		if err != nil {
+			return msg{}, err
+		}
+		break
+	}
+	switch {
+	case bytes.HasPrefix(line, dispatchPrefix):
+		return msg{T: "dispatch", Raw: line}, nil
+	case bytes.HasPrefix(line, eventPrefix):
+		return msg{T: "event", Raw: line}, nil
+	}
+	var v msg
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil || !msgTypes[v.T] {
+		if bytes.Contains(line, []byte(`"sid"`)) {
+			// It may hold a session ID: say what it is, not what it says.
+			return msg{}, fmt.Errorf("%w: a malformed %d-byte line that names a session", ErrGarbage, len(line))
+		}
+		return msg{}, fmt.Errorf("%w: %q", ErrGarbage, clip(string(bytes.TrimSpace(line))))
+	}
+	return v, nil
+}
+
+type msgWriter struct {
+	mu  sync.Mutex
+	w   io.Writer
+	err error
+}
+
+// raw writes whole lines as they are.
+func (m *msgWriter) raw(b []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err == nil {
+		_, m.err = m.w.Write(b)
+	}
+	return m.err
+}
+
+// send writes m; after a failure it keeps returning that error.
+func (m *msgWriter) send(v msg) error {
+	b, _ := json.Marshal(v)
+	b = append(b, '\n')
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err == nil {
+		_, m.err = m.w.Write(b)
+	}
+	return m.err
+}

@@ -1,0 +1,101 @@
+package supervisor
+
+import (
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestMsgReader(t *testing.T) {
+	r := newMsgReader(strings.NewReader(`{"t":"ready","socket":"/s","shard":0}` + "\n" + `{"t":"grant","id":7,"shard":0}` + "\n"))
+	m, err := r.next()
+	if err != nil || m.T != "ready" || m.Socket != "/s" {
+		t.Fatalf("next() = %+v, %v", m, err)
+	}
+	if m, err = r.next(); err != nil || m.T != "grant" || m.ID != 7 {
+		t.Fatalf("next() = %+v, %v", m, err)
+	}
+	r = newMsgReader(strings.NewReader(`{"shard":3,"s":7,"t":"X","d":{}}` + "\nts=2026 shard=3 event=ready\n"))
+	if m, err = r.next(); err != nil || m.T != "dispatch" || string(m.Raw) != `{"shard":3,"s":7,"t":"X","d":{}}`+"\n" {
+		t.Fatalf("next() = %+v, %v", m, err)
+	}
+	if m, err = r.next(); err != nil || m.T != "event" {
+		t.Fatalf("next() = %+v, %v", m, err)
+	}
+	if _, err = r.next(); err != io.EOF {
+		t.Fatalf("next() at the end = %v; want EOF", err)
+	}
+}
+
+func TestMsgReaderGarbage(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"hello\n", `"hello"`},
+		{`{"t":"frob"}` + "\n", `frob`},
+		{`{"t":"ready","extra":1}` + "\n", `extra`},
+		{`{"t":"ready"`, `cut short`},
+		{strings.Repeat("x", maxMsg+1) + "\n", "over 16777216 bytes"},
+		{"\x00\x01\x02\n", `\x00\x01\x02`},
+		{`{"t":"session","sid":"SECRET-SESSION","bad":1}` + "\n", "names a session"},
+	} {
+		_, err := newMsgReader(strings.NewReader(tc.in)).next()
+		if !errors.Is(err, ErrGarbage) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("next(%.40q) = %v; want ErrGarbage naming %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+func FuzzMsgReader(f *testing.F) {
+	f.Add(`{"t":"status","ready":3,"total":4,"shard":0}` + "\n")
+	f.Add("garbage\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		r := newMsgReader(strings.NewReader(in))
+		for range 100 {
+			m, err := r.next()
+			if err != nil {
+				if err != io.EOF && !errors.Is(err, ErrGarbage) {
+					t.Fatalf("next() = %v; want EOF or ErrGarbage", err)
+				}
+				return
+			}
+			if !msgTypes[m.T] && m.T != "dispatch" && m.T != "event" {
+				t.Fatalf("accepted type %q", m.T)
+			}
+		}
+	})
+}
+
+// TestLinkEndsWithParent: a child's link is done when the parent's end
+// closes (the parent died), and when the parent asks for the shutdown.
+func TestLinkEndsWithParent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(parent *os.File)
+		want string
+	}{
+		{"closed", func(p *os.File) { p.Close() }, "closed the channel"},
+		{"shutdown", func(p *os.File) { p.WriteString(`{"t":"shutdown","shard":0}` + "\n") }, "asked for a shutdown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
+			defer parent.Close()
+			l := NewLink(child)
+			defer l.Close()
+			if l.Err() != nil {
+				t.Fatalf("Err() = %v before the end", l.Err())
+			}
+			tc.end(parent)
+			<-l.Done()
+			if err := l.Err(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Err() = %v; want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,97 @@
+// Package supervisor runs children that each serve a block of a plan's
+// shards, restarts them under a bounded policy, and serves one tree for
+// all of them (DESIGN.md section 7.4).
+//
+// # Children and their channel
+//
+// A child is the same binary running serve for its block (Exec). It gets
+// the token in a pipe (descriptor 3, as serve's own re-execution hands
+// it over) and a private channel, one end of a socketpair (descriptor 4):
+// neither the token nor the session IDs ever travel in arguments or the
+// environment, and the channel cannot be reached by anyone else. The
+// channel carries one line per message (channel.go): readiness, the count
+// of READY shards, identify requests and grants, shutdown, each new
+// session, and copies of the child's dispatch and events lines. Children
+// run in their own process group, so a terminal's Ctrl-C reaches the
+// parent alone, which stops them in order; a child whose channel ends
+// (the parent died) shuts down cleanly. A child that writes garbage on
+// its channel or closes it while it runs is named in the log and stopped,
+// and the restart policy treats that as a failure; the others are not
+// touched. Children's stdout and stderr reach the parent's stderr line by
+// line, labelled "[child ID]", through a bounded queue: a child that
+// floods loses lines (counted, and said once the queue drains), never
+// blocks itself, the parent or the others.
+//
+// # Restart policy
+//
+// The Fluxerly SDK's, on the injected clock: a child that exits
+// unexpectedly (or misses the startup timeout, or breaks its channel) is
+// restarted after MinDelay doubling to MaxDelay, at most MaxAttempts
+// times in a row; the next such exit fails the supervisor, which logs why
+// and stops every child (with MaxAttempts 0 the first exit does). A child
+// that has been running HealthyReset gets its attempts back. Stopping is
+// SIGTERM (and shutdown on the channel), SIGKILL after ShutdownTimeout.
+// Every action is logged before it is taken. "running" means the child
+// serves its tree, not that its shards are READY: with a large block at
+// max_concurrency 1 that takes minutes, far beyond any startup timeout.
+//
+// restart ID stops the child (it saves its sessions) and starts it again
+// at once, counting no attempt. restart all does that one child at a time,
+// the next only once every shard of the previous one is READY again; if
+// they are not within the startup timeout the rollout stops there, logged
+// with the children not restarted, so that a bad deploy breaks one child,
+// not all. FATAL is not READY: a shard left FATAL holds every rollout at
+// its child until the operator retries it (or restarts the children one
+// by one), the price of never carrying a bad build further.
+//
+// # Identify pacing
+//
+// The parent runs the core's pacer (buckets, budget and reserve) for
+// every child: a child's core asks over the channel and identifies when
+// the grant comes back, so N children start as fast as one node and never
+// overspend. A grant crosses the channel before the identify leaves, so
+// two grants of a bucket 5 s apart could reach the gateway a few
+// milliseconds less than 5 s apart, which Discord answers with op 9:
+// SpacedPacer keeps them GrantMargin (250 ms) further apart. A request of
+// a child that exits is cancelled.
+//
+// # One tree
+//
+// Tree serves /N for every owned shard: state, sequence, reconnects, diag,
+// ctl and send are forwarded over 9P to the owning child's private unix
+// socket (each call bounded, 2 s); while the child is down, state reads
+// ASSIGNED and sequence the last one the parent saw. /dispatch, /events
+// and each /N/dispatch and /N/events are the parent's own logs, built from
+// the lines the children copy, so they outlive the children's restarts
+// and their offsets go on. /status joins the children's; /identify is the
+// shared pacer's; /children has one line per child (id state pid
+// restarts generation shards, pid "none" without a process); /ctl takes
+// restart ID|all and the node commands, each sent to the children that
+// own its shards. /metrics merges the children's families, each sample
+// labelled child=ID, with the parent's children by state and restarts by
+// child. Not combined yet: /lease.
+//
+// # Resuming a crashed child (beyond the SDK)
+//
+// Each new session a child's shard starts is reported on the channel; the
+// parent takes it as resumable once the READY line of that session is in
+// its /dispatch, and counts the sequence of every later dispatch line it
+// appends. When a child's process ended without a clean stop and was
+// reaped (waitpid: nobody holds its sessions any more), the parent writes
+// each such session with the last sequence its /dispatch holds into the
+// child's sessions folder before the next start, which resumes it: the
+// gateway replays what the parent had not seen, so /dispatch has every
+// event once, whatever the dead child had received but not copied.
+// Cases where this is not safe keep the SDK's rule (a crash starts new
+// sessions):
+//   - Fluxer: its heartbeats trim the replay buffer to the sequence the
+//     child acknowledged, which may be past the parent's, and a resume
+//     below it closes 4007; only Discord crashes resume.
+//   - A session whose READY line the parent had not received when the
+//     child died: the parent does not know where it starts.
+//   - A parent that dies: its children shut down cleanly and save their
+//     own sessions, as serve does on SIGTERM.
+//
+// A sequence older than the gateway's replay buffer gets op 9 and a new
+// session: no event is doubled, some may be missed, and the epoch says so.
+package supervisor

@@ -1,0 +1,314 @@
+package supervisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardfs/shardfs/core"
+)
+
+// TokenFDVar is the variable through which serve finds the descriptor of
+// the pipe that holds its token (the same one serve's re-execution uses).
+const TokenFDVar = "SHARDFS_TOKEN_FD"
+
+// Exec starts children as processes of a binary (the parent's own, running
+// serve). Each gets its token in a pipe (descriptor 3) and its private
+// channel (a socketpair, descriptor 4), never in its arguments or
+// environment; it runs in its own process group, so that a terminal's
+// Ctrl-C reaches the parent alone, which stops the children in order.
+type Exec struct {
+	// Path is the binary; Args returns its arguments for a start.
+	Path string
+	Args func(l Launch) []string
+	// Env is the children's environment (the token is never in it).
+	Env   []string
+	Token string
+	// Pacer grants every child's identify slots.
+	Pacer core.IdentifyPacer
+	// Output receives the children's output, labelled.
+	Output *Output
+	// Lines receives the dispatch and event lines the children copy
+	// (Tree.Line); nil drops them.
+	Lines func(child, kind string, line []byte)
+	// Sessions receives each new session a child reports (Tree.Session).
+	Sessions func(child string, shard int, s core.Session, seq int64)
+
+	wg sync.WaitGroup
+}
+
+// Wait waits for the goroutines of every child launched, which end once
+// their process has exited.
+func (e *Exec) Wait() { e.wg.Wait() }
+
+type execProc struct {
+	id     string
+	cmd    *exec.Cmd
+	conn   net.Conn
+	w      *msgWriter
+	exited chan struct{}
+
+	mu      sync.Mutex
+	cancels map[uint64]func()
+	gone    bool
+}
+
+func (p *execProc) Pid() int { return p.cmd.Process.Pid }
+
+// Signal also asks for the shutdown on the channel, for a child that
+// cannot see the signal; SIGTERM is what a child that does not read the
+// channel still obeys.
+func (p *execProc) Signal(sig os.Signal) error {
+	if sig == syscall.SIGTERM {
+		p.conn.SetWriteDeadline(time.Now().Add(time.Second))
+		p.w.send(msg{T: "shutdown"})
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// Launch starts one child.
+func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("child %q: socketpair: %w", l.ID, err)
+	}
+	parentEnd, childEnd := os.NewFile(uintptr(pair[0]), "channel"), os.NewFile(uintptr(pair[1]), "channel")
+	defer childEnd.Close()
+	conn, err := net.FileConn(parentEnd)
+	parentEnd.Close()
+	if err != nil {
+		return nil, fmt.Errorf("child %q: channel: %w", l.ID, err)
+	}
+	tokR, tokW, err := os.Pipe()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("child %q: token pipe: %w", l.ID, err)
+	}
+	defer tokR.Close()
+	_, err = tokW.WriteString(e.Token) // a pipe holds 64 KiB; a token at most 4 KiB
+	tokW.Close()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("child %q: token pipe: %w", l.ID, err)
+	}
+	cmd := exec.Command(e.Path, e.Args(l)...)
+	cmd.Env = append(append([]string(nil), e.Env...), TokenFDVar+"=3", ChannelFDVar+"=4")
+	cmd.ExtraFiles = []*os.File{tokR, childEnd}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("child %q: %w", l.ID, err)
+	}
+	p := &execProc{id: l.ID, cmd: cmd, conn: conn, w: &msgWriter{w: conn}, exited: make(chan struct{}), cancels: map[uint64]func(){}}
+	var outs sync.WaitGroup
+	outs.Go(func() { e.Output.copy(l.ID, stdout) })
+	outs.Go(func() { e.Output.copy(l.ID, stderr) })
+	e.wg.Go(func() { e.channel(p, r) })
+	e.wg.Go(func() {
+		outs.Wait() // Wait closes the pipes: read them to the end first
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.gone = true
+		cancels := p.cancels
+		p.cancels = nil
+		p.mu.Unlock()
+		for _, cancel := range cancels {
+			cancel() // a slot granted to a dead child would be spent for nothing
+		}
+		close(p.exited)
+		conn.Close()
+		r.Exited(err)
+	})
+	return p, nil
+}
+
+// channel reads the child's messages until the channel ends.
+func (e *Exec) channel(p *execProc, r *Reports) {
+	mr := newMsgReader(p.conn)
+	for {
+		m, err := mr.next()
+		if err != nil {
+			select {
+			case <-p.exited:
+				return
+			default:
+			}
+			if errors.Is(err, ErrGarbage) {
+				r.Broken(fmt.Errorf("child %q: %w", p.id, err))
+				io.Copy(io.Discard, p.conn) // the child must not block on it
+				return
+			}
+			// The end of the channel comes with the child's exit;
+			// alone, it is a child that closed it.
+			select {
+			case <-p.exited:
+			case <-time.After(2 * time.Second):
+				r.Broken(fmt.Errorf("child %q closed its private channel", p.id))
+			}
+			return
+		}
+		switch m.T {
+		case "ready":
+			r.Ready(m.Socket)
+		case "status":
+			if m.Total > 0 && m.Ready == m.Total {
+				r.Settled()
+			}
+		case "dispatch", "event":
+			if e.Lines != nil {
+				e.Lines(p.id, m.T, m.Raw)
+			}
+		case "session":
+			if e.Sessions != nil {
+				e.Sessions(p.id, m.Shard, core.Session{ID: m.SID, ResumeURL: m.URL}, m.Seq)
+			}
+		case "identify":
+			e.identify(p, m)
+		case "cancel":
+			p.mu.Lock()
+			cancel := p.cancels[m.ID]
+			delete(p.cancels, m.ID)
+			p.mu.Unlock()
+			if cancel != nil {
+				cancel()
+			}
+		default:
+			r.Broken(fmt.Errorf("child %q: %w: a %q message goes to a child, not from one", p.id, ErrGarbage, m.T))
+		}
+	}
+}
+
+func (e *Exec) identify(p *execProc, m msg) {
+	id := m.ID
+	grant := func() {
+		p.mu.Lock()
+		delete(p.cancels, id)
+		p.mu.Unlock()
+		p.w.send(msg{T: "grant", ID: id})
+	}
+	p.mu.Lock()
+	if p.gone {
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	now, cancel := e.Pacer.Request(m.Shard, m.Operator, grant)
+	if now {
+		grant()
+		return
+	}
+	p.mu.Lock()
+	if p.gone {
+		p.mu.Unlock()
+		cancel()
+		return
+	}
+	p.cancels[id] = cancel
+	p.mu.Unlock()
+}
+
+// Output writes the children's output lines to one writer, each line
+// prefixed "[child ID] ". It never blocks a child nor the parent: lines
+// queue (up to a bound) for one writer goroutine, and when the queue is
+// full a child's lines are dropped and counted, the count said in a line
+// of its own once there is room again.
+type Output struct {
+	w    io.Writer
+	q    chan []byte
+	done chan struct{}
+
+	mu      sync.Mutex
+	dropped map[string]int
+}
+
+// outputQueue bounds the lines waiting for the writer; maxLine bounds a
+// line (a longer one is cut into several).
+const (
+	outputQueue = 1024
+	maxLine     = 4096
+)
+
+// NewOutput starts the writer to w; Close stops it.
+func NewOutput(w io.Writer) *Output {
+	o := &Output{w: w, q: make(chan []byte, outputQueue), done: make(chan struct{}), dropped: map[string]int{}}
+	go func() {
+		defer close(o.done)
+		for b := range o.q {
+			o.w.Write(b)
+			if len(o.q) == 0 {
+				o.notes()
+			}
+		}
+		o.notes()
+	}()
+	return o
+}
+
+// Close writes the lines queued and stops the writer. Call it after every
+// copy ended.
+func (o *Output) Close() {
+	close(o.q)
+	<-o.done
+}
+
+func (o *Output) copy(id string, r io.Reader) {
+	br := bufio.NewReaderSize(r, maxLine)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			o.line(id, line)
+		}
+		if err != nil && err != bufio.ErrBufferFull {
+			return
+		}
+	}
+}
+
+func (o *Output) line(id string, line []byte) {
+	b := make([]byte, 0, len(id)+len(line)+10)
+	b = append(append(append(b, "[child "...), id...), "] "...)
+	b = append(b, line...)
+	if b[len(b)-1] != '\n' {
+		b = append(b, '\n')
+	}
+	select {
+	case o.q <- b:
+	default:
+		o.mu.Lock()
+		o.dropped[id]++
+		o.mu.Unlock()
+	}
+}
+
+// notes writes, once the queue is drained, how many lines of each child
+// were dropped.
+func (o *Output) notes() {
+	o.mu.Lock()
+	dropped := o.dropped
+	o.dropped = map[string]int{}
+	o.mu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(dropped)) {
+		fmt.Fprintf(o.w, "[child %s] (%d lines dropped: the child wrote faster than stderr took them)\n", id, dropped[id])
+	}
+}

@@ -1,0 +1,199 @@
+package supervisor
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardfs/shardfs/core"
+)
+
+const testToken = "TEST-TOKEN-on-a-pipe-only"
+
+// testChild is the test binary run as a child by Exec: it checks how it
+// got its token, then behaves as mode says.
+func testChild(mode string) int {
+	tok, err := readFD(3)
+	switch {
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "token:", err)
+		return 3
+	case tok != testToken:
+		fmt.Fprintln(os.Stderr, "token: wrong")
+		return 3
+	case strings.Contains(strings.Join(os.Environ(), "\n")+strings.Join(os.Args, " "), testToken):
+		fmt.Fprintln(os.Stderr, "token: in the environment or arguments")
+		return 3
+	}
+	l, err := LinkFromEnv()
+	if err != nil || l == nil {
+		fmt.Fprintln(os.Stderr, "link:", err)
+		return 4
+	}
+	defer l.Close()
+	fmt.Fprintln(os.Stderr, "token ok")
+	switch mode {
+	case "garbage":
+		l.w.raw([]byte("this is not a message\n"))
+	case "close":
+		l.f.Close()
+		time.Sleep(time.Hour) // until the parent's SIGTERM
+	case "stubborn":
+		// Neither SIGTERM nor the channel's shutdown ends it.
+		signal.Ignore(syscall.SIGTERM)
+		l.Ready("")
+		fmt.Fprintln(os.Stderr, "stubborn ready")
+		time.Sleep(time.Hour)
+	case "flood":
+		line := strings.Repeat("x", 100) + "\n"
+		for range 20000 {
+			os.Stderr.WriteString(line)
+		}
+		fmt.Fprintln(os.Stderr, "flood done")
+		return 0
+	}
+	// It leaves on the channel's shutdown alone, which comes with the
+	// SIGTERM.
+	signal.Ignore(syscall.SIGTERM)
+	l.Ready("")
+	l.w.send(msg{T: "status", Ready: 1, Total: 1})
+	granted := make(chan struct{})
+	if now, _ := l.Pacer().Request(0, false, func() { close(granted) }); now {
+		return 5
+	}
+	<-granted
+	fmt.Fprintln(os.Stderr, "identify granted")
+	<-l.Done()
+	fmt.Fprintln(os.Stderr, "shutdown:", l.Err())
+	return 0
+}
+
+func readFD(fd uintptr) (string, error) {
+	f := os.NewFile(fd, "token")
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	return string(b), err
+}
+
+// blockedWriter blocks every write until released, like a stderr that
+// nobody reads.
+type blockedWriter struct {
+	release chan struct{}
+	mu      sync.Mutex
+	b       bytes.Buffer
+}
+
+func (w *blockedWriter) Write(p []byte) (int, error) {
+	<-w.release
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *blockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// TestExecChildren runs real children: one well-behaved (token on its
+// pipe, ready, an identify granted by the shared pacer, shutdown on the
+// channel), one writing garbage on its channel, one closing it, one
+// flooding stderr while the parent's stderr is blocked, one ignoring
+// SIGTERM and the shutdown (killed after the shutdown timeout, logged
+// first). The parent names
+// each bad child and keeps the good one running; the flood neither blocks
+// the child nor the parent, and the drop is said.
+func TestExecChildren(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ParseAssign(5, "good=0;garbage=1;close=2;flood=3;stubborn=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The flooding child writes to a stderr nobody reads; the others to
+	// one that is read.
+	out := &blockedWriter{release: make(chan struct{})}
+	blocked := NewOutput(out)
+	free := &blockedWriter{release: make(chan struct{})}
+	close(free.release)
+	output := NewOutput(free)
+	j := &record{t: t}
+	newExec := func(o *Output) *Exec {
+		return &Exec{
+			Path: self, Args: func(l Launch) []string { return []string{"-test.run=none"} },
+			Token: testToken, Pacer: core.NewDiscordPacer(nil, 1), Output: o,
+		}
+	}
+	ex, exFlood := newExec(output), newExec(blocked)
+	pol := Policy{MaxAttempts: 100, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	launch := func(l Launch, r *Reports) (Process, error) {
+		e := ex
+		if l.ID == "flood" {
+			e = exFlood
+		}
+		e.Env = append(os.Environ(), "SUPERVISOR_TEST_CHILD="+l.ID)
+		return e.Launch(l, r)
+	}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	waitFor(t, "the bad children named", func() bool {
+		return j.index(0, "private channel failed", "child=garbage", "this is not a message") >= 0 &&
+			j.index(0, "private channel failed", "child=close", "closed its private channel") >= 0 &&
+			j.index(0, "child exited unexpectedly", "child=flood", "exit status 0") >= 0
+	})
+	if c := s.Children()[0]; c.State != Running || c.Generation != 1 {
+		t.Fatalf("good = %v; want running, untouched", c)
+	}
+	waitFor(t, "the good child's identify", func() bool { return strings.Contains(free.String(), "[child good] identify granted") })
+	waitFor(t, "the stubborn child ready", func() bool { return strings.Contains(free.String(), "[child stubborn] stubborn ready") })
+	close(out.release)
+	s.Close()
+	logged := j.index(0, "forced termination", "child=stubborn")
+	killed := j.index(0, "child stopped", "child=stubborn", "signal: killed")
+	if logged < 0 || killed < logged {
+		t.Errorf("the stubborn child: forced termination logged at %d, its SIGKILLed exit at %d", logged, killed)
+	}
+	if j.index(0, "forced termination", "child=good") >= 0 {
+		t.Error("the good child was killed")
+	}
+	ex.Wait()
+	exFlood.Wait()
+	output.Close()
+	blocked.Close()
+	text := free.String() + out.String()
+	for _, want := range []string{"[child good] token ok", "[child good] shutdown: the parent asked for a shutdown", "[child flood] (", "lines dropped"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Contains(text, "token:") {
+		t.Errorf("a child did not get its token as it should:\n%s", text)
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
+		if !strings.HasPrefix(l, "[child ") {
+			t.Fatalf("unlabelled line %q", l)
+		}
+	}
+}
+
+// waitFor polls cond, at a process boundary, for at most 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("%s: never happened", what)
+}

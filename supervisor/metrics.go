@@ -1,0 +1,70 @@
+package supervisor
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"slices"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/proto"
+)
+
+// metrics is /metrics: every child's families merged, each sample with a
+// child label (a family may appear once in an exposition, so the
+// children's texts cannot just be joined), and the parent's own:
+// shardfs_supervisor_children by state and shardfs_supervisor_restarts_total
+// by child. A child that does not answer is left out of that read.
+func (t *Tree) metrics() []byte {
+	all := map[string]*dto.MetricFamily{}
+	for i, blk := range t.cfg.Assignment.Blocks {
+		b, err := t.read(i, "metrics")
+		if err != nil {
+			continue
+		}
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := p.TextToMetricFamilies(bytes.NewReader(b))
+		if err != nil {
+			t.log.Warn("a child's /metrics does not parse; left out", "child", blk.ID, "err", err)
+			continue
+		}
+		for name, f := range fams {
+			for _, m := range f.Metric {
+				m.Label = append(m.Label, &dto.LabelPair{Name: proto.String("child"), Value: proto.String(blk.ID)})
+			}
+			if have := all[name]; have != nil && have.GetType() == f.GetType() {
+				have.Metric = append(have.Metric, f.Metric...)
+			} else if have == nil {
+				all[name] = f
+			}
+		}
+	}
+	children := t.cfg.Supervisor.Children()
+	byState := map[State]int{}
+	gauge, counter := dto.MetricType_GAUGE, dto.MetricType_COUNTER
+	states := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_children"), Help: proto.String("Children by state."), Type: &gauge}
+	restarts := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_restarts_total"), Help: proto.String("Starts of a child after its first."), Type: &counter}
+	for _, c := range children {
+		byState[c.State]++
+		restarts.Metric = append(restarts.Metric, &dto.Metric{
+			Label:   []*dto.LabelPair{{Name: proto.String("child"), Value: proto.String(c.ID)}},
+			Counter: &dto.Counter{Value: proto.Float64(float64(c.Restarts))},
+		})
+	}
+	for _, st := range []State{Idle, Starting, Running, Restarting, Stopping, Closed, Failed} {
+		states.Metric = append(states.Metric, &dto.Metric{
+			Label: []*dto.LabelPair{{Name: proto.String("state"), Value: proto.String(string(st))}},
+			Gauge: &dto.Gauge{Value: proto.Float64(float64(byState[st]))},
+		})
+	}
+	all[states.GetName()], all[restarts.GetName()] = states, restarts
+	var out bytes.Buffer
+	for _, name := range slices.Sorted(maps.Keys(all)) {
+		if _, err := expfmt.MetricFamilyToText(&out, all[name]); err != nil {
+			fmt.Fprintf(&out, "# %s: %v\n", name, err)
+		}
+	}
+	return out.Bytes()
+}

@@ -1,0 +1,660 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hugelgupf/p9/p9"
+	"golang.org/x/sys/unix"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/journal"
+)
+
+// TreeConfig configures the parent's tree.
+type TreeConfig struct {
+	Supervisor *Supervisor
+	Assignment Assignment
+	Flavor     core.Flavor
+	// Info adds key value lines to /plan.
+	Info func() [][2]string
+	// Identify returns the shared pacer's figures for /identify.
+	Identify func() core.Budget
+	// Retention of the logs in bytes: each shard's dispatch, the node's
+	// dispatch, each shard's events and the node's events (0: serve's
+	// defaults, 256 KiB, 16 MiB, 16 KiB, 1 MiB).
+	DispatchRetention, NodeDispatchRetention, EventRetention, NodeEventRetention int
+	// Timeout bounds one forwarded request to a child (0: 2 s).
+	Timeout time.Duration
+	Clock   clock.Clock
+	Logger  *slog.Logger
+}
+
+// Tree is the parent's tree: every shard's /N, the node files combined
+// from the children's, /children, and /ctl.
+//
+// /N/state, sequence, reconnects, diag, ctl and send are forwarded to the
+// owning child over 9P on its private unix socket. /dispatch, /events and
+// each /N/dispatch and /N/events are the parent's own logs, built from the
+// lines every child copies over its channel, so they survive the child's
+// restarts with their offsets going on; /N/sequence is the last sequence
+// the parent saw in that stream while the child is down.
+type Tree struct {
+	cfg  TreeConfig
+	log  *slog.Logger
+	clk  clock.Clock
+	root *fsrv.Dir
+	top  []fsrv.Node
+
+	dispatch *journal.Merged
+	events   *journal.Log
+	shards   map[int]*shardLogs
+
+	mu      sync.Mutex
+	clients map[string]*childClient // by child id
+}
+
+type shardLogs struct {
+	id       int
+	owner    int // index of the block
+	dispatch *journal.Log
+	events   *journal.Log
+	lastSeq  int64 // -1: none
+	// The session the parent could resume (guarded by Tree.mu): pending
+	// from the child's report until its READY line reaches the parent's
+	// log, which orders it among the dispatches; then current, whose
+	// dispatches lastSeq counts.
+	pending, current core.Session
+	pendingSeq       int64
+	// readyWaits: a READY line at readySeq came with no report yet.
+	readySeq   int64
+	readyWaits bool
+	once       sync.Once
+	dir        *fsrv.Dir
+}
+
+type childClient struct {
+	socket string
+	gen    int
+	conn   net.Conn
+	client *p9.Client
+	root   p9.File
+}
+
+// NewTree returns the parent's tree.
+func NewTree(cfg TreeConfig) *Tree {
+	t := &Tree{cfg: cfg, log: cfg.Logger, clk: clock.Or(cfg.Clock), shards: map[int]*shardLogs{}, clients: map[string]*childClient{}}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	if t.cfg.Timeout == 0 {
+		t.cfg.Timeout = 2 * time.Second
+	}
+	t.dispatch = journal.NewMerged(orDefault(cfg.NodeDispatchRetention, 16<<20))
+	t.events = journal.New(orDefault(cfg.NodeEventRetention, 1<<20))
+	for i, b := range cfg.Assignment.Blocks {
+		for _, id := range b.Shards {
+			t.shards[id] = &shardLogs{id: id, owner: i, lastSeq: -1,
+				dispatch: journal.New(orDefault(cfg.DispatchRetention, 256<<10)),
+				events:   journal.New(orDefault(cfg.EventRetention, 16<<10))}
+		}
+	}
+	t.top = []fsrv.Node{
+		&fsrv.Ctl{Name: "ctl", Handle: t.ctl, Usage: func() string { return core.NodeUsage + "restart ID|all\n" }},
+		&fsrv.Text{Name: "children", Content: t.children},
+		&fsrv.Log{Name: "events", Source: t.events},
+		&fsrv.Text{Name: "status", Content: t.status},
+		&fsrv.Text{Name: "plan", Content: t.plan},
+		&fsrv.Text{Name: "identify", Content: t.identify},
+		&fsrv.Text{Name: "metrics", Content: t.metrics},
+		&fsrv.Log{Name: "dispatch", Source: t.dispatch, Private: true},
+	}
+	t.root = &fsrv.Dir{List: t.list, Lookup: t.lookup}
+	return t
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Root returns the tree's root.
+func (t *Tree) Root() *fsrv.Dir { return t.root }
+
+// Dispatches returns the parent's /dispatch log.
+func (t *Tree) Dispatches() *journal.Merged { return t.dispatch }
+
+// Line takes a dispatch or event line a child copied (Exec calls it).
+// A line for a shard the child does not own is dropped and logged: a
+// child speaks for its own block only.
+func (t *Tree) Line(child, kind string, line []byte) {
+	now := t.clk.Now()
+	line = bytes.Clone(line)
+	switch kind {
+	case "dispatch":
+		shard, seq, ok := dispatchShardSeq(line)
+		sl := t.shards[shard]
+		if !ok || sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child {
+			t.log.Warn("dropped a dispatch line for a shard the child does not own", "child", child, "shard", shard)
+			return
+		}
+		_, l := sl.dispatch.AppendLine(line, now)
+		t.dispatch.Add(l, now)
+		if seq >= 0 {
+			t.mu.Lock()
+			sl.lastSeq = seq
+			if isReady(line) {
+				sl.current, sl.readySeq, sl.readyWaits = core.Session{}, seq, true
+				if sl.pending.ID != "" && sl.pendingSeq == seq {
+					sl.current, sl.pending, sl.readyWaits = sl.pending, core.Session{}, false
+				}
+			}
+			t.mu.Unlock()
+		}
+	case "event":
+		t.events.AppendLine(line, now)
+		if shard, ok := eventShard(line); ok {
+			if sl := t.shards[shard]; sl != nil && t.cfg.Assignment.Blocks[sl.owner].ID == child {
+				sl.events.AppendLine(line, now)
+			}
+		}
+	}
+}
+
+// Session takes a new session a child reported (Exec calls it).
+func (t *Tree) Session(child string, shard int, s core.Session, seq int64) {
+	sl := t.shards[shard]
+	if sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child || s.ID == "" {
+		t.log.Warn("dropped a session report for a shard the child does not own", "child", child, "shard", shard)
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sl.readyWaits && sl.readySeq == seq {
+		// The READY line came first (the log's copy overtook the report).
+		sl.current, sl.readyWaits = s, false
+		return
+	}
+	sl.pending, sl.pendingSeq = s, seq
+}
+
+// ResumePoint is where a crashed child's shard can resume: its session
+// and the last sequence the parent's /dispatch holds of it.
+type ResumePoint struct {
+	Shard    int
+	Session  core.Session
+	Sequence int64
+}
+
+// ResumePoints returns, for child's shards, the sessions whose READY
+// and dispatches the parent has seen. Call it only once the child's
+// process was reaped, so that nobody else holds them.
+func (t *Tree) ResumePoints(child string) []ResumePoint {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []ResumePoint
+	for i, b := range t.cfg.Assignment.Blocks {
+		if b.ID != child {
+			continue
+		}
+		for _, id := range t.cfg.Assignment.Blocks[i].Shards {
+			sl := t.shards[id]
+			if sl.current.ID != "" && sl.lastSeq >= 0 {
+				out = append(out, ResumePoint{Shard: id, Session: sl.current, Sequence: sl.lastSeq})
+			}
+		}
+	}
+	return out
+}
+
+func isReady(line []byte) bool {
+	i := bytes.Index(line, []byte(`,"t":`))
+	return i >= 0 && bytes.HasPrefix(line[i+len(`,"t":`):], []byte(`"READY"`))
+}
+
+// dispatchShardSeq reads the shard and the sequence at the start of a
+// dispatch line: {"shard":3,"s":42,...} (s null: -1).
+func dispatchShardSeq(line []byte) (shard int, seq int64, ok bool) {
+	rest, found := bytes.CutPrefix(line, dispatchPrefix)
+	if !found {
+		return 0, 0, false
+	}
+	i := bytes.IndexByte(rest, ',')
+	if i < 0 {
+		return 0, 0, false
+	}
+	shard, err := strconv.Atoi(string(rest[:i]))
+	if err != nil {
+		return 0, 0, false
+	}
+	rest, found = bytes.CutPrefix(rest[i:], []byte(`,"s":`))
+	if !found {
+		return 0, 0, false
+	}
+	if j := bytes.IndexByte(rest, ','); j >= 0 {
+		if s, err := strconv.ParseInt(string(rest[:j]), 10, 64); err == nil {
+			return shard, s, true
+		}
+	}
+	return shard, -1, true
+}
+
+// eventShard reads shard=N from a logfmt events line.
+func eventShard(line []byte) (int, bool) {
+	i := bytes.Index(line, []byte(" shard="))
+	if i < 0 {
+		return 0, false
+	}
+	rest := line[i+len(" shard="):]
+	j := bytes.IndexAny(rest, " \n")
+	if j < 0 {
+		j = len(rest)
+	}
+	n, err := strconv.Atoi(string(rest[:j]))
+	return n, err == nil
+}
+
+func (t *Tree) list() []fsrv.Node {
+	out := slices.Clone(t.top)
+	ids := make([]int, 0, len(t.shards))
+	for id := range t.shards {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		out = append(out, t.shardDir(t.shards[id]))
+	}
+	return out
+}
+
+func (t *Tree) lookup(name string) fsrv.Node {
+	for _, n := range t.top {
+		if nodeName(n) == name {
+			return n
+		}
+	}
+	id, err := strconv.Atoi(name)
+	if err != nil || strconv.Itoa(id) != name {
+		return nil
+	}
+	if sl := t.shards[id]; sl != nil {
+		return t.shardDir(sl)
+	}
+	return nil
+}
+
+func nodeName(n fsrv.Node) string {
+	switch n := n.(type) {
+	case *fsrv.Ctl:
+		return n.Name
+	case *fsrv.Log:
+		return n.Name
+	case *fsrv.Text:
+		return n.Name
+	case *fsrv.Dir:
+		return n.Name
+	}
+	return ""
+}
+
+func (t *Tree) shardDir(sl *shardLogs) *fsrv.Dir {
+	sl.once.Do(func() {
+		id := sl.id
+		name := strconv.Itoa(id)
+		word := func(file string, down func() string) func() []byte {
+			return func() []byte {
+				b, err := t.read(sl.owner, name+"/"+file)
+				if err != nil {
+					return []byte(down() + "\n")
+				}
+				return b
+			}
+		}
+		sl.dir = fsrv.NewDir(name,
+			&fsrv.Text{Name: "state", Content: word("state", func() string { return "ASSIGNED" })},
+			&fsrv.Text{Name: "sequence", Content: word("sequence", func() string { return t.lastSeq(sl) })},
+			&fsrv.Text{Name: "reconnects", Content: word("reconnects", func() string { return "0" })},
+			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return t.write(sl.owner, name+"/ctl", line) }, Usage: func() string { return core.ShardUsage }},
+			&fsrv.Log{Name: "events", Source: sl.events},
+			&fsrv.Text{Name: "diag", Content: word("diag", func() string {
+				return "child " + t.cfg.Assignment.Blocks[sl.owner].ID + " " + string(t.childState(sl.owner))
+			})},
+			&fsrv.Log{Name: "dispatch", Source: sl.dispatch, Private: true},
+			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return t.write(sl.owner, name+"/send", line) }, Private: true},
+		)
+	})
+	return sl.dir
+}
+
+func (t *Tree) lastSeq(sl *shardLogs) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sl.lastSeq < 0 {
+		return "none"
+	}
+	return strconv.FormatInt(sl.lastSeq, 10)
+}
+
+func (t *Tree) childState(i int) State {
+	return t.cfg.Supervisor.Children()[i].State
+}
+
+func (t *Tree) children() []byte {
+	var b strings.Builder
+	for _, c := range t.cfg.Supervisor.Children() {
+		b.WriteString(c.String())
+		b.WriteByte('\n')
+	}
+	return []byte(b.String())
+}
+
+// status joins the children's /status in shard order; a child that does
+// not answer shows its shards ASSIGNED, with the last sequence the parent
+// saw.
+func (t *Tree) status() []byte {
+	type line struct {
+		id int
+		b  []byte
+	}
+	var lines []line
+	for i, blk := range t.cfg.Assignment.Blocks {
+		b, err := t.read(i, "status")
+		if err == nil {
+			for l := range bytes.Lines(b) {
+				id, _ := strconv.Atoi(string(l[:max(bytes.IndexByte(l, ' '), 0)]))
+				lines = append(lines, line{id, l})
+			}
+			continue
+		}
+		for _, id := range blk.Shards {
+			lines = append(lines, line{id, fmt.Appendf(nil, "%d ASSIGNED %s 0 0\n", id, t.lastSeq(t.shards[id]))})
+		}
+	}
+	slices.SortStableFunc(lines, func(a, b line) int { return a.id - b.id })
+	var out []byte
+	for _, l := range lines {
+		out = append(out, l.b...)
+	}
+	return out
+}
+
+func (t *Tree) plan() []byte {
+	a := t.cfg.Assignment
+	var owned []int
+	for _, b := range a.Blocks {
+		owned = append(owned, b.Shards...)
+	}
+	slices.Sort(owned)
+	var b strings.Builder
+	fmt.Fprintf(&b, "flavor %s\ntotal %d\nshards %s\ncount %d\nchildren %d\n", t.cfg.Flavor, a.Total, FormatShards(owned), len(owned), len(a.Blocks))
+	if len(a.Unowned) > 0 {
+		fmt.Fprintf(&b, "unowned %s\n", FormatShards(a.Unowned))
+	}
+	if t.cfg.Info != nil {
+		for _, kv := range t.cfg.Info() {
+			fmt.Fprintf(&b, "%s %s\n", kv[0], kv[1])
+		}
+	}
+	return []byte(b.String())
+}
+
+// identify is /identify of DESIGN.md section 7.2, from the pacer every
+// child shares.
+func (t *Tree) identify() []byte {
+	if t.cfg.Identify == nil {
+		return nil
+	}
+	now := t.clk.Now()
+	bg := t.cfg.Identify()
+	var b strings.Builder
+	ms := func(k string, at time.Time) {
+		if at.IsZero() {
+			fmt.Fprintf(&b, "%s none\n", k)
+		} else {
+			fmt.Fprintf(&b, "%s %d\n", k, max(at.Sub(now), 0).Milliseconds())
+		}
+	}
+	if bg.Total == 0 {
+		b.WriteString("total unknown\nremaining unknown\n")
+	} else {
+		fmt.Fprintf(&b, "total %d\nremaining %d\n", bg.Total, bg.Remaining)
+	}
+	if bg.ResetAt.IsZero() {
+		b.WriteString("reset_at none\n")
+	} else {
+		fmt.Fprintf(&b, "reset_at %s\n", bg.ResetAt.UTC().Format(time.RFC3339))
+	}
+	ms("reset_in_ms", bg.ResetAt)
+	fmt.Fprintf(&b, "used_24h %d\nreserve %d\nmax_concurrency %d\nwaiting %d\n", bg.Used24h, bg.Reserve, bg.MaxConcurrency, bg.Waiting)
+	ms("next_slot_ms", bg.NextSlot)
+	return []byte(b.String())
+}
+
+// ctl applies one line of the parent's /ctl: restart ID|all for the
+// children, or a node command, sent to the children that own its shards.
+func (t *Tree) ctl(line string) error {
+	words := strings.Fields(line)
+	if len(words) > 0 && words[0] == "restart" {
+		if len(words) != 2 {
+			return fmt.Errorf("%w: %q: usage: restart ID|all", fs.ErrInvalid, line)
+		}
+		var err error
+		if words[1] == "all" {
+			err = t.cfg.Supervisor.RestartAll()
+		} else {
+			err = t.cfg.Supervisor.Restart(words[1])
+		}
+		switch {
+		case errors.Is(err, ErrUnknownChild):
+			return fmt.Errorf("%w: %w", fs.ErrInvalid, err)
+		case errors.Is(err, ErrBusy), errors.Is(err, ErrClosed):
+			return fmt.Errorf("%w: %w", fsrv.ErrBusy, err)
+		}
+		return err
+	}
+	c, err := core.ParseCommand(line)
+	if err != nil {
+		return fmt.Errorf("%w: %w", fs.ErrInvalid, err)
+	}
+	per := map[int][]int{}
+	if !c.All {
+		for _, id := range c.Shards {
+			sl := t.shards[id]
+			if sl == nil {
+				return fmt.Errorf("%w: shard %d is not in any child's block", fs.ErrInvalid, id)
+			}
+			per[sl.owner] = append(per[sl.owner], id)
+		}
+	}
+	var errs []error
+	for i, blk := range t.cfg.Assignment.Blocks {
+		sub := c
+		if !c.All {
+			if per[i] == nil {
+				continue
+			}
+			sub.Shards = per[i]
+		}
+		if err := t.write(i, "ctl", sub.String()); err != nil {
+			errs = append(errs, fmt.Errorf("child %s: %w", blk.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 8<<10); return &b }}
+
+// read reads a file of child i's tree.
+func (t *Tree) read(i int, path string) ([]byte, error) {
+	var out []byte
+	err := t.call(i, func(root p9.File) error {
+		f, err := walkTo(root, path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, _, err := f.Open(p9.ReadOnly); err != nil {
+			return err
+		}
+		bp := readBufs.Get().(*[]byte)
+		defer readBufs.Put(bp)
+		buf := *bp
+		for off := int64(0); ; {
+			n, err := f.ReadAt(buf, off)
+			out = append(out, buf[:n]...)
+			off += int64(n)
+			// A short read is the end: a child's files are fixed at
+			// open, and 8 KiB is below any msize.
+			if err != nil && err != io.EOF {
+				return err
+			}
+			if n < len(buf) || err == io.EOF {
+				return nil
+			}
+		}
+	})
+	return out, err
+}
+
+// write writes one line to a file of child i's tree.
+func (t *Tree) write(i int, path, line string) error {
+	return t.call(i, func(root p9.File) error {
+		f, err := walkTo(root, path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, _, err := f.Open(p9.WriteOnly); err != nil {
+			return err
+		}
+		_, err = f.WriteAt([]byte(line+"\n"), 0)
+		return err
+	})
+}
+
+// call runs f against child i's root within the timeout. A child that is
+// not running is busy; one that does not answer in time loses its
+// connection (the next call dials again).
+func (t *Tree) call(i int, f func(root p9.File) error) error {
+	id := t.cfg.Assignment.Blocks[i].ID
+	info := t.cfg.Supervisor.Children()[i]
+	if info.State != Running || info.Socket == "" {
+		return fmt.Errorf("%w: child %s is %s", fsrv.ErrBusy, id, info.State)
+	}
+	cc, err := t.client(id, info.Socket, info.Generation)
+	if err != nil {
+		return fmt.Errorf("%w: child %s: %v", fsrv.ErrBusy, id, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f(cc.root) }()
+	timer := time.NewTimer(t.cfg.Timeout)
+	defer timer.Stop()
+	select {
+	case err = <-done:
+		var errno unix.Errno
+		if err != nil && !errors.As(err, &errno) {
+			t.drop(id, cc) // the connection failed, not the request
+		}
+	case <-timer.C:
+		t.drop(id, cc)
+		<-done
+		return fmt.Errorf("%w: child %s did not answer within %v", fsrv.ErrBusy, id, t.cfg.Timeout)
+	}
+	return errnoToFS(err)
+}
+
+func (t *Tree) client(id, socket string, gen int) (*childClient, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cc := t.clients[id]; cc != nil {
+		if cc.socket == socket && cc.gen == gen {
+			return cc, nil
+		}
+		cc.close()
+		delete(t.clients, id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := p9.NewClient(conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	root, err := cl.Attach("")
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	cc := &childClient{socket: socket, gen: gen, conn: conn, client: cl, root: root}
+	t.clients[id] = cc
+	return cc, nil
+}
+
+func (t *Tree) drop(id string, cc *childClient) {
+	t.mu.Lock()
+	if t.clients[id] == cc {
+		delete(t.clients, id)
+	}
+	t.mu.Unlock()
+	cc.close()
+}
+
+func (cc *childClient) close() {
+	cc.conn.Close() // ends the calls in flight
+	cc.client.Close()
+}
+
+// Close closes the connections to the children.
+func (t *Tree) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, cc := range t.clients {
+		cc.close()
+		delete(t.clients, id)
+	}
+}
+
+func walkTo(root p9.File, path string) (p9.File, error) {
+	_, f, err := root.Walk(strings.Split(path, "/"))
+	return f, err
+}
+
+// errnoToFS gives a child's errno back the kind fsrv turns into the same
+// errno for the parent's client.
+func errnoToFS(err error) error {
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		return err
+	}
+	switch errno {
+	case unix.EINVAL:
+		return fmt.Errorf("%w: the child refused it (its events say why)", fs.ErrInvalid)
+	case unix.EACCES, unix.EPERM:
+		return fs.ErrPermission
+	case unix.ENOENT:
+		return fs.ErrNotExist
+	case unix.EBUSY:
+		return fmt.Errorf("%w: the child is busy", fsrv.ErrBusy)
+	}
+	return err
+}
