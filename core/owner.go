@@ -31,7 +31,7 @@ func (n *Node) SetLease(g LeaseGrant) {
 	if s == nil {
 		return
 	}
-	if g.Owner && n.sessions != nil && g.Generation != 0 {
+	if g.Owner && n.sessions != nil && g.Generation != 0 && !s.holds(g) {
 		s.storeMu.Lock()
 		defer s.storeMu.Unlock()
 		if s.takeOwnership(g) {
@@ -39,6 +39,14 @@ func (n *Node) SetLease(g LeaseGrant) {
 		}
 	}
 	s.setLease(g)
+}
+
+// holds reports whether the shard already has g's generation: a renewal,
+// which must not wait for the shard's store calls.
+func (s *shard) holds(g LeaseGrant) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lease.Owner && s.lease.Generation == g.Generation
 }
 
 // takeOwnership prepares a shard for a grant of a new generation: it
