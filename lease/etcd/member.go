@@ -74,7 +74,7 @@ type Member struct {
 	renewT   clock.Timer
 	lossT    clock.Timer
 	renewals int
-	rtt      time.Duration // of the last answered renewal
+	rtt      time.Duration    // of the last answered renewal
 	logged   map[string]int64 // malformed keys already logged, by key: mod revision
 }
 
