@@ -74,17 +74,17 @@ type Fleet struct {
 	log       *slog.Logger
 	drainMax  time.Duration
 
-	mu          sync.Mutex
-	node        *core.Node
-	opDeadline  time.Duration // monotonic; 0: the operator's lease is off
-	opGen       uint64
-	cancel      context.CancelFunc
-	done        chan struct{}
-	runErr      error
-	refused     chan error
-	drainOnce sync.Once
-	drained   chan struct{} // closed when the drain ended, drainErr set
-	drainErr  error
+	mu         sync.Mutex
+	node       *core.Node
+	opDeadline time.Duration // monotonic; 0: the operator's lease is off
+	opGen      uint64
+	cancel     context.CancelFunc
+	done       chan struct{}
+	runErr     error
+	refused    chan error
+	drainOnce  sync.Once
+	drained    chan struct{} // closed when the drain ended, drainErr set
+	drainErr   error
 }
 
 func newFleet(cfg Config, log *slog.Logger, clk clock.Clock) (*Fleet, error) {
