@@ -348,7 +348,9 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	members, kvs, err := m.read(rctx)
 	cancel()
 	if err != nil {
-		o.log.Warn("etcd: reading members and shards failed; retrying", "node", o.cfg.Node, "err", err)
+		if ctx.Err() == nil {
+			o.log.Warn("etcd: reading members and shards failed; retrying", "node", o.cfg.Node, "err", err)
+		}
 		return
 	}
 	holders := m.holders(members, kvs)

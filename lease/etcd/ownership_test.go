@@ -254,3 +254,79 @@ func TestOwnershipWaitsAndRefuses(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// Bad keys under the bot's prefix: member keys that are not members (a
+// nested name, no lease, a value naming another node) do not count in
+// the placement, and a shard key naming a node that is not a live member
+// is not taken over until it goes; each is one log line, and no shard is
+// granted twice.
+func TestOwnershipBadKeys(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	ctx := etcdtest.Ctx(t, 20*time.Second)
+	ghost, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{
+		"/shardfs/b/members/other-bot/x": "x",
+		"/shardfs/b/members/nolease":     "nolease",
+	} {
+		if _, err := cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(ctx, "/shardfs/b/members/liar", "someone-else", clientv3.WithLease(ghost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "/shardfs/b/shards/2", "ghost", clientv3.WithLease(ghost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 4)
+	waitFor(t, "a to own the 3 free shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 3 })
+	if _, ok := a.shards.owned(a.clk.Now())[2]; ok {
+		t.Fatal("a took shard 2 while a key naming node ghost holds it")
+	}
+	for _, want := range []string{"not a member of this bot", "without a lease", "names another node", "not a live member"} {
+		waitFor(t, "a log line: "+want, func() bool { return strings.Contains(a.log.String(), want) })
+	}
+	waitFor(t, "/members to show only a, with 3 shards", func() bool { return string(a.o.MembersText()) == "a 3\n" })
+	if !strings.Contains(string(a.o.OwnersText()), "2 ghost ") {
+		t.Fatalf("/owners hides the ghost key:\n%s", a.o.OwnersText())
+	}
+	// The ghost's lease ends (expiry or an operator's revoke): a takes 2.
+	if _, err := cli.Revoke(ctx, ghost.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a to take shard 2", func() bool { return len(a.shards.owned(a.clk.Now())) == 4 })
+}
+
+// etcd stops answering while the node owns shards: renewals fail (each
+// bounded), the fencing deadline passes on the node's clock, every owned
+// shard is stopped by an expired grant of its generation, the node counts
+// them as fencing stops, and it waits to join again, owning nothing. No
+// panic, one clear state.
+func TestOwnershipEtcdDown(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 4)
+	waitFor(t, "a to own 4", func() bool { return len(a.shards.owned(a.clk.Now())) == 4 })
+	srv.Stop()
+	a.clk.Advance(10 * time.Second) // past TTL − 1 s: the deadline
+	waitFor(t, "every grant to expire", func() bool { return len(a.shards.owned(a.clk.Now())) == 0 })
+	a.shards.mu.Lock()
+	for id, g := range a.shards.grants {
+		if g.Generation == 0 || g.Deadline.After(a.clk.Now()) {
+			a.shards.mu.Unlock()
+			t.Fatalf("shard %d's last grant %+v; want its generation, expired", id, g)
+		}
+	}
+	a.shards.mu.Unlock()
+	waitFor(t, "the fencing stops and a join attempt", func() bool {
+		st := a.o.Status()
+		return st.FencingStops == 4 && st.Owned == 0 && st.Deadline.IsZero() && (st.State == StateJoining || st.State == StateWaiting)
+	})
+	if !strings.Contains(a.log.String(), "lease lost") {
+		t.Fatalf("no line says the lease was lost:\n%s", a.log.String())
+	}
+}
