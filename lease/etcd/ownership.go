@@ -270,7 +270,11 @@ func (o *Ownership) serve(ctx context.Context, m *Member) {
 			return
 		case <-m.Done():
 			o.wg.Wait()
-			o.endMembership(m, "lease lost")
+			why := "lease lost"
+			if errors.Is(m.Err(), ErrClosed) {
+				why = "closed"
+			}
+			o.endMembership(m, why)
 			return
 		case <-m.Renewed():
 			o.renewGrants(m)
@@ -325,7 +329,9 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	}
 	if why == "lease lost" {
 		o.fenced += uint64(len(owned))
-		o.state, o.lastErr = StateJoining, m.Err()
+		if !o.left {
+			o.state, o.lastErr = StateJoining, m.Err()
+		}
 	}
 	o.mu.Unlock()
 	now := o.clock.Now()
