@@ -59,6 +59,10 @@ type Etcd struct {
 	// DrainTimeout bounds the drain at Close; zero means long enough for
 	// the paced moves of every candidate plus a minute.
 	DrainTimeout time.Duration
+	// IdentifyKeyTTL is the identify bucket keys' lease (identify.Config.
+	// KeyTTL); zero means its default. Tests shorten it along with the
+	// simulator's identify interval.
+	IdentifyKeyTTL time.Duration
 }
 
 // Fleet is a node's part in a fleet: the ownership loop and what the tree
@@ -141,7 +145,7 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 	if cfg.Flavor == core.Discord {
 		f.Identify, err = identify.New(identify.Config{
 			Client: f.client, Prefix: o.Prefix(), Node: node, MaxConcurrency: mc,
-			Total: cfg.IdentifyTotal, Clock: cfg.Clock, Logger: f.log,
+			Total: cfg.IdentifyTotal, KeyTTL: e.IdentifyKeyTTL, Clock: cfg.Clock, Logger: f.log,
 		})
 		if err != nil {
 			f.close()

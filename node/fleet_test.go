@@ -21,13 +21,17 @@ import (
 )
 
 // fleetNode starts one node of bot "b" against sim and etcd.
-func fleetNode(t *testing.T, cli *clientv3.Client, sim *gatewaysim.Server, name string, total, mc int) *Node {
+func fleetNode(t *testing.T, cli *clientv3.Client, sim *gatewaysim.Server, name string, total, mc int, opts ...func(*Etcd)) *Node {
 	t.Helper()
+	e := &Etcd{Client: cli, Bot: "b", Node: name}
+	for _, o := range opts {
+		o(e)
+	}
 	s, err := New(Config{
 		Flavor: core.Discord, Token: "sim-token", GatewayURL: sim.GatewayURL(),
 		Plan: core.Range(total, 0, total-1), MaxConcurrency: mc,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t, name}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		Etcd:   &Etcd{Client: cli, Bot: "b", Node: name},
+		Etcd:   e,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -190,4 +194,32 @@ func file(t *testing.T, s *Node, name string) string {
 		t.Fatalf("no text file /%s", name)
 	}
 	return string(f.Content())
+}
+
+// Two nodes with max_concurrency 1 start 8 shards together: the identify
+// pacer across nodes (one bucket key in etcd) spaces their identifies so
+// that the simulator, which refuses a second identify within its interval,
+// refuses none. The key's lease is shortened to 3 s and the simulator's
+// interval to 2 s so that the test takes about 25 s rather than 8 × 7 s;
+// the spacing argument is the same (key lease > interval + hold).
+func TestFleetIdentifyAcrossNodes(t *testing.T) {
+	const total = 8
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 1, IdentifyInterval: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	short := func(e *Etcd) { e.IdentifyKeyTTL = 3 * time.Second }
+	a := fleetNode(t, cli, sim, "a", total, 1, short)
+	b := fleetNode(t, cli, sim, "b", total, 1, short)
+	within(t, 120*time.Second, "8 shards READY across a and b", func() bool { return readyOwned(a)+readyOwned(b) == total })
+	tot := sim.Totals()
+	if tot.RefusedIdentifies != 0 || tot.MaxLiveSessions != 1 {
+		t.Fatalf("simulator: %d identifies refused, at most %d live sessions a shard; want none refused, never 2", tot.RefusedIdentifies, tot.MaxLiveSessions)
+	}
+	if tot.Identifies < total {
+		t.Fatalf("simulator counted %d identifies for %d shards", tot.Identifies, total)
+	}
 }
