@@ -108,7 +108,7 @@ func TestFleetHandoverByResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sim.Close()
+	t.Cleanup(func() { sim.Close() }) // after the nodes' Close
 	a := fleetNode(t, cli, sim, "a", 8, 8)
 	within(t, 60*time.Second, "a: 8 shards READY", func() bool { return readyOwned(a) == 8 })
 
@@ -210,8 +210,10 @@ func TestFleetIdentifyAcrossNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sim.Close()
-	short := func(e *Etcd) { e.IdentifyKeyTTL = 3 * time.Second }
+	t.Cleanup(func() { sim.Close() }) // after the nodes' Close
+	// The drain at Close is paced at one move per 5 s: bound it, the
+	// test is about the start.
+	short := func(e *Etcd) { e.IdentifyKeyTTL, e.DrainTimeout = 3*time.Second, time.Second }
 	a := fleetNode(t, cli, sim, "a", total, 1, short)
 	b := fleetNode(t, cli, sim, "b", total, 1, short)
 	within(t, 120*time.Second, "8 shards READY across a and b", func() bool { return readyOwned(a)+readyOwned(b) == total })
