@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -164,6 +165,19 @@ func TestFleetHandoverByResume(t *testing.T) {
 			t.Fatalf("shard %d: %d distinct messages arrived, %d published", id, len(seen), len(published[id]))
 		}
 	}
+	var gaps []time.Duration
+	for id := range 8 {
+		stopped := lastTS(t, a, id, "event=stopped", "reason=moved")
+		resumed := lastTS(t, b, id, "event=resumed")
+		if !stopped.IsZero() && !resumed.IsZero() {
+			gaps = append(gaps, resumed.Sub(stopped))
+		}
+	}
+	slices.Sort(gaps)
+	if len(gaps) == 0 {
+		t.Fatal("no shard shows a move followed by a resume")
+	}
+	t.Logf("handover gap (a's stop to b's RESUMED), %d shards: min %v, median %v, max %v", len(gaps), gaps[0], gaps[len(gaps)/2], gaps[len(gaps)-1])
 	tot := sim.Totals()
 	if tot.Identifies != 8 || tot.Resumes < 8 || tot.MaxLiveSessions != 1 || tot.RefusedIdentifies != 0 {
 		t.Fatalf("simulator: %d identifies, %d resumes, %d refused, at most %d live sessions a shard; want 8 identifies, every move a resume, never 2 live", tot.Identifies, tot.Resumes, tot.RefusedIdentifies, tot.MaxLiveSessions)
@@ -224,4 +238,27 @@ func TestFleetIdentifyAcrossNodes(t *testing.T) {
 	if tot.Identifies < total {
 		t.Fatalf("simulator counted %d identifies for %d shards", tot.Identifies, total)
 	}
+}
+
+// lastTS is the time of the last line of shard id's events in s holding
+// every one of subs, or zero.
+func lastTS(t *testing.T, s *Node, id int, subs ...string) time.Time {
+	l, err := s.Node.ShardEvents(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, l.Size())
+	n, _ := l.ReadAt(buf, 0)
+	var at time.Time
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		ok := strings.HasPrefix(line, "ts=")
+		for _, sub := range subs {
+			ok = ok && strings.Contains(line, sub)
+		}
+		if ok {
+			ts, _, _ := strings.Cut(strings.TrimPrefix(line, "ts="), " ")
+			at, _ = time.Parse(time.RFC3339Nano, ts)
+		}
+	}
+	return at
 }
