@@ -4,12 +4,17 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
@@ -328,5 +333,84 @@ func TestOwnershipEtcdDown(t *testing.T) {
 	})
 	if !strings.Contains(a.log.String(), "lease lost") {
 		t.Fatalf("no line says the lease was lost:\n%s", a.log.String())
+	}
+}
+
+// The etcd cost of a node at steady state: after it acquired its shards,
+// 30 renewals (100 s of its clock at TTL 10 s) cost 30 LeaseKeepAlive
+// streams and no write about a shard; the periodic resyncs are reads
+// (Txn of Gets). The shard count is 512 here; SHARDFS_STEADY_SHARDS=16384
+// measures the production size (it takes a minute to acquire them).
+func TestOwnershipSteadyStateCost(t *testing.T) {
+	total := 512
+	if v := os.Getenv("SHARDFS_STEADY_SHARDS"); v != "" {
+		total, _ = strconv.Atoi(v)
+	}
+	srv := etcdtest.Start(t)
+	var writes, reads atomic.Int64
+	calls := &countCalls{n: map[string]int{}}
+	opts := append(calls.opts(), grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+		if calls.on.Load() {
+			if tx, ok := req.(*etcdserverpb.TxnRequest); ok {
+				w := false
+				for _, op := range append(tx.Success, tx.Failure...) {
+					w = w || op.GetRequestPut() != nil || op.GetRequestDeleteRange() != nil
+				}
+				if w {
+					writes.Add(1)
+				} else {
+					reads.Add(1)
+				}
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, o...)
+	}))
+	cli := srv.Client(opts...)
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: total}, 1)
+	start := time.Now()
+	waitForLong(t, 5*time.Minute, "a to own every shard", func() bool { return len(a.shards.owned(a.clk.Now())) == total })
+	t.Logf("acquired %d shards in %v", total, time.Since(start).Round(time.Millisecond))
+	a.o.mu.Lock()
+	m := a.o.member
+	a.o.mu.Unlock()
+	after := make(chan error, 1)
+	m.mu.Lock()
+	m.afterRenew = func(err error) { after <- err }
+	m.mu.Unlock()
+	calls.on.Store(true)
+	const renewals = 30
+	for i := 0; i < renewals; i++ {
+		a.clk.Advance(m.TTL() / 3)
+		select {
+		case err := <-after:
+			if err != nil {
+				t.Fatalf("renewal %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("renewal %d did not end within 10s", i)
+		}
+	}
+	calls.on.Store(false)
+	calls.mu.Lock()
+	defer calls.mu.Unlock()
+	secs := float64(renewals) * (m.TTL() / 3).Seconds()
+	t.Logf("%d shards, %.0f s of steady state: %v; writes (Txn with a put or delete) %d, read Txns %d; %.2f requests/s, %.2f writes/s besides renewals",
+		total, secs, calls.n, writes.Load(), reads.Load(), float64(renewals+int(reads.Load()+writes.Load()))/secs, float64(writes.Load())/secs)
+	if got := calls.n["/etcdserverpb.Lease/LeaseKeepAlive"]; got != renewals || writes.Load() != 0 {
+		t.Fatalf("steady state: %d keepalives (want %d), %d writes (want 0)", got, renewals, writes.Load())
+	}
+	if got := len(a.shards.owned(a.clk.Now())); got != total {
+		t.Fatalf("after the renewals a owns %d of %d (its grants were not renewed)", got, total)
+	}
+}
+
+func waitForLong(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
