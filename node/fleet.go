@@ -244,13 +244,27 @@ func (f *Fleet) treeConfig(c *shardfs.Config) {
 		&fsrv.Text{Name: "members", Content: f.Ownership.MembersText},
 		&fsrv.Text{Name: "owners", Content: f.Ownership.OwnersText},
 	)
-	c.Commands = append(c.Commands, shardfs.Command{Name: "drain", Usage: "drain", Run: func(args []string) error {
-		if len(args) > 0 {
-			return fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(args, " "))
+	c.Command, c.CommandUsage = f.command, "drain\n"
+}
+
+// command handles drain on /ctl: it starts the drain and returns at once;
+// /lease shows state draining, then left. A refused drain is logged to
+// the node's events like the core's refusals.
+func (f *Fleet) command(line string) (bool, error) {
+	words := strings.Fields(line)
+	if len(words) == 0 || words[0] != "drain" {
+		return false, nil
+	}
+	if len(words) > 1 {
+		err := fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(words[1:], " "))
+		if n := f.core(); n != nil {
+			now := n.Clock().Now()
+			n.Events().Append([]byte(fmt.Sprintf("ts=%s shard=-1 event=rejected cmd=%q err=%q\n", now.UTC().Format("2006-01-02T15:04:05.000Z07:00"), line, err.Error())), now)
 		}
-		f.startDrain(context.Background())
-		return nil
-	}})
+		return true, err
+	}
+	f.startDrain(context.Background())
+	return true, nil
 }
 
 // register adds the fleet's metrics.

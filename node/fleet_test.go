@@ -133,7 +133,14 @@ func TestFleetHandoverByResume(t *testing.T) {
 	})
 	b := fleetNode(t, cli, sim, "b", 8, 8)
 	within(t, 60*time.Second, "b to take its share", func() bool { return readyOwned(b) > 0 && readyOwned(a)+readyOwned(b) == 8 })
-	if err := a.Fleet.Drain(context.Background()); err != nil {
+	ctl := a.Tree.Root().Lookup("ctl").(*fsrv.Ctl)
+	if err := ctl.Handle("drain now"); err == nil || !strings.Contains(err.Error(), "drain takes no argument") {
+		t.Fatalf("drain with an argument = %v; want a refusal", err)
+	}
+	if err := ctl.Handle("drain"); err != nil {
+		t.Fatalf("drain on /ctl: %v", err)
+	}
+	if err := a.Fleet.Drain(context.Background()); err != nil { // waits for the drain /ctl started
 		t.Fatalf("drain: %v", err)
 	}
 	within(t, 60*time.Second, "b: 8 shards READY", func() bool { return readyOwned(b) == 8 })
