@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/shardfs/shardfs/clock"
@@ -430,5 +432,54 @@ func waitForLong(t *testing.T, bound time.Duration, what string, cond func() boo
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// etcd that accepts connections and never answers (a black hole): every
+// call of the loop is bounded, the node waits owning nothing, says why,
+// and stops promptly when told to.
+func TestOwnershipEtcdBlackHole(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var held []net.Conn
+	var hmu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			hmu.Lock()
+			held = append(held, c)
+			hmu.Unlock()
+		}
+	}()
+	defer func() {
+		hmu.Lock()
+		defer hmu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{l.Addr().String()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	w := startOwnership(t, cli, "w", Plan{Flavor: "discord", Total: 4}, 1)
+	waitFor(t, "the waiting state with a deadline error", func() bool {
+		st := w.o.Status()
+		return st.State == StateWaiting && st.Err != nil && strings.Contains(st.Err.Error(), "deadline")
+	})
+	if n := len(w.shards.owned(w.clk.Now())); n != 0 {
+		t.Fatalf("owns %d shards with etcd silent", n)
+	}
+	start := time.Now()
+	w.stop()
+	if d := time.Since(start); d > callTimeout+time.Second {
+		t.Fatalf("stopping took %v", d)
 	}
 }
