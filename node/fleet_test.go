@@ -221,13 +221,15 @@ func file(t *testing.T, s *Node, name string) string {
 // pacer across nodes (one bucket key in etcd) spaces their identifies so
 // that the simulator, which refuses a second identify within its interval,
 // refuses none. The key's lease is shortened to 3 s and the simulator's
-// interval to 2 s so that the test takes about 25 s rather than 8 × 7 s;
-// the spacing argument is the same (key lease > interval + hold).
+// interval to 1 s so that the test takes about 25 s rather than 8 × 7 s;
+// the spacing argument is the same: two identifies of the bucket are at
+// least the key's lease minus the hold (1.5 s) apart, more than the
+// interval (as 7 s − 1.5 s is more than Discord's 5 s).
 func TestFleetIdentifyAcrossNodes(t *testing.T) {
 	const total = 8
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
-	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 1, IdentifyInterval: 2 * time.Second})
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 1, IdentifyInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
