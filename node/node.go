@@ -88,6 +88,9 @@ type Config struct {
 	// (serve --total auto; see reshard.go). Without it a 4011 leaves the
 	// shard FATAL and `reshard N` on /ctl moves by hand.
 	Reshard bool
+	// Etcd, when set, makes the node one of a fleet sharing the bot (see
+	// Etcd); Sessions is then etcd's and must be nil.
+	Etcd *Etcd
 }
 
 // Format hides the token from every fmt verb.
@@ -110,6 +113,8 @@ type Node struct {
 	Node      *core.Node
 	Tree      *shardfs.Tree
 	Server    *fsrv.Server
+	// Fleet is the node's part in a fleet (Config.Etcd), else nil.
+	Fleet *Fleet
 
 	cfg       Config
 	log       *slog.Logger
@@ -148,8 +153,21 @@ func New(cfg Config) (*Node, error) {
 		}
 		s.Pacer.LimitTotal(total)
 	}
+	if cfg.Etcd != nil {
+		if cfg.Sessions != nil {
+			return nil, errors.New("node: Config.Sessions and Config.Etcd are exclusive (etcd keeps the sessions)")
+		}
+		f, err := newFleet(cfg, log, clk)
+		if err != nil {
+			return nil, err
+		}
+		s.Fleet, s.cfg.Sessions = f, f.Store
+	}
 	p, err := s.buildPlan(cfg.Plan, nil)
 	if err != nil {
+		if s.Fleet != nil {
+			s.Fleet.close()
+		}
 		return nil, err
 	}
 	s.cur = p
@@ -171,14 +189,19 @@ func (s *Node) info() [][2]string {
 		gw = "discovered from " + orString(s.cfg.API, defaultAPI(s.cfg.Flavor))
 	}
 	out := [][2]string{{"gateway", gw}, {"compression", orString(string(s.cfg.Compression), "none")}}
+	mc := s.Pacer.MaxConcurrency()
+	waiting, next := s.Pacer.Waiting()
+	if s.Fleet != nil && s.Fleet.Identify != nil {
+		b := s.Fleet.Identify.Budget()
+		mc, waiting, next = b.MaxConcurrency, b.Waiting, b.NextSlot
+	}
 	if s.cfg.Flavor == core.Discord {
-		out = append(out, [2]string{"intents", strconv.FormatUint(s.cfg.Intents, 10)}, [2]string{"max_concurrency", strconv.Itoa(s.Pacer.MaxConcurrency())})
+		out = append(out, [2]string{"intents", strconv.FormatUint(s.cfg.Intents, 10)}, [2]string{"max_concurrency", strconv.Itoa(mc)})
 	}
 	backoff := "default"
 	if f, ok := s.cfg.Backoff.(core.Fixed); ok {
 		backoff = fmt.Sprintf("fixed:%v", time.Duration(f))
 	}
-	waiting, next := s.Pacer.Waiting()
 	out = append(out, [2]string{"backoff", backoff}, [2]string{"identify_waiting", strconv.Itoa(waiting)})
 	if !next.IsZero() {
 		out = append(out, [2]string{"identify_next", next.UTC().Format("2006-01-02T15:04:05.000Z07:00")})
@@ -200,8 +223,20 @@ func orString(s, def string) string {
 	return s
 }
 
-// Start starts the shards in shard order.
-func (s *Node) Start() { s.current().core.Start() }
+// Start starts the shards in shard order. In a fleet every candidate
+// starts not owned, and the ownership loop grants the node its share.
+func (s *Node) Start() {
+	c := s.current().core
+	if s.Fleet != nil {
+		for _, id := range c.Plan().Local {
+			c.SetLease(core.NotOwned(id))
+		}
+	}
+	c.Start()
+	if s.Fleet != nil {
+		s.Fleet.start(c)
+	}
+}
 
 // Serve exports the tree on every listener until ctx ends or Close is
 // called, and waits for the connections it served.
@@ -227,6 +262,9 @@ func (s *Node) Serve(ctx context.Context, ls ...net.Listener) error {
 // all of their goroutines.
 func (s *Node) Close() error {
 	s.closeOnce.Do(func() {
+		if s.Fleet != nil {
+			s.Fleet.shutdown() // hands the shards over first
+		}
 		s.closed.Store(true)
 		m := &s.move
 		m.mu.Lock()

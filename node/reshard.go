@@ -169,7 +169,11 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 			return
 		}
 		if !s.cfg.Reshard {
-			s.note(slog.LevelWarn, "reshard-refused", "shard", strconv.Itoa(shard), "reason", "4011: the bot outgrew its plan; a fixed --total does not move by itself: write reshard N or reshard auto to /ctl")
+			reason := "4011: the bot outgrew its plan; a fixed --total does not move by itself: write reshard N or reshard auto to /ctl"
+			if s.Fleet != nil {
+				reason = "4011: the bot outgrew its plan; a fleet does not move to a new plan yet: stop the fleet and start it with the new --total"
+			}
+			s.note(slog.LevelWarn, "reshard-refused", "shard", strconv.Itoa(shard), "reason", reason)
 			return
 		}
 		s.startMove(fmt.Sprintf("shard %d closed 4011", shard), 0)
@@ -246,6 +250,10 @@ func (s *Node) refuse(why string, err error) {
 
 func (s *Node) runMove(ctx context.Context, why string, want int) {
 	old := s.current()
+	if s.Fleet != nil {
+		s.refuse(why, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet (every node starting its part of the new plan, a new plan key) is not built yet", core.ErrReshard))
+		return
+	}
 	if len(old.core.Plan().Local) != old.total {
 		s.refuse(why, fmt.Errorf("%w: this node runs %d of the plan's %d shards; only a node that runs its whole plan moves", core.ErrReshard, len(old.core.Plan().Local), old.total))
 		return
@@ -467,11 +475,30 @@ func (s *Node) reshardFile() []byte {
 func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	cfg := s.cfg
 	p := &planRun{total: plan.Total, lease: local.New(s.clock)}
+	// The fleet's lease, session store and identify pacer replace the
+	// node's own (a fleet never moves to a new plan, so only a first plan
+	// has a fleet).
+	var lease core.Lease = p.lease
+	var pacer core.IdentifyPacer = s.Pacer
+	onStartLimit, budget := s.Pacer.SetStartLimit, s.Pacer.Budget
+	if cfg.IdentifyPacer != nil {
+		pacer = cfg.IdentifyPacer
+	}
+	fleet := s.Fleet
+	if prev != nil {
+		fleet = nil
+	}
+	if fleet != nil {
+		lease = fleet
+		if fleet.Identify != nil {
+			pacer, onStartLimit, budget = fleet.Identify, fleet.Identify.SetStartLimit, fleet.Identify.Budget
+		}
+	}
 	gc := gateway.Config{
 		Flavor: cfg.Flavor, Token: cfg.Token, Intents: cfg.Intents,
 		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
 		Sink:         p.dispatch,
-		OnStartLimit: s.Pacer.SetStartLimit,
+		OnStartLimit: onStartLimit,
 		OnSession:    cfg.OnSession,
 		Clock:        cfg.Clock, Logger: s.log.With("component", "gateway", "total", plan.Total),
 	}
@@ -491,12 +518,8 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 			cfg.ObserveEvent(kind, d)
 		}
 	}
-	var pacer core.IdentifyPacer = s.Pacer
-	if cfg.IdentifyPacer != nil {
-		pacer = cfg.IdentifyPacer
-	}
 	c, err := core.New(core.Config{
-		Plan: plan, Flavor: cfg.Flavor, Transport: tr, Pacer: pacer, Lease: p.lease,
+		Plan: plan, Flavor: cfg.Flavor, Transport: tr, Pacer: pacer, Lease: lease,
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: s.log.With("component", "core", "total", plan.Total),
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),
@@ -511,13 +534,29 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	if dispatch != nil {
 		reg = nil // the first plan's tree registered its collector there
 	}
-	tree = shardfs.New(shardfs.Config{
-		Node: c, Info: s.info, Identify: s.Pacer.Budget, LeaseBackend: "local",
+	tc := shardfs.Config{
+		Node: c, Info: s.info, Identify: budget, LeaseBackend: "local",
 		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
 		Registry: reg, Logger: s.log, Dispatch: dispatch,
 		Files:   []fsrv.Node{&fsrv.Text{Name: "reshard", Content: s.reshardFile}},
 		Command: s.command, CommandUsage: ReshardUsage,
-	})
+	}
+	if fleet != nil {
+		fleet.treeConfig(&tc)
+		// reshard first (it refuses in a fleet, saying why), then drain.
+		drain, usage := tc.Command, tc.CommandUsage
+		tc.Command = func(line string) (bool, error) {
+			if handled, err := s.command(line); handled {
+				return handled, err
+			}
+			return drain(line)
+		}
+		tc.CommandUsage = ReshardUsage + usage
+	}
+	tree = shardfs.New(tc)
+	if fleet != nil {
+		fleet.register(tree.Registry())
+	}
 	p.tree = tree
 	return p, nil
 }

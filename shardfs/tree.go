@@ -32,6 +32,10 @@ type Config struct {
 	Identify func() core.Budget
 	// LeaseBackend names the lease backend in /lease ("local" when empty).
 	LeaseBackend string
+	// Lease, when set, is the content of /lease instead of the local
+	// lease's summary (etcd: backend, node, ttl, deadline, remaining).
+	Lease func() []byte
+
 	// DispatchRetention and NodeDispatchRetention bound each shard's
 	// dispatch log and the node's, in bytes (defaults 256 KiB and 16 MiB).
 	DispatchRetention, NodeDispatchRetention int
@@ -139,10 +143,16 @@ func (t *Tree) Root() *fsrv.Dir { return t.root }
 // Registry returns the Prometheus registry behind /metrics.
 func (t *Tree) Registry() *prometheus.Registry { return t.reg }
 
+// list shows the node files and the shards this node owns: a candidate
+// shard that another node owns (etcd) is left out of the listing, and its
+// directory is still reachable by name (cat 7/state says STOPPED and its
+// diag stop_reason "not owned").
 func (t *Tree) list() []fsrv.Node {
 	out := append([]fsrv.Node(nil), t.top...)
-	for _, id := range t.node.Plan().Local {
-		out = append(out, t.shardDir(t.local[id]))
+	for _, d := range t.node.Snapshot(make([]core.Diag, 0, len(t.local))) {
+		if d.Owned() {
+			out = append(out, t.shardDir(t.local[d.Shard]))
+		}
 	}
 	return out
 }
@@ -315,6 +325,9 @@ func (t *Tree) status() []byte {
 	diags := t.node.Snapshot(make([]core.Diag, 0, len(t.local)))
 	b := make([]byte, 0, len(diags)*32)
 	for _, d := range diags {
+		if !d.Owned() {
+			continue // a candidate another node owns (see list)
+		}
 		b = strconv.AppendInt(b, int64(d.Shard), 10)
 		b = append(b, ' ')
 		b = append(b, d.State.String()...)
@@ -376,6 +389,9 @@ func (t *Tree) identify() []byte {
 }
 
 func (t *Tree) lease() []byte {
+	if t.cfg.Lease != nil {
+		return t.cfg.Lease()
+	}
 	now := t.node.Clock().Now()
 	var armed, expired int
 	var gen uint64

@@ -1,0 +1,485 @@
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
+)
+
+// recShards records what the ownership layer tells the core.
+type recShards struct {
+	mu        sync.Mutex
+	grants    map[int]core.LeaseGrant
+	handovers map[int]int
+	history   []string
+}
+
+func newRecShards() *recShards {
+	return &recShards{grants: map[int]core.LeaseGrant{}, handovers: map[int]int{}}
+}
+
+func (r *recShards) SetLease(g core.LeaseGrant) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.grants[g.Shard] = g
+	r.history = append(r.history, fmt.Sprintf("grant %d gen %d", g.Shard, g.Generation))
+}
+
+func (r *recShards) Handover(id int) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.handovers[id]++
+	r.history = append(r.history, fmt.Sprintf("handover %d", id))
+	return true, nil
+}
+
+// owned returns the shards granted a live generation (not yet expired on
+// clk), by generation.
+func (r *recShards) owned(now time.Time) map[int]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[int]uint64{}
+	for id, g := range r.grants {
+		if g.Generation != 0 && g.Deadline.After(now) {
+			out[id] = g.Generation
+		}
+	}
+	return out
+}
+
+// waitFor polls cond at the process boundary of a real etcd, with a bound.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type ownRig struct {
+	o      *Ownership
+	shards *recShards
+	clk    *clock.Fake
+	log    *logBuf
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startOwnership(t *testing.T, cli *clientv3.Client, node string, plan Plan, mc int, ttl ...time.Duration) *ownRig {
+	t.Helper()
+	log, buf := testLog(t)
+	r := &ownRig{shards: newRecShards(), clk: clock.NewFake(), log: buf, done: make(chan error, 1)}
+	cfg := OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: plan, MaxConcurrency: mc, Shards: r.shards, Clock: r.clk, Logger: log}
+	if len(ttl) > 0 {
+		cfg.TTL = ttl[0]
+	}
+	o, err := NewOwnership(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.o = o
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.done <- o.Run(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *ownRig) stop() {
+	if r.cancel != nil {
+		r.cancel()
+		<-r.done
+		r.cancel = nil
+	}
+}
+
+// keys reads shards/<id> → node and generation.
+func keys(t *testing.T, cli *clientv3.Client) map[int][2]string {
+	t.Helper()
+	r, err := cli.Get(etcdtest.Ctx(t, 5*time.Second), "/shardfs/b/shards/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int][2]string{}
+	for _, kv := range r.Kvs {
+		var id int
+		fmt.Sscanf(strings.TrimPrefix(string(kv.Key), "/shardfs/b/shards/"), "%d", &id)
+		out[id] = [2]string{string(kv.Value), fmt.Sprint(kv.CreateRevision)}
+	}
+	return out
+}
+
+// A lone node acquires every shard and grants each its key's generation;
+// a second node joins and the first hands it its rendezvous share by
+// planned moves (handover, then release), paced; in the end every key is
+// held by its rendezvous owner, granted to that node's core at the key's
+// generation, and the tree files say so.
+func TestOwnershipJoinMoves(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	plan := Plan{Flavor: "discord", Total: 16}
+	a := startOwnership(t, cli, "a", plan, 4)
+	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
+	for id, k := range keys(t, cli) {
+		if g := a.shards.owned(a.clk.Now())[id]; k[0] != "a" || fmt.Sprint(g) != k[1] {
+			t.Fatalf("shard %d: key %v, grant generation %d", id, k, g)
+		}
+	}
+	b := startOwnership(t, cli, "b", plan, 4)
+	members := []string{"a", "b"}
+	want := Placement("b", members, 16)
+	// The pacer allows 4 moves per 5 s of a's fake clock: without a's
+	// clock moving, only 4 may have moved.
+	waitFor(t, "the first 4 moves", func() bool { return len(b.shards.owned(b.clk.Now())) == min(4, len(want)) })
+	if got := len(b.shards.owned(b.clk.Now())); len(want) > 4 && got != 4 {
+		t.Fatalf("b owns %d shards before a's pacing window passed; want 4", got)
+	}
+	for len(b.shards.owned(b.clk.Now())) < len(want) {
+		a.clk.Advance(MoveWindow)
+		n := len(b.shards.owned(b.clk.Now()))
+		waitFor(t, "the next moves", func() bool { return len(b.shards.owned(b.clk.Now())) >= min(n+4, len(want)) })
+	}
+	waitFor(t, "a to own the rest", func() bool { return len(a.shards.owned(a.clk.Now())) == 16-len(want) })
+	k := keys(t, cli)
+	for id := range 16 {
+		owner := Owner(id, members)
+		if k[id][0] != owner {
+			t.Fatalf("shard %d key held by %q; rendezvous says %q", id, k[id][0], owner)
+		}
+		rig := a
+		if owner == "b" {
+			rig = b
+			a.shards.mu.Lock()
+			if a.shards.handovers[id] != 1 || a.shards.grants[id].Generation != 0 {
+				a.shards.mu.Unlock()
+				t.Fatalf("moved shard %d: a handed over %d times, a's last grant %+v", id, a.shards.handovers[id], a.shards.grants[id])
+			}
+			a.shards.mu.Unlock()
+		}
+		if g := rig.shards.owned(rig.clk.Now())[id]; fmt.Sprint(g) != k[id][1] {
+			t.Fatalf("shard %d: %s granted generation %d; key generation %s", id, owner, g, k[id][1])
+		}
+	}
+	if st := a.o.Status(); st.Moves != uint64(len(want)) || st.State != StateMember || st.Owned != 16-len(want) {
+		t.Fatalf("a's status %+v; want %d moves", st, len(want))
+	}
+	waitFor(t, "a's /members to show both", func() bool {
+		return string(a.o.MembersText()) == fmt.Sprintf("a %d\nb %d\n", 16-len(want), len(want))
+	})
+	owners := strings.Split(strings.TrimSpace(string(b.o.OwnersText())), "\n")
+	if len(owners) != 16 || !strings.HasPrefix(owners[0], "0 "+Owner(0, members)+" ") {
+		t.Fatalf("/owners = %q", owners)
+	}
+	lease := string(a.o.LeaseText(a.clk.Now()))
+	for _, want := range []string{"backend etcd\n", "node a\n", "state member\n", "ttl 10s\n", "remaining ", "deadline 20"} {
+		if !strings.Contains(lease, want) {
+			t.Fatalf("/lease lacks %q:\n%s", want, lease)
+		}
+	}
+}
+
+// Drain hands everything over and leaves: the other node ends up with
+// every shard, the drained node's member key is gone, and it acquires
+// nothing afterwards.
+func TestOwnershipDrain(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	plan := Plan{Flavor: "discord", Total: 8}
+	a := startOwnership(t, cli, "a", plan, 8)
+	b := startOwnership(t, cli, "b", plan, 8)
+	waitFor(t, "both to own their share", func() bool {
+		return len(a.shards.owned(a.clk.Now()))+len(b.shards.owned(b.clk.Now())) == 8 && len(keys(t, cli)) == 8
+	})
+	if err := a.o.Drain(etcdtest.Ctx(t, 20*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to own all 8", func() bool { return len(b.shards.owned(b.clk.Now())) == 8 })
+	if n := len(a.shards.owned(a.clk.Now())); n != 0 {
+		t.Fatalf("a still owns %d shards after its drain", n)
+	}
+	if r, _ := cli.Get(etcdtest.Ctx(t, 5*time.Second), "/shardfs/b/members/a"); len(r.Kvs) != 0 {
+		t.Fatal("a's member key outlived its drain")
+	}
+	if st := a.o.Status(); st.State != StateLeft {
+		t.Fatalf("a's state %q; want left", st.State)
+	}
+	for id, k := range keys(t, cli) {
+		if k[0] != "b" {
+			t.Fatalf("shard %d held by %q after the drain", id, k[0])
+		}
+	}
+}
+
+// etcd unreachable at start: the node waits, owns nothing, and says why;
+// a plan key of garbage or another plan refuses the node with both plans
+// named.
+func TestOwnershipWaitsAndRefuses(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	dead, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	w := startOwnership(t, dead, "w", Plan{Flavor: "discord", Total: 4}, 1)
+	waitFor(t, "the waiting state", func() bool { return w.o.Status().State == StateWaiting })
+	if txt := string(w.o.LeaseText(w.clk.Now())); !strings.Contains(txt, "state waiting\n") || !strings.Contains(txt, "deadline none\n") || strings.Contains(txt, "error none") {
+		t.Fatalf("/lease while etcd is unreachable:\n%s", txt)
+	}
+	if n := len(w.shards.owned(w.clk.Now())); n != 0 {
+		t.Fatalf("a node that never joined owns %d shards", n)
+	}
+	w.stop()
+
+	startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 1)
+	waitFor(t, "the plan key", func() bool { r, _ := cli.Get(context.Background(), "/shardfs/b/plan"); return len(r.Kvs) == 1 })
+	o, _ := NewOwnership(OwnershipConfig{Client: cli, Bot: "b", Node: "c", Plan: Plan{Flavor: "discord", Total: 8}, Shards: newRecShards(), Clock: clock.NewFake(), Logger: discard()})
+	err = o.Run(etcdtest.Ctx(t, 20*time.Second))
+	if err == nil || !strings.Contains(err.Error(), "total 4") || !strings.Contains(err.Error(), "total 8") {
+		t.Fatalf("Run with another total = %v; want a refusal naming both plans", err)
+	}
+	if st := o.Status(); st.State != StateRefused {
+		t.Fatalf("state %q; want refused", st.State)
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// Bad keys under the bot's prefix: member keys that are not members (a
+// nested name, no lease, a value naming another node) do not count in
+// the placement, and a shard key naming a node that is not a live member
+// is not taken over until it goes; each is one log line, and no shard is
+// granted twice.
+func TestOwnershipBadKeys(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	ctx := etcdtest.Ctx(t, 20*time.Second)
+	ghost, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{
+		"/shardfs/b/members/other-bot/x": "x",
+		"/shardfs/b/members/nolease":     "nolease",
+	} {
+		if _, err := cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(ctx, "/shardfs/b/members/liar", "someone-else", clientv3.WithLease(ghost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "/shardfs/b/shards/2", "ghost", clientv3.WithLease(ghost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 4)
+	waitFor(t, "a to own the 3 free shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 3 })
+	if _, ok := a.shards.owned(a.clk.Now())[2]; ok {
+		t.Fatal("a took shard 2 while a key naming node ghost holds it")
+	}
+	for _, want := range []string{"not a member of this bot", "without a lease", "names another node", "not a live member"} {
+		waitFor(t, "a log line: "+want, func() bool { return strings.Contains(a.log.String(), want) })
+	}
+	waitFor(t, "/members to show only a, with 3 shards", func() bool { return string(a.o.MembersText()) == "a 3\n" })
+	if !strings.Contains(string(a.o.OwnersText()), "2 ghost ") {
+		t.Fatalf("/owners hides the ghost key:\n%s", a.o.OwnersText())
+	}
+	// The ghost's lease ends (expiry or an operator's revoke): a takes 2.
+	if _, err := cli.Revoke(ctx, ghost.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a to take shard 2", func() bool { return len(a.shards.owned(a.clk.Now())) == 4 })
+}
+
+// etcd stops answering while the node owns shards: renewals fail (each
+// bounded), the fencing deadline passes on the node's clock, every owned
+// shard is stopped by an expired grant of its generation, the node counts
+// them as fencing stops, and it waits to join again, owning nothing. No
+// panic, one clear state.
+func TestOwnershipEtcdDown(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 4)
+	waitFor(t, "a to own 4", func() bool { return len(a.shards.owned(a.clk.Now())) == 4 })
+	srv.Stop()
+	a.clk.Advance(10 * time.Second) // past TTL − 1 s: the deadline
+	waitFor(t, "every grant to expire", func() bool { return len(a.shards.owned(a.clk.Now())) == 0 })
+	a.shards.mu.Lock()
+	for id, g := range a.shards.grants {
+		if g.Generation == 0 || g.Deadline.After(a.clk.Now()) {
+			a.shards.mu.Unlock()
+			t.Fatalf("shard %d's last grant %+v; want its generation, expired", id, g)
+		}
+	}
+	a.shards.mu.Unlock()
+	waitFor(t, "the fencing stops and a join attempt", func() bool {
+		st := a.o.Status()
+		return st.FencingStops == 4 && st.Owned == 0 && st.Deadline.IsZero() && (st.State == StateJoining || st.State == StateWaiting)
+	})
+	if !strings.Contains(a.log.String(), "lease lost") {
+		t.Fatalf("no line says the lease was lost:\n%s", a.log.String())
+	}
+}
+
+// The etcd cost of a node at steady state: after it acquired its shards,
+// 30 renewals (TTL/3 apart) cost 30 LeaseKeepAlive
+// streams and no write about a shard; the periodic resyncs are reads
+// (Txn of Gets). The shard count is 512 here; SHARDFS_STEADY_SHARDS=16384
+// measures the production size (it takes a minute to acquire them).
+func TestOwnershipSteadyStateCost(t *testing.T) {
+	total := 512
+	if v := os.Getenv("SHARDFS_STEADY_SHARDS"); v != "" {
+		total, _ = strconv.Atoi(v)
+	}
+	srv := etcdtest.Start(t)
+	var writes, reads atomic.Int64
+	calls := &countCalls{n: map[string]int{}}
+	opts := append(calls.opts(), grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+		if calls.on.Load() {
+			if tx, ok := req.(*etcdserverpb.TxnRequest); ok {
+				w := false
+				for _, op := range append(tx.Success, tx.Failure...) {
+					w = w || op.GetRequestPut() != nil || op.GetRequestDeleteRange() != nil
+				}
+				if w {
+					writes.Add(1)
+				} else {
+					reads.Add(1)
+				}
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, o...)
+	}))
+	cli := srv.Client(opts...)
+	// The etcd lease runs on real time while a's clock stands still until
+	// the renewals below: a TTL of a minute covers the acquisition.
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: total}, 1, time.Minute)
+	start := time.Now()
+	waitForLong(t, 5*time.Minute, "a to own every shard", func() bool { return len(a.shards.owned(a.clk.Now())) == total })
+	t.Logf("acquired %d shards in %v", total, time.Since(start).Round(time.Millisecond))
+	a.o.mu.Lock()
+	m := a.o.member
+	a.o.mu.Unlock()
+	after := make(chan error, 1)
+	m.mu.Lock()
+	m.afterRenew = func(err error) { after <- err }
+	m.mu.Unlock()
+	calls.on.Store(true)
+	const renewals = 30
+	for i := 0; i < renewals; i++ {
+		a.clk.Advance(m.TTL() / 3)
+		select {
+		case err := <-after:
+			if err != nil {
+				t.Fatalf("renewal %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("renewal %d did not end within 10s", i)
+		}
+		// The fake clock runs far faster than the grants can follow:
+		// wait until every grant carries the renewed deadline.
+		want := m.Deadline()
+		waitFor(t, "the grants to follow the renewal", func() bool {
+			a.shards.mu.Lock()
+			defer a.shards.mu.Unlock()
+			for _, g := range a.shards.grants {
+				if g.Deadline.Before(want) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	calls.on.Store(false)
+	calls.mu.Lock()
+	defer calls.mu.Unlock()
+	secs := float64(renewals) * (m.TTL() / 3).Seconds()
+	t.Logf("%d shards, %.0f s of steady state: %v; writes (Txn with a put or delete) %d, read Txns %d; %.2f requests/s, %.2f writes/s besides renewals",
+		total, secs, calls.n, writes.Load(), reads.Load(), float64(renewals+int(reads.Load()+writes.Load()))/secs, float64(writes.Load())/secs)
+	if got := calls.n["/etcdserverpb.Lease/LeaseKeepAlive"]; got != renewals || writes.Load() != 0 {
+		t.Fatalf("steady state: %d keepalives (want %d), %d writes (want 0)", got, renewals, writes.Load())
+	}
+	if got := len(a.shards.owned(a.clk.Now())); got != total {
+		t.Fatalf("after the renewals a owns %d of %d (its grants were not renewed)", got, total)
+	}
+}
+
+func waitForLong(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// etcd that accepts connections and never answers (a black hole): every
+// call of the loop is bounded, the node waits owning nothing, says why,
+// and stops promptly when told to.
+func TestOwnershipEtcdBlackHole(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var held []net.Conn
+	var hmu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			hmu.Lock()
+			held = append(held, c)
+			hmu.Unlock()
+		}
+	}()
+	defer func() {
+		hmu.Lock()
+		defer hmu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{l.Addr().String()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	w := startOwnership(t, cli, "w", Plan{Flavor: "discord", Total: 4}, 1)
+	waitFor(t, "the waiting state with a deadline error", func() bool {
+		st := w.o.Status()
+		return st.State == StateWaiting && st.Err != nil && strings.Contains(st.Err.Error(), "deadline")
+	})
+	if n := len(w.shards.owned(w.clk.Now())); n != 0 {
+		t.Fatalf("owns %d shards with etcd silent", n)
+	}
+	start := time.Now()
+	w.stop()
+	if d := time.Since(start); d > callTimeout+time.Second {
+		t.Fatalf("stopping took %v", d)
+	}
+}
