@@ -150,11 +150,11 @@ func (s *session) open(n Node, m openMode) (*handle, error) {
 	p := s.perm(n)
 	switch {
 	case m.read && p&permRead == 0:
-		return nil, fmt.Errorf("%w: %s is write-only", fs.ErrPermission, nodeName(n))
+		return nil, fmt.Errorf("%w: %s is write-only", fs.ErrPermission, NodeName(n))
 	case (m.write || m.trunc) && p&permWrite == 0:
 		return nil, fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
 	case m.exec && p&permExec == 0:
-		return nil, fmt.Errorf("%w: %s is not executable", fs.ErrPermission, nodeName(n))
+		return nil, fmt.Errorf("%w: %s is not executable", fs.ErrPermission, NodeName(n))
 	}
 	h := &handle{node: n, write: m.write}
 	switch n := n.(type) {

@@ -229,7 +229,7 @@ func dirDigest(list []Node) uint64 {
 		if n == nil {
 			continue
 		}
-		h.WriteString(nodeName(n))
+		h.WriteString(NodeName(n))
 		binary.LittleEndian.PutUint64(buf[:], n.base().qidPath())
 		h.Write(buf[:])
 	}
@@ -237,7 +237,8 @@ func dirDigest(list []Node) uint64 {
 }
 
 // nodeName returns the name a node is listed under.
-func nodeName(n Node) string {
+// NodeName is the name of a tree entry, or "" for a Node of another type.
+func NodeName(n Node) string {
 	switch n := n.(type) {
 	case *Dir:
 		return n.Name
@@ -278,7 +279,7 @@ func (d *Dir) lookup(name string) Node {
 		return nil
 	}
 	for _, n := range d.list() {
-		if nodeName(n) == name {
+		if NodeName(n) == name {
 			return n
 		}
 	}

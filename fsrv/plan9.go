@@ -234,7 +234,7 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 				return
 			}
 			if err := call("clunk", func() error { return s.clunk(a.h) }); err != nil {
-				s.logger().Info("fsrv: the last line of a ctl write failed at clunk", "file", nodeName(a.node), "err", clipEname(err.Error(), 512))
+				s.logger().Info("fsrv: the last line of a ctl write failed at clunk", "file", NodeName(a.node), "err", clipEname(err.Error(), 512))
 			}
 		},
 	}
@@ -247,7 +247,7 @@ func (s *session) wstat(n Node, d *plan9.Dir) error {
 	case s.ro:
 		// srv9p passes only a wstat that changes something.
 		return fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
-	case d.Name != "" && d.Name != nodeName(n):
+	case d.Name != "" && d.Name != NodeName(n):
 		return errFixedTree
 	case d.Mode != ^plan9.Perm(0) || d.Uid != "" || d.Gid != "":
 		return fmt.Errorf("%w: attributes are fixed", fs.ErrPermission)
@@ -269,7 +269,7 @@ func (s *session) walk9(f *plan9Fid, names []string) (*plan9Fid, int, error) {
 		d, ok := n.(*Dir)
 		if !ok {
 			if k == 0 {
-				return nil, 0, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, nodeName(n))
+				return nil, 0, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, NodeName(n))
 			}
 			return nil, k, nil
 		}
@@ -319,7 +319,7 @@ func (s *session) dir9(n Node, uname string) plan9.Dir {
 		Atime:  t,
 		Mtime:  t,
 		Length: a.size,
-		Name:   nodeName(n),
+		Name:   NodeName(n),
 		Uid:    uname,
 		Gid:    uname,
 		Muid:   uname,

@@ -56,7 +56,7 @@ func (s *session) perm(n Node) uint32 {
 // readOnly names why a write is refused.
 func (s *session) readOnly(n Node) string {
 	if s.ro && perm(n)&permWrite != 0 {
-		return nodeName(n) + " is read-only on this listener"
+		return NodeName(n) + " is read-only on this listener"
 	}
-	return nodeName(n) + " is read-only"
+	return NodeName(n) + " is read-only"
 }

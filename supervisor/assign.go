@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/shardfs"
 )
 
 // MaxIDLen bounds a child's id: it is shown in /children, in log labels
@@ -145,26 +146,9 @@ func ParseAssign(total int, spec string) (Assignment, error) {
 	return a, nil
 }
 
-// FormatShards writes ids (ascending) as ranges: "0-3,7".
-func FormatShards(ids []int) string {
-	var b strings.Builder
-	for i := 0; i < len(ids); {
-		j := i
-		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(ids[i]))
-		if j > i {
-			b.WriteByte('-')
-			b.WriteString(strconv.Itoa(ids[j]))
-		}
-		i = j + 1
-	}
-	return b.String()
-}
+// FormatShards writes ids (ascending) as ranges: "0-3,7", as /plan and
+// --shards do.
+func FormatShards(ids []int) string { return shardfs.FormatShardList(ids) }
 
 func checkTotal(total int) error {
 	if total < 1 || total > core.MaxTotal {

@@ -284,7 +284,7 @@ func (t *Tree) list() []fsrv.Node {
 
 func (t *Tree) lookup(name string) fsrv.Node {
 	for _, n := range t.top {
-		if nodeName(n) == name {
+		if fsrv.NodeName(n) == name {
 			return n
 		}
 	}
@@ -296,20 +296,6 @@ func (t *Tree) lookup(name string) fsrv.Node {
 		return t.shardDir(sl)
 	}
 	return nil
-}
-
-func nodeName(n fsrv.Node) string {
-	switch n := n.(type) {
-	case *fsrv.Ctl:
-		return n.Name
-	case *fsrv.Log:
-		return n.Name
-	case *fsrv.Text:
-		return n.Name
-	case *fsrv.Dir:
-		return n.Name
-	}
-	return ""
 }
 
 func (t *Tree) shardDir(sl *shardLogs) *fsrv.Dir {
