@@ -171,7 +171,7 @@ func (c *conn) serve() {
 	}
 	s := c.s
 	s.mu.Lock()
-	rec := Frame{Conn: c.id, Remote: c.remote, Op: OpClose, Code: clientCode, Shard: c.shardLocked(), At: s.clock.Now()}
+	rec := Frame{Conn: c.id, Remote: c.remote, Op: OpClose, Code: clientCode, Reply: c.closing, Shard: c.shardLocked(), At: s.clock.Now()}
 	s.finishLocked(c, clientCode)
 	s.mu.Unlock()
 	if closed && s.cfg.OnFrame != nil {

@@ -42,8 +42,8 @@ func TestOnFrame(t *testing.T) {
 		t.Fatalf("heartbeat of a session: %+v; want shard 1, op 1", f)
 	}
 	a.closeWith(4000)
-	if f := log.next(t); f.Conn != 1 || f.Shard != 1 || f.Op != OpClose || f.Code != 4000 {
-		t.Fatalf("close: %+v; want conn 1, shard 1, OpClose 4000", f)
+	if f := log.next(t); f.Conn != 1 || f.Shard != 1 || f.Op != OpClose || f.Code != 4000 || f.Reply {
+		t.Fatalf("close: %+v; want conn 1, shard 1, OpClose 4000 started by the client", f)
 	}
 
 	b := dialQuery(t, r.ResumeGatewayURL, "v=10&encoding=json")
@@ -68,5 +68,10 @@ func TestOnFrame(t *testing.T) {
 	b.expectClose(CloseDecodeError)
 	if f := log.next(t); f.Shard != 1 || f.Op != -1 {
 		t.Fatalf("a payload that does not decode: %+v; want shard 1, op -1", f)
+	}
+	// The client answers the server's close: a reply.
+	b.closeWith(CloseDecodeError)
+	if f := log.next(t); f.Conn != 2 || f.Op != OpClose || f.Code != CloseDecodeError || !f.Reply {
+		t.Fatalf("the closing handshake's answer: %+v; want conn 2, OpClose 4002, Reply", f)
 	}
 }

@@ -278,6 +278,9 @@ type Frame struct {
 	Shard int
 	Op    int       // the opcode; -1 for a payload that did not decode, OpClose for a close frame
 	Code  int       // the close code of an OpClose frame (0: none)
+	// Reply marks an OpClose that answers the server's own close (the
+	// closing handshake), not one the client started.
+	Reply bool
 	At    time.Time // receipt, on Config.Clock
 }
 
