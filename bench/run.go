@@ -50,6 +50,8 @@ type config struct {
 
 	restart restartConfig
 
+	fleetFaults int // faults of the failover soak; 0 skips it (the smoke test)
+
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
 }
@@ -81,6 +83,7 @@ func defaultConfig() config {
 		breakdown:          true,
 		memTLSHeartbeat:    10 * time.Second,
 		restart:            defaultRestartConfig(),
+		fleetFaults:        100,
 	}
 }
 
@@ -101,6 +104,7 @@ var comparisons = []comparison{
 	{"memory-tls", "Memory per idle shard over TLS: shardfs vs discordgo vs disgo", runMemoryTLS},
 	{"dispatch-tls", "Dispatch throughput over TLS with zlib-stream: shardfs vs discordgo vs disgo", runDispatchTLS},
 	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
+	{"fleet", "Failover soak: three nodes sharing one bot through etcd", runFleet},
 }
 
 // groups are names -only accepts for several comparisons.
