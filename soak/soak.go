@@ -178,6 +178,9 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 		Token:             token,
 		Shards:            cfg.Shards,
 		MaxConcurrency:    cfg.Shards,
+		// 100 faults can start more than Discord's 1,000 sessions a day;
+		// the budget is not what the soak is about.
+		SessionStartLimit: 1_000_000,
 		HeartbeatInterval: cfg.HeartbeatInterval(),
 		Traffic:           gatewaysim.Traffic{PerShard: 2, PayloadSize: 200},
 		OnFrame:           c.frames.add,
