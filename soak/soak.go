@@ -174,10 +174,10 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 	}
 	c.frames = newFrameLog(0, c.pids)
 	c.sim, err = gatewaysim.New(gatewaysim.Config{
-		Flavor:            gatewaysim.Discord,
-		Token:             token,
-		Shards:            cfg.Shards,
-		MaxConcurrency:    cfg.Shards,
+		Flavor:         gatewaysim.Discord,
+		Token:          token,
+		Shards:         cfg.Shards,
+		MaxConcurrency: cfg.Shards,
 		// 100 faults can start more than Discord's 1,000 sessions a day;
 		// the budget is not what the soak is about.
 		SessionStartLimit: 1_000_000,
