@@ -3,6 +3,7 @@ package soak
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,13 +97,30 @@ func TestChecksCatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	me := map[int]string{os.Getpid(): "node1"}
-	frames := newFrameLog(0, func() map[int]string { return me })
-	sim, err := gatewaysim.New(gatewaysim.Config{Token: token, Shards: 4, MaxConcurrency: 4, IdentifyInterval: time.Millisecond, HeartbeatInterval: time.Hour, OnFrame: frames.add})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frames := newFrameLog(portOf(ln.Addr().String()), func() map[int]string { return me })
+	// OnFrame runs after the server answered: a client's answer comes
+	// before its frame is in the log, so the test waits for the log.
+	logged := make(chan struct{}, 64)
+	onFrame := func(f gatewaysim.Frame) { frames.add(f); logged <- struct{}{} }
+	waitLogged := func(k int) {
+		t.Helper()
+		for range k {
+			select {
+			case <-logged:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a frame never reached the log")
+			}
+		}
+	}
+	sim, err := gatewaysim.New(gatewaysim.Config{Listener: ln, Token: token, Shards: 4, MaxConcurrency: 4, IdentifyInterval: time.Millisecond, HeartbeatInterval: time.Hour, OnFrame: onFrame})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sim.Close()
-	frames.simPort = portOf(sim.Addr())
 	c := &cluster{cfg: Config{}.withDefaults(), sim: sim, frames: frames, owners: own}
 	node := &Node{Name: "node1"}
 
@@ -140,6 +158,7 @@ func TestChecksCatch(t *testing.T) {
 	a.identify(1, 4)
 	a.send(`{"op":1,"d":1}`)
 	a.await(`"op":11`)
+	waitLogged(2)
 	rep := &Report{}
 	c.checkWake(rep, fault{kind: Pause, node: node, n: 1}, since)
 	if rep.WakeFrames != 2 || len(rep.Violations) != 0 {
@@ -151,6 +170,7 @@ func TestChecksCatch(t *testing.T) {
 	since = time.Now()
 	a.send(`{"op":1,"d":1}`)
 	a.await(`"op":11`)
+	waitLogged(1)
 	c.checkWake(rep, fault{kind: Pause, node: node, n: 2}, since)
 	if len(rep.Violations) != 1 || !strings.Contains(rep.Violations[0], "heartbeat shard 1") {
 		t.Fatalf("a heartbeat for a shard no longer owned: violations %q; want one naming the heartbeat of shard 1", rep.Violations)
@@ -159,6 +179,7 @@ func TestChecksCatch(t *testing.T) {
 	// A second session of shard 1 at the gateway.
 	b := gwDial(t, sim)
 	b.identify(1, 4)
+	waitLogged(1)
 	c.checkDuplicates(rep, fault{kind: Kill, node: node, n: 3})
 	if len(rep.Violations) != 2 || !strings.Contains(rep.Violations[1], "shard 1: 2") {
 		t.Fatalf("two live sessions: violations %q; want the second to name shard 1", rep.Violations)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -146,6 +147,8 @@ type cluster struct {
 
 	mu     sync.Mutex
 	paused map[string]bool // nodes under SIGSTOP: never read
+	// nodes is appended to only while starting, when the simulator may
+	// already call pids; mu guards that.
 
 	maxLive int64 // the simulator's MaxLiveSessions after the last check
 }
@@ -172,8 +175,15 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 		}
 		c.proxies[name] = p
 	}
-	c.frames = newFrameLog(0, c.pids)
+	// The listener first, so that the frame log knows the simulator's
+	// port before the first frame.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	c.frames = newFrameLog(portOf(ln.Addr().String()), c.pids)
 	c.sim, err = gatewaysim.New(gatewaysim.Config{
+		Listener:       ln,
 		Flavor:         gatewaysim.Discord,
 		Token:          token,
 		Shards:         cfg.Shards,
@@ -186,9 +196,9 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 		OnFrame:           c.frames.add,
 	})
 	if err != nil {
+		ln.Close()
 		return nil, err
 	}
-	c.frames.simPort = portOf(c.sim.Addr())
 	c.cli, err = clientv3.New(clientv3.Config{Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, err
@@ -213,7 +223,9 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 		if cfg.Verbose {
 			n.log = cfg.Log
 		}
+		c.mu.Lock()
 		c.nodes = append(c.nodes, n)
+		c.mu.Unlock()
 		if err := n.Start(ctx); err != nil {
 			return nil, err
 		}
@@ -223,8 +235,11 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 
 // pids maps the running nodes' process ids to their names.
 func (c *cluster) pids() map[int]string {
+	c.mu.Lock()
+	nodes := c.nodes
+	c.mu.Unlock()
 	out := map[int]string{}
-	for _, n := range c.nodes {
+	for _, n := range nodes {
 		if pid := n.Pid(); pid != 0 {
 			out[pid] = n.Name
 		}
