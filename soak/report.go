@@ -22,8 +22,8 @@ func Spread(ds []time.Duration) (lo, med, hi time.Duration) {
 func (r *Report) Table() string {
 	var b strings.Builder
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
-	fmt.Fprintf(&b, "| fault | count | failover min / median / max | bound | balanced again after the repair (median / max) |\n")
-	fmt.Fprintf(&b, "|---|---:|---|---|---|\n")
+	fmt.Fprintf(&b, "| fault | count | failover min / median / max | bound | balanced again after the repair (median / max) | identifies / resumes |\n")
+	fmt.Fprintf(&b, "|---|---:|---|---|---|---|\n")
 	total := 0
 	for _, k := range Kinds {
 		total += r.Faults[k]
@@ -33,7 +33,7 @@ func (r *Report) Table() string {
 			fo = ms(lo) + " / " + ms(med) + " / " + ms(hi)
 		}
 		_, rmed, rhi := Spread(r.Recovery[k])
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s / %s |\n", describe[k], r.Faults[k], fo, ms(r.Config.Bound()), ms(rmed), ms(rhi))
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s / %s | %d / %d |\n", describe[k], r.Faults[k], fo, ms(r.Config.Bound()), ms(rmed), ms(rhi), r.Sessions[k].Identifies, r.Sessions[k].Resumes)
 	}
 	fmt.Fprintf(&b, "\n%d faults in %v, %d nodes, %d shards, TTL %v, simulator heartbeat %v.\n",
 		total, r.Duration.Round(time.Second), r.Config.Nodes, r.Config.Shards, r.Config.TTL, r.Config.HeartbeatInterval())

@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer c.close()
-	rep := &Report{Config: cfg, Faults: map[Kind]int{}, Failover: map[Kind][]time.Duration{}, Recovery: map[Kind][]time.Duration{}}
+	rep := &Report{Config: cfg, Faults: map[Kind]int{}, Failover: map[Kind][]time.Duration{}, Recovery: map[Kind][]time.Duration{}, Sessions: map[Kind]Sessions{}}
 	began := time.Now()
 	if d, err := c.converge(ctx, nil, cfg.Bound()+20*time.Second); err != nil {
 		return rep, fmt.Errorf("first start: %w", err)
@@ -120,7 +120,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		n := c.nodes[rng.IntN(len(c.nodes))]
 		f := fault{kind: k, node: n, n: i + 1, rng: rng}
+		before := c.sim.Totals()
 		err := c.inject(ctx, f, rep)
+		after := c.sim.Totals()
+		s := rep.Sessions[k]
+		s.Identifies += after.Identifies - before.Identifies
+		s.Resumes += after.Resumes - before.Resumes
+		rep.Sessions[k] = s
 		rep.Faults[k]++
 		c.checkDuplicates(rep, f)
 		if err != nil {
@@ -590,6 +596,7 @@ type Report struct {
 	Faults   map[Kind]int
 	Failover map[Kind][]time.Duration // fault → every shard READY on exactly one node
 	Recovery map[Kind][]time.Duration // repair → balanced again
+	Sessions map[Kind]Sessions        // sessions started during the faults of a kind and their repairs
 	Duration time.Duration
 
 	MaxLive                          int64 // most live sessions of one shard at the gateway, ever
@@ -602,6 +609,10 @@ type Report struct {
 	ForeignFrames []string // sent by a node for a shard it did not own
 	Violations    []string
 }
+
+// Sessions counts the gateway's answered identifies (new sessions) and
+// resumes.
+type Sessions struct{ Identifies, Resumes int64 }
 
 // Err is nil when the report shows no broken invariant.
 func (r *Report) Err() error {
