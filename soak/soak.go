@@ -130,6 +130,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Faults[k]++
 		c.checkDuplicates(rep, f)
 		if err != nil {
+			rep.Duration = time.Since(began)
+			c.finish(rep)
 			return rep, fmt.Errorf("fault %d (%s %s): %w", f.n, k, n.Name, err)
 		}
 	}
