@@ -17,6 +17,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 )
@@ -129,6 +131,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Sessions[k] = s
 		rep.Faults[k]++
 		c.checkDuplicates(rep, f)
+		if werr := c.owners.err(); werr != nil && err == nil {
+			err = fmt.Errorf("harness: %w", werr)
+		}
 		if err != nil {
 			rep.Duration = time.Since(began)
 			c.finish(rep)
@@ -207,7 +212,16 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 		ln.Close()
 		return nil, err
 	}
-	c.cli, err = clientv3.New(clientv3.Config{Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	// The watch's client reconnects within 300 ms of etcd's restart (gRPC's
+	// default backoff would wait seconds), so that the times at which it
+	// sees ownership change stay close to the changes; see ownSlack.
+	c.cli, err = clientv3.New(clientv3.Config{
+		Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.5, MaxDelay: 300 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		})},
+	})
 	if err != nil {
 		return nil, err
 	}

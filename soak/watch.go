@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,6 +17,9 @@ import (
 type owners struct {
 	mu   sync.Mutex
 	hist map[int][]ownerChange // by shard, oldest first
+	// lost is set when the watch ended before its context: later changes
+	// would go unseen.
+	lost error
 }
 
 type ownerChange struct {
@@ -43,6 +47,11 @@ func watchOwners(ctx context.Context, cli *clientv3.Client, prefix string, wg *s
 	go func() {
 		defer wg.Done()
 		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				o.mu.Lock()
+				o.lost = err
+				o.mu.Unlock()
+			}
 			now := time.Now()
 			for _, ev := range wr.Events {
 				node := string(ev.Kv.Value)
@@ -52,8 +61,20 @@ func watchOwners(ctx context.Context, cli *clientv3.Client, prefix string, wg *s
 				o.set(dir, string(ev.Kv.Key), node, now)
 			}
 		}
+		if ctx.Err() == nil {
+			o.mu.Lock()
+			o.lost = errors.Join(o.lost, errors.New("the watch of the shard keys ended"))
+			o.mu.Unlock()
+		}
 	}()
 	return o, nil
+}
+
+// err reports a watch that ended early.
+func (o *owners) err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.lost
 }
 
 func (o *owners) set(dir, key, node string, at time.Time) {
