@@ -174,6 +174,11 @@ func (d *Diag) AppendText(b []byte, now time.Time) []byte {
 	}
 	kv("lease_expired", strconv.FormatBool(d.LeaseExpired))
 	num("lease_generation", int64(d.Lease.Generation))
+	if d.Lease.Owner && d.Lease.Generation != 0 {
+		num("owner_generation", int64(d.Lease.Generation))
+	} else {
+		kv("owner_generation", "none")
+	}
 	num("identifies", int64(d.Identifies))
 	num("resumes", int64(d.Resumes))
 	num("dispatches", int64(d.Dispatches))

@@ -1,6 +1,10 @@
 package core
 
-import "time"
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
 
 // Lease is the backend that grants shards the right to connect. Operator
 // lease commands go to it and the grants it returns are applied at once; a
@@ -15,9 +19,72 @@ type Lease interface {
 // LeaseGrant is one shard's lease as the core enforces it.
 type LeaseGrant struct {
 	Shard int
-	// Deadline is when the lease expires; zero disables enforcement.
+	// Deadline is when the lease expires; zero disables enforcement. The
+	// core keeps it on the monotonic clock from the moment the grant is
+	// applied (Deadline minus the clock's Now), so a step of the wall
+	// clock after that does not move it.
 	Deadline time.Time
 	// Generation is the fencing token: it grows each time the lease is armed
-	// after it expired or was off.
+	// after it expired or was off. For an ownership grant it is the
+	// generation of the shard's key (etcd: its CreateRevision); 0 means
+	// the node does not own the shard.
 	Generation uint64
+	// Owner marks a grant of ownership across nodes (lease/etcd): its
+	// expiry stops the shard with reason "lease lost", generation 0 with
+	// "not owned", and a shard granted a new generation loads its snapshot
+	// from the session store again before it starts, so that it resumes
+	// the session the previous owner handed over.
+	Owner bool
 }
+
+// NotOwned is the grant of a candidate shard another node owns: it keeps
+// the shard STOPPED (reason "not owned") until a grant of ownership.
+func NotOwned(shard int) LeaseGrant {
+	return LeaseGrant{Shard: shard, Owner: true, Deadline: time.Unix(0, 0)}
+}
+
+// Fence is the "may write until" deadline of a shard's connections, on the
+// monotonic clock (clock.Mono). The transport checks it before every write
+// it makes on the gateway socket (identify, resume, heartbeat, command,
+// the close frame) and, past it, drops the connection without writing.
+//
+// Why it exists beside the lease timer: after a pause (SIGSTOP, a VM
+// freeze) every overdue timer fires at once and in any order, so a
+// connection's heartbeat timer may run before the shard's lease timer has
+// stopped it. The fence is checked against the clock at the moment of the
+// write, so no timer order can let a frame out past the deadline.
+//
+// The core gives each connection the fence of the grant it started under:
+// renewals of the same generation move it, a new generation gets a new
+// fence, and a handover freezes it.
+type Fence struct {
+	until atomic.Int64 // monotonic nanoseconds; math.MaxInt64: no limit
+}
+
+// NewFence returns a fence that allows writes until the monotonic reading
+// until (math.MaxInt64: always). The core makes the fences of its shards;
+// this is for transports' tests.
+func NewFence(until time.Duration) *Fence { return newFence(until) }
+
+func newFence(until time.Duration) *Fence {
+	f := &Fence{}
+	f.until.Store(int64(until))
+	return f
+}
+
+// Allows reports whether a write may go out at monotonic time now. A nil
+// Fence allows every write (no lease enforced).
+func (f *Fence) Allows(now time.Duration) bool {
+	return f == nil || int64(now) < f.until.Load()
+}
+
+// Until returns the monotonic deadline, and false when there is none.
+func (f *Fence) Until() (time.Duration, bool) {
+	if f == nil {
+		return 0, false
+	}
+	u := f.until.Load()
+	return time.Duration(u), u != math.MaxInt64
+}
+
+func (f *Fence) set(until time.Duration) { f.until.Store(int64(until)) }

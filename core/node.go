@@ -601,15 +601,6 @@ func (n *Node) callLease(c Command, ids []int) (grants []LeaseGrant, err error) 
 	return n.lease.Arm(ids, c.Lease)
 }
 
-// SetLease applies a lease grant to its shard: a lease whose deadline has
-// passed stops the shard, and a valid or disabled lease restarts the shard
-// if an expiry stopped it. Grants for unknown shards are ignored.
-func (n *Node) SetLease(g LeaseGrant) {
-	if s := n.shards[g.Shard]; s != nil {
-		s.setLease(g)
-	}
-}
-
 // Send queues an operator command for a READY shard. The payload must be a
 // JSON object with an op the supervisor does not reserve (heartbeat 1,
 // identify 2, resume 6), at most MaxPayload bytes. It goes out at once when

@@ -185,7 +185,7 @@ func (s *shard) prepareStart(nodeStart bool) {
 		return
 	}
 	s.mu.Lock()
-	startable := s.state == Assigned
+	startable := s.state == Assigned && !s.leaseBlocks(s.node.clock.Now())
 	if !nodeStart {
 		startable = s.checkLocked(VerbStart, s.node.clock.Now()) == nil
 	}
@@ -272,7 +272,7 @@ func (s *shard) snapshotLocked(at time.Time) Snapshot {
 func (s *shard) toSave() (Snapshot, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	clean := s.state == Stopped && (s.stopReason == StoppedByOperator || s.stopReason == StoppedByShutdown)
+	clean := s.state == Stopped && (s.stopReason == StoppedByOperator || s.stopReason == StoppedByShutdown || s.stopReason == StoppedByMove)
 	if !clean || !s.resumable() || s.stored {
 		return Snapshot{}, false
 	}

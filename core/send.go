@@ -97,6 +97,6 @@ func (s *shard) newSessionSendsLocked() {
 	s.sends.clear()
 }
 
-var stopDropReasons = [...]string{NotStopped: "stopped", StoppedByOperator: "stopped", StoppedByLease: "lease expired", StoppedByShutdown: "shutdown"}
+var stopDropReasons = [...]string{NotStopped: "stopped", StoppedByOperator: "stopped", StoppedByLease: "lease expired", StoppedByShutdown: "shutdown", StoppedByLeaseLost: "lease lost", StoppedByMove: "moved", StoppedNotOwned: "not owned"}
 
 func stopDropReason(why StopReason) string { return stopDropReasons[why] }

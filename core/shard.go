@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -63,6 +64,9 @@ type shard struct {
 	dispatches    uint64
 	lease         LeaseGrant
 	leaseExpire   bool
+	// fence is handed to every connection the shard opens under the
+	// current grant; nil while no lease was ever granted.
+	fence *Fence
 
 	timer      clock.Timer // reconnect deadline
 	sendTimer  clock.Timer
@@ -360,8 +364,19 @@ func (s *shard) enter(st State, now time.Time) {
 func (s *shard) resumable() bool { return s.session.exists() && s.sessionValid && s.seqValid }
 
 // leaseBlocks reports whether the lease forbids traffic now.
+// The fence, when there is one, decides on the monotonic clock, so that a
+// step of the wall clock cannot revive a lease that ran out.
 func (s *shard) leaseBlocks(now time.Time) bool {
-	return !s.lease.Deadline.IsZero() && (s.leaseExpire || !now.Before(s.lease.Deadline))
+	if s.lease.Deadline.IsZero() {
+		return false
+	}
+	if s.leaseExpire {
+		return true
+	}
+	if s.fence != nil {
+		return !s.fence.Allows(clock.Mono(s.node.clock))
+	}
+	return !now.Before(s.lease.Deadline)
 }
 
 // startLocked moves the shard to STARTING: it resumes at once when it can,
@@ -378,7 +393,7 @@ func (s *shard) startLocked(now time.Time) {
 		return
 	}
 	if s.leaseBlocks(now) {
-		s.stopLocked(now, StoppedByLease, 4000)
+		s.stopLocked(now, s.leaseStopReason(), 4000)
 		return
 	}
 	s.enter(Starting, now)
@@ -452,6 +467,7 @@ func (s *shard) connectLocked(resume bool) {
 		Shard: s.id, Total: s.node.plan.Total,
 		Resume: resume, Session: s.session, Sequence: s.seq,
 		LeaseGeneration: s.lease.Generation,
+		Fence:           s.fence,
 	}
 	s.hbMisses = 0
 	var c Conn
@@ -669,7 +685,7 @@ func (s *shard) checkLocked(v Verb, now time.Time) error {
 		if s.state == Fatal {
 			return busy("write retry to start it")
 		}
-		if s.state == Stopped && s.stopReason != StoppedByLease {
+		if s.state == Stopped && !s.stopReason.byLease() {
 			return errNoop
 		}
 		return nil
@@ -731,14 +747,46 @@ func (s *shard) apply(v Verb) {
 	}
 }
 
+// leaseStopReason is why the lease keeps the shard stopped.
+func (s *shard) leaseStopReason() StopReason {
+	switch {
+	case !s.lease.Owner:
+		return StoppedByLease
+	case s.lease.Generation == 0:
+		return StoppedNotOwned
+	}
+	return StoppedByLeaseLost
+}
+
+// monoDeadline is the monotonic reading at which a grant's deadline falls,
+// computed once from now: a later step of the wall clock does not move it.
+func (s *shard) monoDeadline(g LeaseGrant, now time.Time) time.Duration {
+	if g.Deadline.IsZero() {
+		return math.MaxInt64
+	}
+	return clock.Mono(s.node.clock) + g.Deadline.Sub(now)
+}
+
 func (s *shard) setLease(g LeaseGrant) {
 	s.mu.Lock()
 	defer s.unlock()
 	now := s.node.clock.Now()
-	renewal := g.Generation == s.lease.Generation && !g.Deadline.IsZero() && !s.lease.Deadline.IsZero()
+	sameGen := g.Generation == s.lease.Generation && g.Owner == s.lease.Owner
+	renewal := sameGen && !g.Deadline.IsZero() && !s.lease.Deadline.IsZero()
+	// A moved shard comes back only with a new generation: a renewal of
+	// the old one racing the handover must not restart it.
+	moved := s.state == Stopped && s.stopReason == StoppedByMove && sameGen
 	s.lease = g
+	if sameGen && s.fence != nil && !moved {
+		s.fence.set(s.monoDeadline(g, now))
+	} else if !moved {
+		s.fence = newFence(s.monoDeadline(g, now))
+	}
 	if !g.Deadline.IsZero() && !now.Before(g.Deadline) {
 		s.leaseDueLocked(now)
+		return
+	}
+	if moved {
 		return
 	}
 	s.leaseExpire = false
@@ -761,7 +809,7 @@ func (s *shard) setLease(g LeaseGrant) {
 		}
 		s.emit(e)
 	}
-	if s.state == Stopped && s.stopReason == StoppedByLease {
+	if s.state == Stopped && s.stopReason.byLease() {
 		s.resetAndStartLocked(now)
 	}
 }
@@ -782,10 +830,17 @@ func (s *shard) leaseDueLocked(now time.Time) {
 		return
 	}
 	s.leaseExpire = true
-	s.emit(s.line(now, "lease-expired", slog.LevelWarn).int("generation", int64(s.lease.Generation)))
+	why := s.leaseStopReason()
+	if why != StoppedNotOwned {
+		s.emit(s.line(now, "lease-expired", slog.LevelWarn).int("generation", int64(s.lease.Generation)).str("reason", why.String()))
+	}
 	switch s.state {
 	case Starting, Ready, Backoff:
-		s.stopLocked(now, StoppedByLease, 4000)
+		s.stopLocked(now, why, 4000)
+	case Stopped:
+		if s.stopReason.byLease() && s.stopReason != StoppedByMove {
+			s.stopReason = why
+		}
 	}
 }
 

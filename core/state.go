@@ -35,8 +35,23 @@ const (
 	StoppedByOperator
 	StoppedByLease
 	StoppedByShutdown
+	// StoppedByLeaseLost: the node's ownership lease (etcd) passed its
+	// fencing deadline; another node may own the shard now.
+	StoppedByLeaseLost
+	// StoppedByMove: a planned handover (Node.Handover) stopped the shard
+	// and saved its session for the next owner.
+	StoppedByMove
+	// StoppedNotOwned: the shard is a candidate of this node that another
+	// node owns, or nobody yet.
+	StoppedNotOwned
 )
 
-var stopReasonNames = [...]string{"", "operator", "lease expired", "shutdown"}
+var stopReasonNames = [...]string{"", "operator", "lease expired", "shutdown", "lease lost", "moved", "not owned"}
 
 func (r StopReason) String() string { return stopReasonNames[r] }
+
+// byLease reports whether the lease, not the operator or a shutdown,
+// stopped the shard: a grant can start it again.
+func (r StopReason) byLease() bool {
+	return r == StoppedByLease || r == StoppedByLeaseLost || r == StoppedByMove || r == StoppedNotOwned
+}

@@ -40,6 +40,10 @@ type Attempt struct {
 	// LeaseGeneration is the fencing token of the shard's lease when the
 	// attempt started.
 	LeaseGeneration uint64
+	// Fence is the connection's "may write until" deadline: the transport
+	// checks it before every write and drops the connection, writing
+	// nothing, once it has passed. Nil when no lease is enforced.
+	Fence *Fence
 }
 
 // Session is what a gateway session needs to be resumed. Its ID is a

@@ -531,7 +531,7 @@ func (c *conn) dialPlain(ctx context.Context, network, addr string) (net.Conn, e
 		c.mu.Unlock()
 	}
 	c.upgrading()
-	return nc, nil
+	return c.fenced(nc), nil
 }
 
 func (c *conn) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -571,7 +571,7 @@ func (c *conn) dialTLS(ctx context.Context, network, addr string) (net.Conn, err
 	c.mu.Unlock()
 	c.layers(func(cs *core.ConnState) { cs.TLS = core.LayerOK })
 	c.upgrading()
-	return out, nil
+	return c.fenced(out), nil
 }
 
 func (c *conn) upgrading() {

@@ -74,6 +74,9 @@ type Config struct {
 	// caller discovered before New, as the transport will find it; empty
 	// means GatewayURL. With neither, no Fluxer snapshot is resumed.
 	Gateway string
+	// Etcd, when set, makes the node one of a fleet sharing the bot (see
+	// Etcd); Sessions is then etcd's and must be nil.
+	Etcd *Etcd
 }
 
 // Format hides the token from every fmt verb.
@@ -94,6 +97,8 @@ type Node struct {
 	Node      *core.Node
 	Tree      *shardfs.Tree
 	Server    *fsrv.Server
+	// Fleet is the node's part in a fleet (Config.Etcd), else nil.
+	Fleet *Fleet
 
 	cfg       Config
 	log       *slog.Logger
@@ -124,15 +129,34 @@ func New(cfg Config) (*Node, error) {
 		}
 		s.Pacer.LimitTotal(total)
 	}
+	var pacer core.IdentifyPacer = s.Pacer
+	var lease core.Lease = s.Lease
+	onStartLimit, budget := s.Pacer.SetStartLimit, s.Pacer.Budget
+	if cfg.Etcd != nil {
+		if cfg.Sessions != nil {
+			return nil, errors.New("node: Config.Sessions and Config.Etcd are exclusive (etcd keeps the sessions)")
+		}
+		f, err := newFleet(cfg, log, clk)
+		if err != nil {
+			return nil, err
+		}
+		s.Fleet, lease, cfg.Sessions = f, f, f.Store
+		if f.Identify != nil {
+			pacer, onStartLimit, budget = f.Identify, f.Identify.SetStartLimit, f.Identify.Budget
+		}
+	}
 	var tree *shardfs.Tree // set below; the sink runs only after Start
 	tr, err := gateway.New(gateway.Config{
 		Flavor: cfg.Flavor, Token: cfg.Token, Intents: cfg.Intents,
 		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
 		Sink:         func(shard int, seq int64, name string, d []byte) { tree.Dispatch(shard, seq, name, d) },
-		OnStartLimit: s.Pacer.SetStartLimit,
+		OnStartLimit: onStartLimit,
 		Clock:        cfg.Clock, Logger: log.With("component", "gateway"),
 	})
 	if err != nil {
+		if s.Fleet != nil {
+			s.Fleet.close()
+		}
 		return nil, err
 	}
 	s.Transport = tr
@@ -143,21 +167,31 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 	node, err := core.New(core.Config{
-		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: s.Pacer, Lease: s.Lease,
+		Plan: cfg.Plan, Flavor: cfg.Flavor, Transport: tr, Pacer: pacer, Lease: lease,
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: log.With("component", "core"),
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),
 	})
 	if err != nil {
 		tr.Close()
+		if s.Fleet != nil {
+			s.Fleet.close()
+		}
 		return nil, err
 	}
 	s.Node = node
-	tree = shardfs.New(shardfs.Config{
-		Node: node, Info: s.info, Identify: s.Pacer.Budget, LeaseBackend: "local",
+	tc := shardfs.Config{
+		Node: node, Info: s.info, Identify: budget, LeaseBackend: "local",
 		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
 		Registry: cfg.Registry, Logger: log,
-	})
+	}
+	if s.Fleet != nil {
+		s.Fleet.treeConfig(&tc)
+	}
+	tree = shardfs.New(tc)
+	if s.Fleet != nil {
+		s.Fleet.register(tree.Registry())
+	}
 	s.Tree = tree
 	s.Server = &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p")}
 	return s, nil
@@ -170,14 +204,19 @@ func (s *Node) info() [][2]string {
 		gw = "discovered from " + orString(s.cfg.API, defaultAPI(s.cfg.Flavor))
 	}
 	out := [][2]string{{"gateway", gw}, {"compression", orString(string(s.cfg.Compression), "none")}}
+	mc := s.Pacer.MaxConcurrency()
+	waiting, next := s.Pacer.Waiting()
+	if s.Fleet != nil && s.Fleet.Identify != nil {
+		b := s.Fleet.Identify.Budget()
+		mc, waiting, next = b.MaxConcurrency, b.Waiting, b.NextSlot
+	}
 	if s.cfg.Flavor == core.Discord {
-		out = append(out, [2]string{"intents", strconv.FormatUint(s.cfg.Intents, 10)}, [2]string{"max_concurrency", strconv.Itoa(s.Pacer.MaxConcurrency())})
+		out = append(out, [2]string{"intents", strconv.FormatUint(s.cfg.Intents, 10)}, [2]string{"max_concurrency", strconv.Itoa(mc)})
 	}
 	backoff := "default"
 	if f, ok := s.cfg.Backoff.(core.Fixed); ok {
 		backoff = fmt.Sprintf("fixed:%v", time.Duration(f))
 	}
-	waiting, next := s.Pacer.Waiting()
 	out = append(out, [2]string{"backoff", backoff}, [2]string{"identify_waiting", strconv.Itoa(waiting)})
 	if !next.IsZero() {
 		out = append(out, [2]string{"identify_next", next.UTC().Format("2006-01-02T15:04:05.000Z07:00")})
@@ -199,8 +238,19 @@ func orString(s, def string) string {
 	return s
 }
 
-// Start starts the shards in shard order.
-func (s *Node) Start() { s.Node.Start() }
+// Start starts the shards in shard order. In a fleet every candidate
+// starts not owned, and the ownership loop grants the node its share.
+func (s *Node) Start() {
+	if s.Fleet != nil {
+		for _, id := range s.Node.Plan().Local {
+			s.Node.SetLease(core.NotOwned(id))
+		}
+	}
+	s.Node.Start()
+	if s.Fleet != nil {
+		s.Fleet.start(s.Node)
+	}
+}
 
 // Serve exports the tree on every listener until ctx ends or Close is
 // called, and waits for the connections it served.
@@ -226,6 +276,9 @@ func (s *Node) Serve(ctx context.Context, ls ...net.Listener) error {
 // all of their goroutines.
 func (s *Node) Close() error {
 	s.closeOnce.Do(func() {
+		if s.Fleet != nil {
+			s.Fleet.shutdown() // hands the shards over first
+		}
 		s.Node.Close()
 		s.closeErr = errors.Join(s.Transport.Close(), s.Server.Close())
 	})

@@ -32,6 +32,15 @@ type Config struct {
 	Identify func() core.Budget
 	// LeaseBackend names the lease backend in /lease ("local" when empty).
 	LeaseBackend string
+	// Lease, when set, is the content of /lease instead of the local
+	// lease's summary (etcd: backend, node, ttl, deadline, remaining).
+	Lease func() []byte
+	// Files are added to the root after the node files (etcd: members,
+	// owners).
+	Files []fsrv.Node
+	// Commands are node commands the core does not know (etcd: drain),
+	// tried before it on /ctl.
+	Commands []Command
 	// DispatchRetention and NodeDispatchRetention bound each shard's
 	// dispatch log and the node's, in bytes (defaults 256 KiB and 16 MiB).
 	DispatchRetention, NodeDispatchRetention int
@@ -39,6 +48,14 @@ type Config struct {
 	// the Go runtime and process collectors.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
+}
+
+// Command is a node command of /ctl beyond the core's: a line whose first
+// word is Name goes to Run with the words after it.
+type Command struct {
+	Name  string
+	Usage string // one usage line, without the newline
+	Run   func(args []string) error
 }
 
 // Tree is the file tree of one node.
@@ -84,7 +101,7 @@ func New(cfg Config) *Tree {
 	t.events = newEventSeconds()
 	t.reg.MustRegister(&collector{t: t}, t.events.vec)
 	t.top = []fsrv.Node{
-		&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecNode(line)) }, Usage: func() string { return core.NodeUsage }},
+		&fsrv.Ctl{Name: "ctl", Handle: t.nodeCtl, Usage: t.nodeUsage},
 		&fsrv.Log{Name: "events", Source: t.node.Events()},
 		&fsrv.Text{Name: "status", Content: t.status},
 		&fsrv.Text{Name: "plan", Content: t.plan},
@@ -95,6 +112,7 @@ func New(cfg Config) *Tree {
 	if cfg.Identify != nil {
 		t.top = append(t.top, &fsrv.Text{Name: "identify", Content: t.identify})
 	}
+	t.top = append(t.top, cfg.Files...)
 	t.root = &fsrv.Dir{Name: "/", List: t.list, Lookup: t.lookup}
 	return t
 }
@@ -112,12 +130,42 @@ func (t *Tree) Root() *fsrv.Dir { return t.root }
 // Registry returns the Prometheus registry behind /metrics.
 func (t *Tree) Registry() *prometheus.Registry { return t.reg }
 
+// list shows the node files and the shards this node owns: a candidate
+// shard that another node owns (etcd) is left out of the listing, and its
+// directory is still reachable by name (cat 7/state says STOPPED and its
+// diag stop_reason "not owned").
 func (t *Tree) list() []fsrv.Node {
 	out := append([]fsrv.Node(nil), t.top...)
-	for _, id := range t.node.Plan().Local {
-		out = append(out, t.shardDir(t.local[id]))
+	for _, d := range t.node.Snapshot(make([]core.Diag, 0, len(t.local))) {
+		if d.Owned() {
+			out = append(out, t.shardDir(t.local[d.Shard]))
+		}
 	}
 	return out
+}
+
+// nodeCtl applies one line of /ctl: a Command's, or the core's.
+func (t *Tree) nodeCtl(line string) error {
+	words := strings.Fields(line)
+	for _, c := range t.cfg.Commands {
+		if len(words) > 0 && words[0] == c.Name {
+			err := c.Run(words[1:])
+			if err != nil {
+				now := t.node.Clock().Now()
+				t.node.Events().Append([]byte(fmt.Sprintf("ts=%s shard=-1 event=rejected cmd=%q err=%q\n", now.UTC().Format("2006-01-02T15:04:05.000Z07:00"), line, err.Error())), now)
+			}
+			return fsError(err)
+		}
+	}
+	return fsError(t.node.ExecNode(line))
+}
+
+func (t *Tree) nodeUsage() string {
+	u := core.NodeUsage
+	for _, c := range t.cfg.Commands {
+		u += c.Usage + "\n"
+	}
+	return u
 }
 
 func (t *Tree) lookup(name string) fsrv.Node {
@@ -288,6 +336,9 @@ func (t *Tree) status() []byte {
 	diags := t.node.Snapshot(make([]core.Diag, 0, len(t.local)))
 	b := make([]byte, 0, len(diags)*32)
 	for _, d := range diags {
+		if !d.Owned() {
+			continue // a candidate another node owns (see list)
+		}
 		b = strconv.AppendInt(b, int64(d.Shard), 10)
 		b = append(b, ' ')
 		b = append(b, d.State.String()...)
@@ -349,6 +400,9 @@ func (t *Tree) identify() []byte {
 }
 
 func (t *Tree) lease() []byte {
+	if t.cfg.Lease != nil {
+		return t.cfg.Lease()
+	}
 	now := t.node.Clock().Now()
 	var armed, expired int
 	var gen uint64

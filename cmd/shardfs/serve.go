@@ -40,6 +40,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
 	sessDir := fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
 	resumeWindow := fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
+	var ef etcdFlags
+	ef.register(fl)
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -85,6 +87,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if _, err := planFor(total, *shards); err != nil {
 			return flagErr(fl, "%v", err)
 		}
+	}
+	etcdCfg, err := ef.config(*sessDir != "")
+	if err != nil {
+		return flagErr(fl, "%v", err)
 	}
 	token, err := readToken(*tokenFile)
 	if err != nil {
@@ -154,7 +160,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Flavor: flavor, Token: token, API: *api, GatewayURL: *gatewayURL,
 		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
 		MaxConcurrency: *maxConc, IdentifyTotal: *idTotal, IdentifyReserve: reserve,
-		ResumeWindow: *resumeWindow, Gateway: endpoint,
+		ResumeWindow: *resumeWindow, Gateway: endpoint, Etcd: etcdCfg,
 	}
 	if store != nil {
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
@@ -167,6 +173,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	sup.Server.MaxConns = *maxConns
 	switch {
 	case flavor != core.Discord:
+	case limit != nil && sup.Fleet != nil && sup.Fleet.Identify != nil:
+		sup.Fleet.Identify.SetStartLimit(*limit)
 	case limit != nil:
 		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
 	case *gatewayURL == "":
@@ -185,10 +193,29 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	sup.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { progress(pctx, sup, log, status) })
+	var refused error
+	if sup.Fleet == nil {
+		wg.Go(func() { progress(pctx, sup, log, status) })
+	} else {
+		// A node etcd refuses (a plan mismatch) stops serving and exits
+		// with the refusal, which names both plans.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		wg.Go(func() {
+			select {
+			case refused = <-sup.Fleet.Refused():
+				cancel()
+			case <-pctx.Done():
+			}
+		})
+	}
 	err = runNode(ctx, sup, netListeners(ls), log)
 	stopProgress()
 	wg.Wait()
+	if refused != nil {
+		return refused
+	}
 	return err
 }
 

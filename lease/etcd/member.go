@@ -33,6 +33,11 @@ type Config struct {
 	TTL    time.Duration
 	Clock  clock.Clock  // nil = real time
 	Logger *slog.Logger // nil = slog.Default()
+	// MayRenew, when set, is asked before every renewal; false skips it
+	// (retried every TTL/10), so the membership runs out at its deadline
+	// unless MayRenew turns true again. The operator's lease composes
+	// through it (DESIGN 7.3): a node renews only while it is valid.
+	MayRenew func() bool
 }
 
 // Member is one node's membership of a bot: one etcd lease, the
@@ -60,6 +65,8 @@ type Member struct {
 	callCtx    context.Context
 	callCancel context.CancelFunc // at loss or Close: ends a renewal in flight
 	afterRenew func(error)        // test hook, called by the loop after each attempt
+	mayRenew   func() bool
+	renewed    chan struct{} // signalled after each successful renewal
 
 	mu       sync.Mutex
 	deadline time.Duration // monotonic, see clock.Mono
@@ -67,6 +74,7 @@ type Member struct {
 	renewT   clock.Timer
 	lossT    clock.Timer
 	renewals int
+	rtt      time.Duration    // of the last answered renewal
 	logged   map[string]int64 // malformed keys already logged, by key: mod revision
 }
 
@@ -99,6 +107,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	m := &Member{
 		bot: cfg.Bot, node: cfg.Node, plan: cfg.Plan, prefix: Prefix(cfg.Bot),
 		kv: cfg.Client, lease: cfg.Client, clock: clock.Or(cfg.Clock), log: cfg.Logger,
+		mayRenew: cfg.MayRenew, renewed: make(chan struct{}, 1),
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -243,6 +252,15 @@ func (m *Member) renew() error {
 		return m.err
 	}
 	m.mu.Unlock()
+	if m.mayRenew != nil && !m.mayRenew() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.err == nil {
+			m.log.Warn("etcd: not renewing: the operator's lease has expired", "node", m.node, "remaining", max(0, m.deadline-clock.Mono(m.clock)))
+			m.renewT.Reset(m.retryDelay())
+		}
+		return errNotRenewing
+	}
 	sent := clock.Mono(m.clock)
 	// KeepAliveOnce retries transient errors by itself until its context
 	// ends: bound each try by a third of the TTL of real time, and by the
@@ -276,9 +294,43 @@ func (m *Member) renew() error {
 		return err
 	}
 	m.renewals++
+	m.rtt = now - sent
+	select {
+	case m.renewed <- struct{}{}:
+	default:
+	}
 	m.deadline = sent + time.Duration(r.TTL)*time.Second - fenceMargin
 	m.lossT.Reset(m.deadline - now)
 	m.renewT.Reset(sent + m.ttl/3 - now)
+	return nil
+}
+
+// errNotRenewing: MayRenew said no.
+var errNotRenewing = errors.New("etcd: renewal held back: the operator's lease has expired")
+
+// RenewLatency is the round trip of the last answered renewal.
+func (m *Member) RenewLatency() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rtt
+}
+
+// Renewed is signalled (without blocking; one pending signal at most)
+// after each renewal etcd answered: the deadline moved.
+func (m *Member) Renewed() <-chan struct{} { return m.renewed }
+
+// Leave deletes members/<node> while the lease keeps the node's shard keys,
+// so that the other members place the shards without this node while it
+// hands them over (drain). Only a key of this membership's lease is
+// deleted.
+func (m *Member) Leave(ctx context.Context) error {
+	key := m.prefix + "members/" + m.node
+	_, err := m.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(key), "=", m.id)).
+		Then(clientv3.OpDelete(key)).Commit()
+	if err != nil {
+		return fmt.Errorf("etcd: leave bot %s as node %s: %w", m.bot, m.node, err)
+	}
 	return nil
 }
 

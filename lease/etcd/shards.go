@@ -122,7 +122,8 @@ type Holder struct {
 	// Live reports whether Node is a live member. A key naming an unknown
 	// node is reported, not trusted: it blocks the shard until it expires
 	// or an operator deletes it.
-	Live bool
+	Live  bool
+	lease clientv3.LeaseID
 }
 
 // Owners lists the shard keys of the plan, ascending by shard, read at one
@@ -133,6 +134,11 @@ func (m *Member) Owners(ctx context.Context) ([]Holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd: list owners: %w", err)
 	}
+	return m.holders(members, shards), nil
+}
+
+// holders turns the shard keys read with members into Holders.
+func (m *Member) holders(members []string, shards []*mvccpb.KeyValue) []Holder {
 	var out []Holder
 	for _, kv := range shards {
 		key := string(kv.Key)
@@ -146,14 +152,14 @@ func (m *Member) Owners(ctx context.Context) ([]Holder, error) {
 			m.logOnce(kv, "etcd: ignoring a shard key whose value is not a node name", "value", clip(kv.Value))
 			continue
 		}
-		h := Holder{Shard: id, Node: node, Generation: kv.CreateRevision, Live: slices.Contains(members, node)}
+		h := Holder{Shard: id, Node: node, Generation: kv.CreateRevision, Live: slices.Contains(members, node), lease: clientv3.LeaseID(kv.Lease)}
 		if !h.Live {
 			m.logOnce(kv, "etcd: shard key names a node that is not a live member; not trusted", "node", node)
 		}
 		out = append(out, h)
 	}
 	slices.SortFunc(out, func(a, b Holder) int { return a.Shard - b.Shard })
-	return out, nil
+	return out
 }
 
 // Members lists the live members of the bot, sorted. A key under members/

@@ -1,0 +1,186 @@
+package core_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/core/coretest"
+)
+
+// grant is an ownership grant of shard at generation gen, valid for d from
+// the fake clock's now.
+func (e *env) grant(shard int, gen uint64, d time.Duration) {
+	e.node.SetLease(core.LeaseGrant{Shard: shard, Owner: true, Generation: gen, Deadline: e.clk.Now().Add(d)})
+}
+
+// ownerEnv is an etcd-style node: every candidate starts not owned.
+func ownerEnv(t *testing.T, store *coretest.Store) *storeEnv {
+	t.Helper()
+	e := newStoreEnv(t, core.Config{}, store)
+	for _, id := range e.node.Plan().Local {
+		e.node.SetLease(core.NotOwned(id))
+	}
+	e.node.Start()
+	return e
+}
+
+// The fence of a connection follows renewals of its grant on the
+// monotonic clock, ignores a wall-clock step, is replaced at a new
+// generation, and forbids writes at the deadline even while the shard is
+// still READY because the lease timer has not run yet (the pause hazard:
+// overdue timers fire in any order).
+func TestFenceFollowsGrant(t *testing.T) {
+	e := ownerEnv(t, nil)
+	if len(e.tr.Conns()) != 0 || len(e.store.Calls()) != 0 {
+		t.Fatalf("unowned candidates connected (%d) or called the store (%v)", len(e.tr.Conns()), e.store.Calls())
+	}
+	e.wantState(0, core.Stopped)
+	if d := e.diag(0); d.StopReason != core.StoppedNotOwned || d.Owned() {
+		t.Fatalf("unowned candidate: reason %q owned %v; want not owned", d.StopReason, d.Owned())
+	}
+	// A "heartbeat" timer due at the deadline, created before the lease
+	// timer, so that it fires first, as after a SIGCONT.
+	var allowedAtDeadline, readyAtDeadline = true, false
+	e.clk.AfterFunc(10*time.Second, func() {
+		c := e.tr.Last(0)
+		allowedAtDeadline = c.Attempt.Fence.Allows(clock.Mono(e.clk))
+		d, _ := e.node.Diag(0)
+		readyAtDeadline = d.State == core.Ready
+	})
+	e.grant(0, 7, 10*time.Second)
+	e.ready(0, 1)
+	c := e.conn(0)
+	f := c.Attempt.Fence
+	if f == nil || !f.Allows(clock.Mono(e.clk)) {
+		t.Fatalf("connection of an owned shard has fence %v; want one that allows writes now", f)
+	}
+	if until, ok := f.Until(); !ok || until != clock.Mono(e.clk)+10*time.Second {
+		t.Fatalf("fence until %v %v; want mono+10s", until, ok)
+	}
+	e.clk.Advance(3 * time.Second)
+	e.clk.JumpWall(time.Hour) // an operator sets the clock: the fence must not move
+	e.clk.JumpWall(-time.Hour)
+	e.grant(0, 7, 7*time.Second) // a renewal, deadline unchanged at mono 10 s
+	if until, _ := f.Until(); until != 10*time.Second {
+		t.Fatalf("after a renewal to the same deadline the fence is at %v; want 10s", until)
+	}
+	e.clk.Advance(7 * time.Second)
+	if allowedAtDeadline || !readyAtDeadline {
+		t.Fatalf("at the deadline, before the lease timer: fence allowed %v (want false), shard READY %v (want true)", allowedAtDeadline, readyAtDeadline)
+	}
+	d := e.diag(0)
+	if d.State != core.Stopped || d.StopReason != core.StoppedByLeaseLost {
+		t.Fatalf("after the deadline: %v %q; want STOPPED lease lost", d.State, d.StopReason)
+	}
+	if got := c.Closed(); len(got) == 0 || got[0] != 4000 {
+		t.Fatalf("close codes %v; want 4000", got)
+	}
+	if !strings.Contains(e.events(0), `event=stopped state=STOPPED reason="lease lost"`) {
+		t.Fatalf("no lease lost line in events:\n%s", e.events(0))
+	}
+	for _, call := range e.store.Calls() {
+		if call.Op == "save" {
+			t.Fatalf("a lost lease saved a snapshot: %v", call)
+		}
+	}
+	// A late renewal of the old generation does not move the old fence
+	// past what was granted; a new generation gets a new fence.
+	e.grant(0, 9, 10*time.Second)
+	c2 := e.conn(0)
+	if c2 == c || c2.Attempt.Fence == f {
+		t.Fatal("a new generation reused the old connection or fence")
+	}
+	if f.Allows(clock.Mono(e.clk)) {
+		t.Fatal("the old connection's fence allows writes after the new grant")
+	}
+	if d := e.diag(0); d.Lease.Generation != 9 || !d.Owned() {
+		t.Fatalf("diag after new grant: generation %d owned %v", d.Lease.Generation, d.Owned())
+	}
+	if d := e.diag(0); !strings.Contains(string(d.AppendText(nil, e.clk.Now())), "owner_generation 9\n") {
+		t.Fatalf("diag lacks owner_generation 9:\n%s", d.AppendText(nil, e.clk.Now()))
+	}
+}
+
+// A shard granted a new generation after a lost lease forgets its own
+// session and resumes the snapshot the store holds (the previous owner's
+// handover), marking it used first; without one it identifies.
+func TestNewGenerationReloadsSnapshot(t *testing.T) {
+	store := &coretest.Store{}
+	store.Put(1, snapAt(core.Discord, 5*time.Second))
+	e := ownerEnv(t, store)
+	e.grant(1, 5, 10*time.Second)
+	c := e.conn(1)
+	if !c.Attempt.Resume || c.Attempt.Session.ID != restoredID {
+		t.Fatalf("first grant: resume %v; want the stored session resumed", c.Attempt.Resume)
+	}
+	if got, _ := store.Get(1); !got.Used() {
+		t.Fatal("the snapshot was not marked used before the resume")
+	}
+	c.Link.Resumed(80)
+	e.clk.Advance(11 * time.Second) // lease lost
+	if d := e.diag(1); d.StopReason != core.StoppedByLeaseLost {
+		t.Fatalf("reason %q; want lease lost", d.StopReason)
+	}
+	// Another node owned it meanwhile and handed it back.
+	other := snapAt(core.Discord, 0)
+	other.Session.ID, other.Sequence = "other-owner-session", 120
+	store.Put(1, other)
+	e.grant(1, 9, 10*time.Second)
+	c2 := e.conn(1)
+	if c2 == c || !c2.Attempt.Resume || c2.Attempt.Session.ID != "other-owner-session" || c2.Attempt.Sequence != 120 {
+		t.Fatalf("new generation: resume %v seq %d; want the other owner's session at 120", c2.Attempt.Resume, c2.Attempt.Sequence)
+	}
+	// Lost again; nothing stored now: the shard identifies, never resuming
+	// the session another node may have resumed since.
+	c2.Link.Resumed(130)
+	e.clk.Advance(11 * time.Second)
+	store.Put(1, func() core.Snapshot { s := other; s.Session.ID = ""; return s }())
+	e.grant(1, 12, 10*time.Second)
+	if c3 := e.conn(1); c3.Attempt.Resume {
+		t.Fatal("a shard with no resumable snapshot resumed its old session after a new generation")
+	}
+	e.checkNoSecret(t)
+}
+
+// Handover stops with 4000 (reason moved), saves, and returns saved; a
+// renewal of the old generation does not restart the shard, a new
+// generation does.
+func TestHandover(t *testing.T) {
+	e := ownerEnv(t, nil)
+	e.grant(2, 4, 10*time.Second)
+	e.ready(2, 1)
+	c := e.conn(2)
+	c.Link.Dispatch(55)
+	saved, err := e.node.Handover(2)
+	if err != nil || !saved {
+		t.Fatalf("Handover = %v, %v; want saved", saved, err)
+	}
+	if got := c.Closed(); len(got) != 1 || got[0] != 4000 {
+		t.Fatalf("close codes %v; want [4000]", got)
+	}
+	snap, ok := e.store.Get(2)
+	if !ok || snap.Used() || snap.Sequence != 55 {
+		t.Fatalf("stored %+v %v; want a resumable snapshot at 55", snap, ok)
+	}
+	d := e.diag(2)
+	if d.State != core.Stopped || d.StopReason != core.StoppedByMove || d.Owned() {
+		t.Fatalf("after handover: %v %q owned %v; want STOPPED moved, not owned", d.State, d.StopReason, d.Owned())
+	}
+	if err := e.node.ExecShard(2, "start"); err == nil {
+		t.Fatal("start of a moved shard was accepted")
+	}
+	e.grant(2, 4, 10*time.Second) // a renewal racing the handover
+	if n := len(e.tr.Conns()); n != 1 || e.diag(2).State != core.Stopped {
+		t.Fatalf("a renewal of the old generation restarted the moved shard (%d connections)", n)
+	}
+	e.clk.Advance(20 * time.Second)
+	if d := e.diag(2); d.StopReason != core.StoppedByMove {
+		t.Fatalf("the old deadline changed the reason to %q", d.StopReason)
+	}
+	if _, err := e.node.Handover(99); err == nil {
+		t.Fatal("Handover of an unknown shard succeeded")
+	}
+}

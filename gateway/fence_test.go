@@ -1,0 +1,72 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
+)
+
+// fenceTransport hands every connection one fence the test controls, and
+// no lease reaches the core: the core's lease timer never runs, as after a
+// SIGCONT when a connection's overdue heartbeat timer fires before it.
+type fenceTransport struct {
+	core.Transport
+	fence *core.Fence
+}
+
+func (f fenceTransport) Connect(l *core.Link, a core.Attempt) core.Conn {
+	a.Fence = f.fence
+	return f.Transport.Connect(l, a)
+}
+
+// The pause hazard against a real socket: once the fence has passed, the
+// heartbeat that falls due is not written, the socket is dropped without a
+// close frame, and the reconnect that follows writes nothing either (not
+// even its HTTP upgrade): the simulator sees no heartbeat, identify or
+// resume after the deadline, and the session stays resumable for the
+// next owner.
+func TestFenceDropsWithoutWriting(t *testing.T) {
+	var ft *fenceTransport
+	e := newEnv(t, envConfig{
+		sim: gatewaysim.Config{HeartbeatInterval: 10 * time.Second, HeartbeatRequestAfter: -1},
+		wrap: func(tr core.Transport) core.Transport {
+			ft = &fenceTransport{Transport: tr}
+			return ft
+		},
+	})
+	ft.fence = core.NewFence(clock.Mono(e.clk) + 12*time.Second)
+	e.start()
+	// Before the deadline the first heartbeat (at half the interval, Rand
+	// is 0.5) goes out: the check below can see one.
+	e.clk.Advance(5 * time.Second)
+	e.simWait("the first heartbeat", func() bool { return e.sim.Stats(0).Heartbeats == 1 })
+	before := e.sim.Stats(0)
+
+	m := e.mark(0)
+	e.clk.Advance(10 * time.Second) // the next heartbeat is due at 15 s, past the fence at 12 s
+	e.waitBackoff(0, m)
+	e.simWait("the fenced connection to end", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+	m = e.mark(0)
+	e.clk.Advance(5 * time.Second) // the backoff ends: the shard tries to resume
+	e.waitEvent(0, m, "backoff")
+
+	after := e.sim.Stats(0)
+	if after.Heartbeats != before.Heartbeats || after.Identifies != before.Identifies || after.Resumes != before.Resumes || after.FailedResumes != 0 {
+		t.Fatalf("frames after the fencing deadline: heartbeats %d -> %d, identifies %d -> %d, resumes %d -> %d (failed %d)",
+			before.Heartbeats, after.Heartbeats, before.Identifies, after.Identifies, before.Resumes, after.Resumes, after.FailedResumes)
+	}
+	resumable := false
+	for _, s := range e.sim.Sessions(0) {
+		resumable = resumable || !s.Live
+	}
+	if !resumable {
+		t.Fatalf("the session did not stay resumable: %+v", e.sim.Sessions(0))
+	}
+	if !strings.Contains(e.logs.String(), "fencing deadline passed") {
+		t.Fatalf("no log line about the fenced write:\n%s", e.logs.String())
+	}
+}

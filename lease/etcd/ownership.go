@@ -1,0 +1,665 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+)
+
+// Shards is the part of the lifecycle core the ownership layer drives
+// (core.Node): grants of ownership and planned handovers.
+type Shards interface {
+	SetLease(core.LeaseGrant)
+	Handover(id int) (saved bool, err error)
+}
+
+// OwnershipConfig describes one node's ownership of a bot's shards.
+type OwnershipConfig struct {
+	Client *clientv3.Client
+	Bot    string
+	Node   string
+	Plan   Plan
+	// Candidates are the shards this node may own (serve's --shards);
+	// nil means every shard of the plan.
+	Candidates []int
+	// TTL of the node's lease (--etcd-ttl); zero means DefaultTTL.
+	TTL time.Duration
+	// MaxConcurrency paces planned moves: at most that many per MoveWindow.
+	MaxConcurrency int
+	Shards         Shards
+	// MayRenew is the operator's lease (Config.MayRenew).
+	MayRenew func() bool
+	Clock    clock.Clock  // nil = real time
+	Logger   *slog.Logger // nil = slog.Default()
+}
+
+// callTimeout bounds each etcd call of the ownership loop, in real time:
+// a hung etcd must not hold the loop, which also watches the deadline.
+const callTimeout = 5 * time.Second
+
+// acquireConcurrency bounds the acquisitions in flight: each waits for its
+// transaction and then for the shard's snapshot load.
+const acquireConcurrency = 32
+
+// Ownership keeps one node's share of a bot's shards: it joins (and joins
+// again after a lost membership), watches members/ and shards/, computes
+// the node's placement by rendezvous hashing over the live members,
+// acquires its shards by create-if-absent and grants them to the core with
+// the membership's fencing deadline and the key's generation, renews the
+// grants as the membership renews, and hands over, by paced planned moves
+// (stop 4000, snapshot saved under the generation's guard, key released
+// under it), the shards a joining member should own.
+//
+// etcd unreachable: the node keeps trying to join, owns nothing and says
+// so in Status. A plan mismatch ends Run with the error, naming both plans.
+type Ownership struct {
+	cfg        OwnershipConfig
+	clock      clock.Clock
+	log        *slog.Logger
+	candidates []int
+	pacer      *MovePacer
+	kick       chan struct{}
+
+	wg sync.WaitGroup // moves and acquisitions in flight
+
+	mu       sync.Mutex
+	member   *Member
+	owned    map[int]int64 // shard → generation granted to the core
+	busy     map[int]bool  // a move or an acquisition is in flight
+	state    string
+	lastErr  error
+	members  []string
+	holders  []Holder
+	draining bool
+	left     bool
+	drained  chan struct{} // closed when draining and nothing is owned
+	moves    uint64
+	fenced   uint64
+	joins    uint64
+	logged   string // the last waiting error logged
+}
+
+// Ownership states, as /lease shows them.
+const (
+	StateJoining  = "joining"
+	StateWaiting  = "waiting" // etcd unreachable or the member key still held
+	StateMember   = "member"
+	StateDraining = "draining"
+	StateLeft     = "left"
+	StateRefused  = "refused" // plan mismatch or bad names
+)
+
+// NewOwnership returns the ownership of cfg; Run runs it.
+func NewOwnership(cfg OwnershipConfig) (*Ownership, error) {
+	if cfg.Client == nil || cfg.Shards == nil {
+		return nil, errors.New("etcd: ownership needs a client and the shards")
+	}
+	if err := checkName("bot", cfg.Bot); err != nil {
+		return nil, err
+	}
+	if err := checkName("node", cfg.Node); err != nil {
+		return nil, err
+	}
+	if err := cfg.Plan.check(); err != nil {
+		return nil, err
+	}
+	o := &Ownership{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger, kick: make(chan struct{}, 1),
+		owned: map[int]int64{}, busy: map[int]bool{}, state: StateJoining, drained: make(chan struct{})}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	if cfg.TTL == 0 {
+		o.cfg.TTL = DefaultTTL
+	}
+	o.pacer = NewMovePacer(o.clock, cfg.MaxConcurrency)
+	if cfg.Candidates == nil {
+		for id := 0; id < cfg.Plan.Total; id++ {
+			o.candidates = append(o.candidates, id)
+		}
+	} else {
+		for _, id := range cfg.Candidates {
+			if id < 0 || id >= cfg.Plan.Total {
+				return nil, fmt.Errorf("%w: candidate shard %d, plan %s", ErrUnknownShard, id, cfg.Plan)
+			}
+		}
+		o.candidates = slices.Sorted(slices.Values(cfg.Candidates))
+	}
+	return o, nil
+}
+
+// Prefix is the folder of the bot's keys (for sessions/etcd's Guard).
+func (o *Ownership) Prefix() string { return Prefix(o.cfg.Bot) }
+
+// Guarded forwards to the current membership (for sessions/etcd's Guard):
+// a node that joined again writes through its new Member.
+func (o *Ownership) Guarded(ctx context.Context, shard int, gen int64, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	o.mu.Lock()
+	m := o.member
+	o.mu.Unlock()
+	if m == nil {
+		return nil, fmt.Errorf("etcd: guarded write of shard %d: node %s is not a member now: %w", shard, o.cfg.Node, ErrLeaseLost)
+	}
+	return m.Guarded(ctx, shard, gen, ops...)
+}
+
+// Generation returns the generation this node holds for shard (for
+// sessions/etcd's Generation).
+func (o *Ownership) Generation(shard int) (int64, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	gen, ok := o.owned[shard]
+	return gen, ok
+}
+
+func (o *Ownership) wake() {
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run joins and keeps the node's shards until ctx ends. It returns nil
+// then, or the error that refuses the node (plan mismatch, bad plan key).
+// When it returns, the membership is closed (its lease revoked) and every
+// shard it owned has been stopped by its grant.
+func (o *Ownership) Run(ctx context.Context) error {
+	delay := time.Second
+	for {
+		if o.hasLeft() {
+			<-ctx.Done()
+			return nil
+		}
+		m, err := o.join(ctx)
+		if ctx.Err() != nil {
+			if m != nil {
+				o.endMembership(m, "shutdown")
+			}
+			return nil
+		}
+		switch {
+		case errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrBadPlan), errors.Is(err, ErrBadName):
+			o.setState(StateRefused, err)
+			o.log.Error("etcd: this node cannot join the bot", "err", err)
+			return err
+		case err != nil:
+			o.setState(StateWaiting, err)
+			if msg := err.Error(); msg != o.logged {
+				o.logged = msg
+				o.log.Warn("etcd: cannot join yet; owning nothing, retrying", "node", o.cfg.Node, "err", err, "retry", delay)
+			}
+			if !o.sleep(ctx, delay) {
+				return nil
+			}
+			delay = min(2*delay, 10*time.Second)
+			continue
+		}
+		delay, o.logged = time.Second, ""
+		o.serve(ctx, m)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// sleep waits d on the clock, or until ctx ends (false).
+func (o *Ownership) sleep(ctx context.Context, d time.Duration) bool {
+	ch := make(chan struct{})
+	t := o.clock.AfterFunc(d, func() { close(ch) })
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-ch:
+		return true
+	}
+}
+
+func (o *Ownership) join(ctx context.Context) (*Member, error) {
+	jctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	m, err := Join(jctx, Config{
+		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, TTL: o.cfg.TTL,
+		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew,
+	})
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	o.member = m
+	o.joins++
+	st := StateMember
+	if o.draining {
+		st = StateDraining
+	}
+	o.state, o.lastErr = st, nil
+	o.mu.Unlock()
+	return m, nil
+}
+
+// serve keeps the shards of one membership until it ends, ctx ends, or
+// the node has drained and left.
+func (o *Ownership) serve(ctx context.Context, m *Member) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watch := func(dir string) clientv3.WatchChan {
+		return o.cfg.Client.Watch(clientv3.WithRequireLeader(wctx), m.Prefix()+dir, clientv3.WithPrefix())
+	}
+	mw, sw := watch("members/"), watch("shards/")
+	// A resync now and then retries what failed and covers a watch that
+	// fell behind.
+	resyncEvery := max(m.TTL()/2, time.Second)
+	resync := o.clock.AfterFunc(resyncEvery, o.wake)
+	defer resync.Stop()
+	o.reconcile(ctx, m)
+	for {
+		select {
+		case <-ctx.Done():
+			o.wg.Wait()
+			o.endMembership(m, "shutdown")
+			return
+		case <-m.Done():
+			o.wg.Wait()
+			o.endMembership(m, "lease lost")
+			return
+		case <-m.Renewed():
+			o.renewGrants(m)
+			continue
+		case _, ok := <-mw:
+			if !ok {
+				mw = watch("members/")
+			}
+		case _, ok := <-sw:
+			if !ok {
+				sw = watch("shards/")
+			}
+		case <-o.kick:
+		}
+		resync.Reset(resyncEvery)
+		if o.leaveIfDrained(m) {
+			return
+		}
+		o.reconcile(ctx, m)
+	}
+}
+
+// grant is the core's grant for a shard held at gen under m.
+func grant(id int, gen int64, m *Member) core.LeaseGrant {
+	return core.LeaseGrant{Shard: id, Owner: true, Generation: uint64(gen), Deadline: m.Deadline()}
+}
+
+// renewGrants moves every owned shard's deadline to the membership's.
+func (o *Ownership) renewGrants(m *Member) {
+	o.mu.Lock()
+	grants := make([]core.LeaseGrant, 0, len(o.owned))
+	for id, gen := range o.owned {
+		if !o.busy[id] {
+			grants = append(grants, grant(id, gen, m))
+		}
+	}
+	o.mu.Unlock()
+	for _, g := range grants {
+		o.cfg.Shards.SetLease(g)
+	}
+}
+
+// endMembership stops every owned shard at once (each was gated by the
+// deadline already; etcd may have expired the lease before it) and closes
+// the membership, revoking its lease.
+func (o *Ownership) endMembership(m *Member, why string) {
+	o.mu.Lock()
+	owned := o.owned
+	o.owned = map[int]int64{}
+	if o.member == m {
+		o.member = nil
+	}
+	if why == "lease lost" {
+		o.fenced += uint64(len(owned))
+		o.state, o.lastErr = StateJoining, m.Err()
+	}
+	o.mu.Unlock()
+	now := o.clock.Now()
+	for id, gen := range owned {
+		o.cfg.Shards.SetLease(core.LeaseGrant{Shard: id, Owner: true, Generation: uint64(gen), Deadline: now})
+	}
+	if len(owned) > 0 {
+		o.log.Warn("etcd: membership ended; its shards stopped", "node", o.cfg.Node, "why", why, "shards", len(owned))
+	}
+	if err := m.Close(); err != nil {
+		o.log.Warn("etcd: closing the membership", "err", err)
+	}
+}
+
+// reconcile reads members and shard keys at one revision and acts: stop
+// shards whose key is no longer this node's, acquire the placement's
+// free shards, and move away, paced, those placed elsewhere.
+func (o *Ownership) reconcile(ctx context.Context, m *Member) {
+	rctx, cancel := context.WithTimeout(ctx, callTimeout)
+	members, kvs, err := m.read(rctx)
+	cancel()
+	if err != nil {
+		o.log.Warn("etcd: reading members and shards failed; retrying", "node", o.cfg.Node, "err", err)
+		return
+	}
+	holders := m.holders(members, kvs)
+	held := make(map[int]Holder, len(holders))
+	for _, h := range holders {
+		held[h.Shard] = h
+	}
+	o.mu.Lock()
+	o.members, o.holders = members, holders
+	draining := o.draining
+	// Shards whose key this node no longer holds (deleted by hand, or
+	// etcd expired the lease first): stop them now.
+	var lost []core.LeaseGrant
+	for id, gen := range o.owned {
+		if o.busy[id] {
+			continue
+		}
+		if h, ok := held[id]; !ok || h.Generation != gen || h.lease != m.LeaseID() {
+			delete(o.owned, id)
+			o.fenced++
+			lost = append(lost, core.LeaseGrant{Shard: id, Owner: true, Generation: uint64(gen), Deadline: o.clock.Now()})
+		}
+	}
+	var acquire, move []int
+	for _, id := range o.candidates {
+		mine := !draining && Owner(id, members) == m.Node()
+		_, owned := o.owned[id]
+		switch {
+		case o.busy[id]:
+		case mine && !owned:
+			if h, ok := held[id]; !ok || h.lease == m.LeaseID() {
+				acquire = append(acquire, id)
+			}
+		case !mine && owned:
+			move = append(move, id)
+		}
+	}
+	for _, id := range acquire {
+		o.busy[id] = true
+	}
+	o.mu.Unlock()
+	for _, g := range lost {
+		o.log.Warn("etcd: shard key no longer this node's; stopping the shard", "node", o.cfg.Node, "shard", g.Shard, "generation", g.Generation)
+		o.cfg.Shards.SetLease(g)
+	}
+	o.acquireAll(ctx, m, acquire)
+	for _, id := range move {
+		ok, wait := o.pacer.Take()
+		if !ok {
+			o.clock.AfterFunc(wait, o.wake)
+			break
+		}
+		o.mu.Lock()
+		gen := o.owned[id]
+		o.busy[id] = true
+		o.mu.Unlock()
+		o.wg.Add(1)
+		go func() {
+			defer o.wg.Done()
+			o.move(ctx, m, id, gen)
+		}()
+	}
+	o.checkDrained()
+}
+
+// acquireAll acquires shards, at most acquireConcurrency at a time, and
+// grants each to the core as its key is created.
+func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
+	if len(ids) == 0 {
+		return
+	}
+	sem := make(chan struct{}, acquireConcurrency)
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			actx, cancel := context.WithTimeout(ctx, callTimeout)
+			gen, err := m.Acquire(actx, id)
+			cancel()
+			if err != nil {
+				o.mu.Lock()
+				delete(o.busy, id)
+				o.mu.Unlock()
+				if !errors.Is(err, ErrShardTaken) {
+					o.log.Warn("etcd: acquire failed; retrying at the next resync", "node", o.cfg.Node, "shard", id, "err", err)
+				}
+				return
+			}
+			o.mu.Lock()
+			o.owned[id] = gen
+			o.mu.Unlock()
+			// The generation is recorded first: the snapshot's mark-used
+			// that SetLease may make is guarded by it.
+			o.cfg.Shards.SetLease(grant(id, gen, m))
+			o.mu.Lock()
+			delete(o.busy, id)
+			o.mu.Unlock()
+			o.log.Info("etcd: acquired shard", "node", o.cfg.Node, "shard", id, "generation", gen)
+		}()
+	}
+	wg.Wait()
+}
+
+// move hands one shard over: stop with 4000 and save the snapshot (the
+// save guarded by gen), then release the key under the same guard. A
+// release that fails is retried at a later reconcile; the shard stays
+// stopped meanwhile.
+func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
+	start := o.clock.Now()
+	saved, err := o.cfg.Shards.Handover(id)
+	if err != nil {
+		o.log.Warn("etcd: handover", "shard", id, "err", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, callTimeout)
+	err = m.Release(rctx, id, gen)
+	cancel()
+	o.mu.Lock()
+	delete(o.busy, id)
+	if err != nil && !errors.Is(err, ErrGeneration) {
+		o.mu.Unlock()
+		o.log.Warn("etcd: release after handover failed; retrying", "shard", id, "generation", gen, "err", err)
+		o.wake()
+		return
+	}
+	delete(o.owned, id)
+	o.moves++
+	o.mu.Unlock()
+	o.cfg.Shards.SetLease(core.NotOwned(id))
+	o.log.Info("etcd: moved shard", "node", o.cfg.Node, "shard", id, "generation", gen, "snapshot_saved", saved, "took", o.clock.Now().Sub(start))
+	o.checkDrained()
+	o.wake()
+}
+
+// Drain hands every owned shard over by planned moves, paced, then leaves
+// the bot: members/<node> is deleted first, so the others place the
+// shards without this node, and the lease is revoked at the end. The node
+// acquires nothing afterwards. Drain returns when every shard is handed
+// over, or ctx ends first (the lease is then revoked anyway, and etcd
+// deletes the remaining keys: their shards start new sessions elsewhere).
+func (o *Ownership) Drain(ctx context.Context) error {
+	o.mu.Lock()
+	if o.left {
+		o.mu.Unlock()
+		return nil
+	}
+	o.draining = true
+	if o.state == StateMember {
+		o.state = StateDraining
+	}
+	m := o.member
+	o.mu.Unlock()
+	o.log.Info("etcd: draining: handing every shard over, then leaving", "node", o.cfg.Node)
+	if m != nil {
+		lctx, cancel := context.WithTimeout(ctx, callTimeout)
+		if err := m.Leave(lctx); err != nil {
+			o.log.Warn("etcd: drain: deleting the member key failed; the others place shards without this node only once it expires", "err", err)
+		}
+		cancel()
+	}
+	o.checkDrained()
+	o.wake()
+	var err error
+	select {
+	case <-o.drained:
+	case <-ctx.Done():
+		err = fmt.Errorf("etcd: drain of node %s: %w", o.cfg.Node, ctx.Err())
+	}
+	o.wg.Wait()
+	o.mu.Lock()
+	o.left = true
+	m = o.member
+	o.mu.Unlock()
+	if m != nil {
+		o.endMembership(m, "left")
+	}
+	o.setState(StateLeft, err)
+	o.log.Info("etcd: drained and left", "node", o.cfg.Node)
+	return err
+}
+
+func (o *Ownership) checkDrained() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.draining || len(o.owned) > 0 || len(o.busy) > 0 {
+		return
+	}
+	select {
+	case <-o.drained:
+	default:
+		close(o.drained)
+	}
+}
+
+// leaveIfDrained reports whether serve should return: the node left.
+func (o *Ownership) leaveIfDrained(m *Member) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.left
+}
+
+func (o *Ownership) hasLeft() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.left
+}
+
+func (o *Ownership) setState(st string, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.left && st != StateLeft {
+		return
+	}
+	o.state, o.lastErr = st, err
+}
+
+// Status is the ownership as /lease shows it.
+type Status struct {
+	Node  string
+	State string
+	TTL   time.Duration
+	// Deadline is the fencing deadline; zero when not a member.
+	Deadline  time.Time
+	Remaining time.Duration
+	Owned     int
+	Moves     uint64
+	// FencingStops counts shards stopped because the membership ended or
+	// their key was lost while they ran.
+	FencingStops uint64
+	RenewLatency time.Duration
+	Joins        uint64
+	Err          error
+}
+
+// Status returns the current status.
+func (o *Ownership) Status() Status {
+	o.mu.Lock()
+	st := Status{Node: o.cfg.Node, State: o.state, TTL: o.cfg.TTL, Owned: len(o.owned), Moves: o.moves, FencingStops: o.fenced, Joins: o.joins, Err: o.lastErr}
+	m := o.member
+	o.mu.Unlock()
+	if m != nil {
+		st.TTL, st.Deadline, st.Remaining, st.RenewLatency = m.TTL(), m.Deadline(), m.Remaining(), m.RenewLatency()
+		if m.Err() != nil {
+			st.Deadline = time.Time{}
+		}
+	}
+	return st
+}
+
+// LeaseText is /lease under --etcd: key value lines.
+func (o *Ownership) LeaseText(now time.Time) []byte {
+	st := o.Status()
+	var b strings.Builder
+	fmt.Fprintf(&b, "backend etcd\nnode %s\nstate %s\nttl %s\n", st.Node, st.State, st.TTL)
+	if st.Deadline.IsZero() {
+		b.WriteString("deadline none\nremaining none\n")
+	} else {
+		fmt.Fprintf(&b, "deadline %s\nremaining %s\n", st.Deadline.UTC().Format(time.RFC3339Nano), st.Remaining.Round(time.Millisecond))
+	}
+	fmt.Fprintf(&b, "owned %d\nmoves %d\nfencing_stops %d\njoins %d\nrenew_latency_ms %d\n", st.Owned, st.Moves, st.FencingStops, st.Joins, st.RenewLatency.Milliseconds())
+	if st.Err != nil {
+		fmt.Fprintf(&b, "error %s\n", strings.ReplaceAll(st.Err.Error(), "\n", " "))
+	} else {
+		b.WriteString("error none\n")
+	}
+	return []byte(b.String())
+}
+
+// MembersText is /members: one line per live member, "node shards", the
+// shards being the shard keys that name it, sorted by node; as of the
+// last read of etcd.
+func (o *Ownership) MembersText() []byte {
+	o.mu.Lock()
+	members, holders := o.members, o.holders
+	o.mu.Unlock()
+	count := map[string]int{}
+	for _, h := range holders {
+		count[h.Node]++
+	}
+	var b strings.Builder
+	for _, n := range members {
+		fmt.Fprintf(&b, "%s %d\n", n, count[n])
+	}
+	return []byte(b.String())
+}
+
+// OwnersText is /owners: one line per shard of the plan, "id node
+// generation", "-" for both when no key holds the shard; as of the last
+// read of etcd.
+func (o *Ownership) OwnersText() []byte {
+	o.mu.Lock()
+	holders := o.holders
+	o.mu.Unlock()
+	b := make([]byte, 0, o.cfg.Plan.Total*16)
+	j := 0
+	for id := 0; id < o.cfg.Plan.Total; id++ {
+		b = strconv.AppendInt(b, int64(id), 10)
+		for j < len(holders) && holders[j].Shard < id {
+			j++
+		}
+		if j < len(holders) && holders[j].Shard == id {
+			b = append(b, ' ')
+			b = append(b, holders[j].Node...)
+			b = append(b, ' ')
+			b = strconv.AppendInt(b, holders[j].Generation, 10)
+			b = append(b, '\n')
+		} else {
+			b = append(b, " - -\n"...)
+		}
+	}
+	return b
+}

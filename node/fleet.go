@@ -1,0 +1,340 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	leaseetcd "github.com/shardfs/shardfs/lease/etcd"
+	"github.com/shardfs/shardfs/lease/etcd/identify"
+	sessetcd "github.com/shardfs/shardfs/sessions/etcd"
+	"github.com/shardfs/shardfs/shardfs"
+)
+
+// Etcd makes a node one of several sharing a bot through etcd (DESIGN
+// 7.3): the plan's shards are the node's candidates, the ones it owns run,
+// the session store is etcd's and Discord identifies are paced across the
+// nodes.
+//
+// Decisions where DESIGN is silent:
+//   - The operator's lease ("lease DURATION" on /ctl) is the node's, not a
+//     shard's: while it is armed the node renews its etcd lease only
+//     before its deadline, so a health script that stops renewing hands
+//     the node's shards to the others within the etcd TTL. "lease off"
+//     disarms it. A shard's own "lease" command is refused under etcd.
+//   - "drain" on /ctl returns at once; /lease shows state draining, then
+//     left. A drained node serves its tree and owns nothing until it is
+//     restarted.
+//   - Shutdown (SIGTERM, Close) drains first, paced like any planned move
+//     (max_concurrency per 5 s), bounded by DrainTimeout; what is left
+//     when it runs out is released by revoking the lease, and those shards
+//     start new sessions elsewhere.
+//   - Fluxer has no identify buckets: its identify budget stays per node.
+type Etcd struct {
+	// Endpoints are etcd's client URLs (--etcd).
+	Endpoints []string
+	// TLS, when set, is the client's TLS configuration (--etcd-ca,
+	// --etcd-cert, --etcd-key).
+	TLS *tls.Config
+	// Client, when set, is used instead of dialling Endpoints (tests); the
+	// node does not close it.
+	Client *clientv3.Client
+	Bot    string
+	// Node is this node's name (--node); empty means the host name.
+	Node string
+	// TTL is the node's etcd lease (--etcd-ttl); zero means 10 s.
+	TTL time.Duration
+	// DrainTimeout bounds the drain at Close; zero means long enough for
+	// the paced moves of every candidate plus a minute.
+	DrainTimeout time.Duration
+}
+
+// Fleet is a node's part in a fleet: the ownership loop and what the tree
+// shows of it.
+type Fleet struct {
+	Ownership *leaseetcd.Ownership
+	Identify  *identify.Pacer // nil for Fluxer
+	Store     *sessetcd.Store
+
+	client    *clientv3.Client
+	ownClient bool
+	clock     clock.Clock
+	log       *slog.Logger
+	drainMax  time.Duration
+
+	mu         sync.Mutex
+	node       *core.Node
+	opDeadline time.Duration // monotonic; 0: the operator's lease is off
+	opGen      uint64
+	cancel     context.CancelFunc
+	done       chan struct{}
+	runErr     error
+	refused    chan error
+	drainOnce  sync.Once
+	drained    chan struct{} // closed when the drain ended, drainErr set
+	drainErr   error
+}
+
+func newFleet(cfg Config, log *slog.Logger, clk clock.Clock) (*Fleet, error) {
+	e := cfg.Etcd
+	if e.Bot == "" {
+		return nil, errors.New("--etcd needs --bot")
+	}
+	f := &Fleet{client: e.Client, clock: clk, log: log.With("component", "etcd"), refused: make(chan error, 1), drained: make(chan struct{})}
+	if f.client == nil {
+		if len(e.Endpoints) == 0 {
+			return nil, errors.New("--etcd: no endpoint")
+		}
+		c, err := clientv3.New(clientv3.Config{
+			Endpoints: e.Endpoints, TLS: e.TLS, DialTimeout: 5 * time.Second,
+			Logger: zap.NewNop(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--etcd: %w", err)
+		}
+		f.client, f.ownClient = c, true
+	}
+	ttl := e.TTL
+	if ttl == 0 {
+		ttl = leaseetcd.DefaultTTL
+	}
+	mc := max(cfg.MaxConcurrency, 1)
+	f.drainMax = e.DrainTimeout
+	if f.drainMax == 0 {
+		rounds := (len(cfg.Plan.Local) + mc - 1) / mc
+		f.drainMax = time.Duration(rounds)*leaseetcd.MoveWindow + time.Minute
+	}
+	plan := leaseetcd.Plan{Flavor: cfg.Flavor.String(), Total: cfg.Plan.Total}
+	return f, f.init(cfg, plan, ttl, mc)
+}
+
+func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int) error {
+	e := cfg.Etcd
+	node := e.Node
+	o, err := leaseetcd.NewOwnership(leaseetcd.OwnershipConfig{
+		Client: f.client, Bot: e.Bot, Node: node, Plan: plan, Candidates: cfg.Plan.Local,
+		TTL: ttl, MaxConcurrency: mc, Shards: lateShards{f}, MayRenew: f.mayRenew,
+		Clock: cfg.Clock, Logger: f.log,
+	})
+	if err != nil {
+		f.close()
+		return err
+	}
+	f.Ownership = o
+	f.Store, err = sessetcd.New(sessetcd.Config{KV: f.client, Guard: o, Generation: o.Generation})
+	if err != nil {
+		f.close()
+		return err
+	}
+	if cfg.Flavor == core.Discord {
+		f.Identify, err = identify.New(identify.Config{
+			Client: f.client, Prefix: o.Prefix(), Node: node, MaxConcurrency: mc,
+			Total: cfg.IdentifyTotal, Clock: cfg.Clock, Logger: f.log,
+		})
+		if err != nil {
+			f.close()
+			return err
+		}
+		if cfg.IdentifyReserve != 0 {
+			f.Identify.SetReserve(max(cfg.IdentifyReserve, 0))
+		}
+	}
+	return nil
+}
+
+// lateShards reaches the core once New has made it: the ownership loop
+// runs only after Start.
+type lateShards struct{ f *Fleet }
+
+func (l lateShards) SetLease(g core.LeaseGrant) { l.f.core().SetLease(g) }
+func (l lateShards) Handover(id int) (bool, error) {
+	return l.f.core().Handover(id)
+}
+
+func (f *Fleet) core() *core.Node {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.node
+}
+
+// Arm implements core.Lease for the operator's lease under etcd: it arms
+// the node's lease (see Etcd) and grants no shard anything: ownership
+// grants come from etcd alone.
+func (f *Fleet) Arm(shards []int, d time.Duration) ([]core.LeaseGrant, error) {
+	if err := f.nodeWide(shards); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	now := clock.Mono(f.clock)
+	if f.opDeadline == 0 || now >= f.opDeadline {
+		f.opGen++
+	}
+	f.opDeadline = now + d
+	f.mu.Unlock()
+	f.log.Info("operator lease armed: etcd renewals continue only until it runs out", "duration", d)
+	return nil, nil
+}
+
+// Off implements core.Lease: it disarms the operator's lease.
+func (f *Fleet) Off(shards []int) ([]core.LeaseGrant, error) {
+	if err := f.nodeWide(shards); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.opDeadline = 0
+	f.mu.Unlock()
+	return nil, nil
+}
+
+func (f *Fleet) nodeWide(shards []int) error {
+	f.mu.Lock()
+	n := f.node
+	f.mu.Unlock()
+	if n != nil && len(shards) != len(n.Plan().Local) {
+		return fmt.Errorf("%w: under --etcd the operator's lease is the node's: write it to /ctl", core.ErrUsage)
+	}
+	return nil
+}
+
+func (f *Fleet) mayRenew() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.opDeadline == 0 || clock.Mono(f.clock) < f.opDeadline
+}
+
+// operatorLease is the operator's lease lines of /lease.
+func (f *Fleet) operatorLease() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.opDeadline == 0 {
+		return "operator_lease off\n"
+	}
+	left := f.opDeadline - clock.Mono(f.clock)
+	if left <= 0 {
+		return "operator_lease expired\n"
+	}
+	return fmt.Sprintf("operator_lease armed\noperator_remaining %s\n", left.Round(time.Millisecond))
+}
+
+func (f *Fleet) leaseText() []byte {
+	return append(f.Ownership.LeaseText(f.clock.Now()), f.operatorLease()...)
+}
+
+// treeConfig adds the fleet's files and commands to the tree.
+func (f *Fleet) treeConfig(c *shardfs.Config) {
+	c.LeaseBackend = "etcd"
+	c.Lease = f.leaseText
+	c.Files = append(c.Files,
+		&fsrv.Text{Name: "members", Content: f.Ownership.MembersText},
+		&fsrv.Text{Name: "owners", Content: f.Ownership.OwnersText},
+	)
+	c.Commands = append(c.Commands, shardfs.Command{Name: "drain", Usage: "drain", Run: func(args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(args, " "))
+		}
+		f.startDrain(context.Background())
+		return nil
+	}})
+}
+
+// register adds the fleet's metrics.
+func (f *Fleet) register(reg *prometheus.Registry) {
+	st := func(get func(leaseetcd.Status) float64) func() float64 {
+		return func() float64 { return get(f.Ownership.Status()) }
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardfs_owned_shards", Help: "Shards this node owns through etcd."},
+			st(func(s leaseetcd.Status) float64 { return float64(s.Owned) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shardfs_shard_moves_total", Help: "Planned moves of shards away from this node."},
+			st(func(s leaseetcd.Status) float64 { return float64(s.Moves) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shardfs_fencing_stops_total", Help: "Shards stopped because this node's etcd lease or key was lost."},
+			st(func(s leaseetcd.Status) float64 { return float64(s.FencingStops) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardfs_etcd_renew_latency_seconds", Help: "Round trip of the last etcd lease renewal."},
+			st(func(s leaseetcd.Status) float64 { return s.RenewLatency.Seconds() })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardfs_etcd_lease_remaining_seconds", Help: "Time left before this node's fencing deadline."},
+			st(func(s leaseetcd.Status) float64 { return s.Remaining.Seconds() })),
+	)
+}
+
+// start marks every candidate not owned and starts the ownership loop.
+func (f *Fleet) start(n *core.Node) {
+	f.mu.Lock()
+	f.node = n
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel, f.done = cancel, make(chan struct{})
+	f.mu.Unlock()
+	go func() {
+		defer close(f.done)
+		err := f.Ownership.Run(ctx)
+		if err != nil {
+			f.refused <- err
+		}
+	}()
+}
+
+// Refused delivers the error that keeps the node out of the bot (a plan
+// mismatch naming both plans): serve exits with it.
+func (f *Fleet) Refused() <-chan error { return f.refused }
+
+// startDrain starts the drain once; the channel is closed when it ended,
+// and drainErr says how.
+func (f *Fleet) startDrain(ctx context.Context) <-chan struct{} {
+	f.drainOnce.Do(func() {
+		go func() {
+			dctx, cancel := context.WithTimeout(ctx, f.drainMax)
+			defer cancel()
+			f.drainErr = f.Ownership.Drain(dctx)
+			close(f.drained)
+		}()
+	})
+	return f.drained
+}
+
+// Drain hands every owned shard over and leaves the bot (see
+// etcd.Ownership.Drain), bounded by ctx and Etcd.DrainTimeout.
+func (f *Fleet) Drain(ctx context.Context) error {
+	select {
+	case <-f.startDrain(ctx):
+		return f.drainErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// shutdown drains (bounded), stops the loop and closes what the fleet
+// opened.
+func (f *Fleet) shutdown() {
+	f.mu.Lock()
+	cancel, done := f.cancel, f.done
+	f.mu.Unlock()
+	if cancel != nil {
+		<-f.startDrain(context.Background())
+		if f.drainErr != nil {
+			f.log.Warn("drain at shutdown did not finish; the rest of the shards start new sessions elsewhere", "err", f.drainErr)
+		}
+		cancel()
+		<-done
+	}
+	f.close()
+}
+
+func (f *Fleet) close() {
+	if f.Identify != nil {
+		f.Identify.Close()
+	}
+	if f.ownClient && f.client != nil {
+		f.client.Close()
+	}
+}
