@@ -104,7 +104,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer c.close()
 	rep := &Report{Config: cfg, Faults: map[Kind]int{}, Failover: map[Kind][]time.Duration{}, Recovery: map[Kind][]time.Duration{}, Sessions: map[Kind]Sessions{}}
 	began := time.Now()
-	if d, err := c.converge(ctx, nil, cfg.Bound()+20*time.Second); err != nil {
+	if d, err := c.converge(ctx, nil, nil, cfg.Bound()+20*time.Second); err != nil {
 		return rep, fmt.Errorf("first start: %w", err)
 	} else {
 		fmt.Fprintf(cfg.Log, "start: every shard READY in %v\n", d.Round(time.Millisecond))
@@ -309,12 +309,14 @@ func (c *cluster) isPaused(n *Node) bool {
 // shard; when members is set, also until every running node lists exactly
 // those members and owns a READY shard (the cluster is balanced again). It
 // returns how long that took.
-func (c *cluster) converge(ctx context.Context, members []string, d time.Duration) (time.Duration, error) {
+// A node in away (cut from etcd, draining) must run no shard at all: its
+// shards count only once READY elsewhere.
+func (c *cluster) converge(ctx context.Context, members []string, away *Node, d time.Duration) (time.Duration, error) {
 	begin := time.Now()
 	deadline := begin.Add(d)
 	var last string
 	for {
-		ok, why := c.converged(members)
+		ok, why := c.converged(members, away)
 		if ok {
 			return time.Since(begin), nil
 		}
@@ -330,7 +332,7 @@ func (c *cluster) converge(ctx context.Context, members []string, d time.Duratio
 	}
 }
 
-func (c *cluster) converged(members []string) (bool, string) {
+func (c *cluster) converged(members []string, away *Node) (bool, string) {
 	ready := make([][]string, c.cfg.Shards)
 	for _, n := range c.nodes {
 		if !n.Running() || c.isPaused(n) {
@@ -348,6 +350,9 @@ func (c *cluster) converged(members []string) (bool, string) {
 		for id, state := range st {
 			if id < 0 || id >= c.cfg.Shards {
 				return false, fmt.Sprintf("%s: /status names shard %d outside the plan", n.Name, id)
+			}
+			if n == away && (state == "READY" || state == "STARTING") {
+				return false, fmt.Sprintf("%s still has shard %d %s", n.Name, id, state)
 			}
 			if state == "READY" {
 				ready[id] = append(ready[id], n.Name)
@@ -440,7 +445,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 	switch f.kind {
 	case Kill:
 		_ = n.Stop(syscall.SIGKILL, 10*time.Second)
-		if failover, err = c.converge(ctx, nil, bound); err != nil {
+		if failover, err = c.converge(ctx, nil, nil, bound); err != nil {
 			return fmt.Errorf("after SIGKILL: %w", err)
 		}
 		if err := n.Start(ctx); err != nil {
@@ -452,7 +457,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 		}
 		stopped := time.Now()
 		c.setPaused(n, true)
-		failover, err = c.converge(ctx, nil, bound)
+		failover, err = c.converge(ctx, nil, nil, bound)
 		if err != nil {
 			_ = n.Signal(syscall.SIGCONT)
 			c.setPaused(n, false)
@@ -470,7 +475,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 		defer c.checkWake(rep, f, woke)
 	case Partition:
 		c.proxies[n.Name].Cut()
-		failover, err = c.converge(ctx, nil, bound)
+		failover, err = c.converge(ctx, nil, n, bound)
 		if err == nil {
 			err = c.checkFenced(n)
 		}
@@ -493,7 +498,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 		if err := n.Write("ctl", "drain\n"); err != nil {
 			return err
 		}
-		if failover, err = c.converge(ctx, nil, bound); err != nil {
+		if failover, err = c.converge(ctx, nil, n, bound); err != nil {
 			return fmt.Errorf("after drain: %w", err)
 		}
 		if err := c.checkDrained(n); err != nil {
@@ -509,7 +514,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 	if f.kind != EtcdKill {
 		rep.Failover[f.kind] = append(rep.Failover[f.kind], failover)
 	}
-	back, err := c.converge(ctx, c.allNames(), bound)
+	back, err := c.converge(ctx, c.allNames(), nil, bound)
 	if err != nil {
 		return fmt.Errorf("after the repair: %w", err)
 	}
