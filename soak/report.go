@@ -22,7 +22,7 @@ func Spread(ds []time.Duration) (lo, med, hi time.Duration) {
 func (r *Report) Table() string {
 	var b strings.Builder
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
-	fmt.Fprintf(&b, "| fault | count | failover min / median / max | bound | balanced again after the repair began (median / max) | identifies / resumes |\n")
+	fmt.Fprintf(&b, "| fault | count | failover min / median / max | bound | repair → every member back and serving (median / max) | identifies / resumes |\n")
 	fmt.Fprintf(&b, "|---|---:|---|---|---|---|\n")
 	total := 0
 	for _, k := range Kinds {

@@ -311,7 +311,8 @@ func (c *cluster) isPaused(n *Node) bool {
 // converge polls, at most for d, until every shard is READY on exactly one
 // readable node and the simulator holds exactly one live session per
 // shard; when members is set, also until every running node lists exactly
-// those members and owns a READY shard (the cluster is balanced again). It
+// those members and runs at least one READY shard (every member back and
+// serving; the soak does not wait for the exact rendezvous share). It
 // returns how long that took.
 // A node in away (cut from etcd, draining) must run no shard at all: its
 // shards count only once READY elsewhere.
@@ -531,9 +532,9 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 	back := time.Since(repaired)
 	rep.Recovery[f.kind] = append(rep.Recovery[f.kind], back)
 	if f.kind == EtcdKill {
-		logf("balanced again %v after etcd's restart began", back.Round(time.Millisecond))
+		logf("every member back and serving %v after etcd's restart began", back.Round(time.Millisecond))
 	} else {
-		logf("failover %v, balanced again %v after the repair", failover.Round(time.Millisecond), back.Round(time.Millisecond))
+		logf("failover %v; every member back and serving %v after the repair began", failover.Round(time.Millisecond), back.Round(time.Millisecond))
 	}
 	return nil
 }
