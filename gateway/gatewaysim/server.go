@@ -276,8 +276,8 @@ type Frame struct {
 	// session a resume names; -1 when none is known (a heartbeat before
 	// identify, a resume of an unknown session).
 	Shard int
-	Op    int       // the opcode; -1 for a payload that did not decode, OpClose for a close frame
-	Code  int       // the close code of an OpClose frame (0: none)
+	Op    int // the opcode; -1 for a payload that did not decode, OpClose for a close frame
+	Code  int // the close code of an OpClose frame (0: none)
 	// Reply marks an OpClose that answers the server's own close (the
 	// closing handshake), not one the client started.
 	Reply bool
