@@ -51,8 +51,11 @@
 // time or within ownSlack (1 s) after, is a violation; the slack covers the
 // watch seeing a key created a little after the node that created it has
 // already connected. The answer a client gives to the gateway's own close
-// frame is not counted. The same check runs over every frame of the whole
-// soak, not only after SIGCONT; the report counts what it saw.
+// frame is not counted. After SIGCONT a frame on a connection that never
+// named a shard (other than a close) counts too, since the woken node owns
+// nothing until it acquires a shard. The same check, without that last
+// rule, runs over every frame of the whole soak, not only after SIGCONT;
+// the report counts what it saw.
 //
 // Partition. Cut resets every connection and closes the proxy's port (new
 // connections are refused) rather than silently dropping packets: the
