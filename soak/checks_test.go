@@ -184,6 +184,18 @@ func TestChecksCatch(t *testing.T) {
 	if len(rep.Violations) != 2 || !strings.Contains(rep.Violations[1], "shard 1: 2") {
 		t.Fatalf("two live sessions: violations %q; want the second to name shard 1", rep.Violations)
 	}
+	// After SIGCONT, a resume of a session the gateway does not know names
+	// no shard: the woken node owns nothing, so it counts.
+	since = time.Now()
+	z := gwDial(t, sim)
+	z.send(fmt.Sprintf(`{"op":6,"d":{"token":%q,"session_id":"gone","seq":3}}`, token))
+	z.await(`"op":9`)
+	waitLogged(1)
+	c.checkWake(rep, fault{kind: Pause, node: node, n: 4}, since)
+	if len(rep.Violations) != 3 || !strings.Contains(rep.Violations[2], "resume shard -1") {
+		t.Fatalf("a resume naming no shard after SIGCONT: violations %q; want a third naming it", rep.Violations)
+	}
+
 	c.finish(rep)
 	if rep.MaxLive != 2 || rep.Identifies != 2 || len(rep.ForeignFrames) == 0 || rep.UnknownFrames != 0 || rep.Err() == nil {
 		t.Fatalf("report %+v; want max live 2, 2 identifies, foreign frames, every sender known, an error", rep)
