@@ -37,6 +37,10 @@ func (r *Report) Table() string {
 	}
 	fmt.Fprintf(&b, "\n%d faults in %v, %d nodes, %d shards, TTL %v, simulator heartbeat %v.\n",
 		total, r.Duration.Round(time.Second), r.Config.Nodes, r.Config.Shards, r.Config.TTL, r.Config.HeartbeatInterval())
+	if len(r.Settle) > 0 {
+		_, smed, shi := Spread(r.Settle)
+		fmt.Fprintf(&b, "Before each etcd kill the soak waited for the identify slots of the last recovery to expire: median %v, max %v.\n", smed.Round(100*time.Millisecond), shi.Round(100*time.Millisecond))
+	}
 	fmt.Fprintf(&b, "Max live sessions of one shard at the gateway: %d. Identifies %d (refused %d), resumes %d (failed %d).\n",
 		r.MaxLive, r.Identifies, r.RefusedIdentifies, r.Resumes, r.FailedResumes)
 	fmt.Fprintf(&b, "Client frames %d (sender not found %d); after SIGCONT %d; for a shard the sender did not own %d.\n",

@@ -496,6 +496,11 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 			return err
 		}
 	case EtcdKill:
+		settled, err := c.identifySlotsGone(ctx)
+		if err != nil {
+			return err
+		}
+		rep.Settle = append(rep.Settle, settled)
 		c.etcd.Kill()
 		down := ttl/2 + time.Duration(f.rng.Int64N(int64(ttl)))
 		time.Sleep(down)
@@ -537,6 +542,43 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 		logf("failover %v; every member back and serving %v after the repair began", failover.Round(time.Millisecond), back.Round(time.Millisecond))
 	}
 	return nil
+}
+
+// identifySlotsGone waits, at most 15 s, until no identify slot key
+// (identify/<bucket>, a lease of about 7 s each) is left in etcd. etcd
+// gives every lease its full TTL again when it restarts, so a slot taken
+// just before the outage holds its bucket for that long after etcd is
+// back; waiting for the slots of the previous recovery first makes the
+// etcd fault one fault rather than a fault during a recovery. It returns
+// how long it waited.
+func (c *cluster) identifySlotsGone(ctx context.Context) (time.Duration, error) {
+	begin := time.Now()
+	for {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		dir := "/shardfs/" + bot + "/identify/"
+		resp, err := c.cli.Get(gctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		cancel()
+		slots := 0
+		if err == nil {
+			for _, kv := range resp.Kvs {
+				// identify/starts is the day's counter, not a slot.
+				if _, nerr := strconv.Atoi(strings.TrimPrefix(string(kv.Key), dir)); nerr == nil {
+					slots++
+				}
+			}
+		}
+		if err == nil && slots == 0 {
+			return time.Since(begin), nil
+		}
+		if time.Since(begin) > 15*time.Second {
+			return time.Since(begin), fmt.Errorf("%d identify slot keys still in etcd after %v (%v)", slots, time.Since(begin).Round(time.Second), err)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(begin), ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // checkFenced: a node cut from etcd past its deadline runs no shard.
@@ -643,6 +685,7 @@ type Report struct {
 	Failover map[Kind][]time.Duration // fault → every shard READY on exactly one node
 	Recovery map[Kind][]time.Duration // repair → balanced again
 	Sessions map[Kind]Sessions        // sessions started during the faults of a kind and their repairs
+	Settle   []time.Duration          // waits for the identify slots to expire before an etcd kill
 	Duration time.Duration
 
 	MaxLive                          int64 // most live sessions of one shard at the gateway, ever
