@@ -13,6 +13,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
@@ -219,5 +221,28 @@ func TestParseStatus(t *testing.T) {
 	}
 	if got := memberNames("node2 5\nnode1 6\n"); len(got) != 2 || got[0] != "node1" || got[1] != "node2" {
 		t.Errorf("memberNames = %v", got)
+	}
+}
+
+// A close frame may arrive up to ownSlack after the watch saw its sender
+// lose the shard; any other frame may not.
+func TestOwnedCloseSlack(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+	o := &owners{hist: map[int][]ownerChange{3: {{t0, "a"}, {t0.Add(10 * time.Second), ""}}}}
+	c := &cluster{owners: o}
+	late := t0.Add(10*time.Second + 300*time.Millisecond)
+	for _, tc := range []struct {
+		f    sentFrame
+		want bool
+	}{
+		{sentFrame{node: "a", shard: 3, op: gatewaysim.OpClose, code: 4000, at: late}, true},
+		{sentFrame{node: "a", shard: 3, op: 1, at: late}, false},
+		{sentFrame{node: "a", shard: 3, op: gatewaysim.OpClose, code: 4000, at: late.Add(2 * time.Second)}, false},
+		{sentFrame{node: "b", shard: 3, op: gatewaysim.OpClose, code: 4000, at: late}, false},
+		{sentFrame{node: "b", shard: 3, op: gatewaysim.OpClose, reply: true, at: late}, true},
+	} {
+		if got := c.owned(tc.f); got != tc.want {
+			t.Errorf("owned(%v) = %v; want %v", tc.f, got, tc.want)
+		}
 	}
 }
