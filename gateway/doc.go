@@ -183,6 +183,17 @@
 // connection (AES-GCM keys, record and handshake buffers, the Conn: about
 // 6 KB of heap) is most of the difference.
 //
+// Fencing. A connection whose core.Attempt carries a Fence (a shard under
+// a lease) writes through fencedConn: every write gorilla makes on the
+// socket, the upgrade request, heartbeats, identify, resume, commands,
+// pongs and close frames, first checks the fence on the monotonic clock
+// and, past it, closes the socket without writing (TestFenceDropsWithout
+// Writing, against the simulator). So a node woken from a pause sends no
+// frame for a shard it may no longer own, whichever overdue timer runs
+// first; a lease that expires closes its connections without a close
+// frame, which the gateway treats as an abnormal closure (the session
+// stays resumable).
+//
 // Secrets. The token goes into identify, resume and the discovery request
 // only; Config hides it from fmt and slog, and no error quotes it. Session
 // ids reach the core's Session, which redacts itself, and nothing else.

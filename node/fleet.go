@@ -59,6 +59,10 @@ type Etcd struct {
 	// DrainTimeout bounds the drain at Close; zero means long enough for
 	// the paced moves of every candidate plus a minute.
 	DrainTimeout time.Duration
+	// IdentifyKeyTTL is the identify bucket keys' lease (identify.Config.
+	// KeyTTL); zero means its default. Tests shorten it along with the
+	// simulator's identify interval.
+	IdentifyKeyTTL time.Duration
 }
 
 // Fleet is a node's part in a fleet: the ownership loop and what the tree
@@ -141,7 +145,7 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 	if cfg.Flavor == core.Discord {
 		f.Identify, err = identify.New(identify.Config{
 			Client: f.client, Prefix: o.Prefix(), Node: node, MaxConcurrency: mc,
-			Total: cfg.IdentifyTotal, Clock: cfg.Clock, Logger: f.log,
+			Total: cfg.IdentifyTotal, KeyTTL: e.IdentifyKeyTTL, Clock: cfg.Clock, Logger: f.log,
 		})
 		if err != nil {
 			f.close()
@@ -240,13 +244,27 @@ func (f *Fleet) treeConfig(c *shardfs.Config) {
 		&fsrv.Text{Name: "members", Content: f.Ownership.MembersText},
 		&fsrv.Text{Name: "owners", Content: f.Ownership.OwnersText},
 	)
-	c.Commands = append(c.Commands, shardfs.Command{Name: "drain", Usage: "drain", Run: func(args []string) error {
-		if len(args) > 0 {
-			return fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(args, " "))
+	c.Command, c.CommandUsage = f.command, "drain\n"
+}
+
+// command handles drain on /ctl: it starts the drain and returns at once;
+// /lease shows state draining, then left. A refused drain is logged to
+// the node's events like the core's refusals.
+func (f *Fleet) command(line string) (bool, error) {
+	words := strings.Fields(line)
+	if len(words) == 0 || words[0] != "drain" {
+		return false, nil
+	}
+	if len(words) > 1 {
+		err := fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(words[1:], " "))
+		if n := f.core(); n != nil {
+			now := n.Clock().Now()
+			n.Events().Append([]byte(fmt.Sprintf("ts=%s shard=-1 event=rejected cmd=%q err=%q\n", now.UTC().Format("2006-01-02T15:04:05.000Z07:00"), line, err.Error())), now)
 		}
-		f.startDrain(context.Background())
-		return nil
-	}})
+		return true, err
+	}
+	f.startDrain(context.Background())
+	return true, nil
 }
 
 // register adds the fleet's metrics.

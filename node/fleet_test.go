@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,13 +22,17 @@ import (
 )
 
 // fleetNode starts one node of bot "b" against sim and etcd.
-func fleetNode(t *testing.T, cli *clientv3.Client, sim *gatewaysim.Server, name string, total, mc int) *Node {
+func fleetNode(t *testing.T, cli *clientv3.Client, sim *gatewaysim.Server, name string, total, mc int, opts ...func(*Etcd)) *Node {
 	t.Helper()
+	e := &Etcd{Client: cli, Bot: "b", Node: name}
+	for _, o := range opts {
+		o(e)
+	}
 	s, err := New(Config{
 		Flavor: core.Discord, Token: "sim-token", GatewayURL: sim.GatewayURL(),
 		Plan: core.Range(total, 0, total-1), MaxConcurrency: mc,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t, name}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		Etcd:   &Etcd{Client: cli, Bot: "b", Node: name},
+		Etcd:   e,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +109,7 @@ func TestFleetHandoverByResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sim.Close()
+	t.Cleanup(func() { sim.Close() }) // after the nodes' Close
 	a := fleetNode(t, cli, sim, "a", 8, 8)
 	within(t, 60*time.Second, "a: 8 shards READY", func() bool { return readyOwned(a) == 8 })
 
@@ -128,7 +133,14 @@ func TestFleetHandoverByResume(t *testing.T) {
 	})
 	b := fleetNode(t, cli, sim, "b", 8, 8)
 	within(t, 60*time.Second, "b to take its share", func() bool { return readyOwned(b) > 0 && readyOwned(a)+readyOwned(b) == 8 })
-	if err := a.Fleet.Drain(context.Background()); err != nil {
+	ctl := a.Tree.Root().Lookup("ctl").(*fsrv.Ctl)
+	if err := ctl.Handle("drain now"); err == nil || !strings.Contains(err.Error(), "drain takes no argument") {
+		t.Fatalf("drain with an argument = %v; want a refusal", err)
+	}
+	if err := ctl.Handle("drain"); err != nil {
+		t.Fatalf("drain on /ctl: %v", err)
+	}
+	if err := a.Fleet.Drain(context.Background()); err != nil { // waits for the drain /ctl started
 		t.Fatalf("drain: %v", err)
 	}
 	within(t, 60*time.Second, "b: 8 shards READY", func() bool { return readyOwned(b) == 8 })
@@ -160,6 +172,19 @@ func TestFleetHandoverByResume(t *testing.T) {
 			t.Fatalf("shard %d: %d distinct messages arrived, %d published", id, len(seen), len(published[id]))
 		}
 	}
+	var gaps []time.Duration
+	for id := range 8 {
+		stopped := lastTS(t, a, id, "event=stopped", "reason=moved")
+		resumed := lastTS(t, b, id, "event=resumed")
+		if !stopped.IsZero() && !resumed.IsZero() {
+			gaps = append(gaps, resumed.Sub(stopped))
+		}
+	}
+	slices.Sort(gaps)
+	if len(gaps) == 0 {
+		t.Fatal("no shard shows a move followed by a resume")
+	}
+	t.Logf("handover gap (a's stop to b's RESUMED), %d shards: min %v, median %v, max %v", len(gaps), gaps[0], gaps[len(gaps)/2], gaps[len(gaps)-1])
 	tot := sim.Totals()
 	if tot.Identifies != 8 || tot.Resumes < 8 || tot.MaxLiveSessions != 1 || tot.RefusedIdentifies != 0 {
 		t.Fatalf("simulator: %d identifies, %d resumes, %d refused, at most %d live sessions a shard; want 8 identifies, every move a resume, never 2 live", tot.Identifies, tot.Resumes, tot.RefusedIdentifies, tot.MaxLiveSessions)
@@ -190,4 +215,59 @@ func file(t *testing.T, s *Node, name string) string {
 		t.Fatalf("no text file /%s", name)
 	}
 	return string(f.Content())
+}
+
+// Two nodes with max_concurrency 1 start 8 shards together: the identify
+// pacer across nodes (one bucket key in etcd) spaces their identifies so
+// that the simulator, which refuses a second identify within its interval,
+// refuses none. The key's lease is shortened to 3 s and the simulator's
+// interval to 1 s so that the test takes about 25 s rather than 8 × 7 s;
+// the spacing argument is the same: two identifies of the bucket are at
+// least the key's lease minus the hold (1.5 s) apart, more than the
+// interval (as 7 s − 1.5 s is more than Discord's 5 s).
+func TestFleetIdentifyAcrossNodes(t *testing.T) {
+	const total = 8
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 1, IdentifyInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() }) // after the nodes' Close
+	// The drain at Close is paced at one move per 5 s: bound it, the
+	// test is about the start.
+	short := func(e *Etcd) { e.IdentifyKeyTTL, e.DrainTimeout = 3*time.Second, time.Second }
+	a := fleetNode(t, cli, sim, "a", total, 1, short)
+	b := fleetNode(t, cli, sim, "b", total, 1, short)
+	within(t, 120*time.Second, "8 shards READY across a and b", func() bool { return readyOwned(a)+readyOwned(b) == total })
+	tot := sim.Totals()
+	if tot.RefusedIdentifies != 0 || tot.MaxLiveSessions != 1 {
+		t.Fatalf("simulator: %d identifies refused, at most %d live sessions a shard; want none refused, never 2", tot.RefusedIdentifies, tot.MaxLiveSessions)
+	}
+	if tot.Identifies < total {
+		t.Fatalf("simulator counted %d identifies for %d shards", tot.Identifies, total)
+	}
+}
+
+// lastTS is the time of the last line of shard id's events in s holding
+// every one of subs, or zero.
+func lastTS(t *testing.T, s *Node, id int, subs ...string) time.Time {
+	l, err := s.Node.ShardEvents(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, l.Size())
+	n, _ := l.ReadAt(buf, 0)
+	var at time.Time
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		ok := strings.HasPrefix(line, "ts=")
+		for _, sub := range subs {
+			ok = ok && strings.Contains(line, sub)
+		}
+		if ok {
+			ts, _, _ := strings.Cut(strings.TrimPrefix(line, "ts="), " ")
+			at, _ = time.Parse(time.RFC3339Nano, ts)
+		}
+	}
+	return at
 }

@@ -35,12 +35,7 @@ type Config struct {
 	// Lease, when set, is the content of /lease instead of the local
 	// lease's summary (etcd: backend, node, ttl, deadline, remaining).
 	Lease func() []byte
-	// Files are added to the root after the node files (etcd: members,
-	// owners).
-	Files []fsrv.Node
-	// Commands are node commands the core does not know (etcd: drain),
-	// tried before it on /ctl.
-	Commands []Command
+
 	// DispatchRetention and NodeDispatchRetention bound each shard's
 	// dispatch log and the node's, in bytes (defaults 256 KiB and 16 MiB).
 	DispatchRetention, NodeDispatchRetention int
@@ -48,14 +43,14 @@ type Config struct {
 	// the Go runtime and process collectors.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
-}
 
-// Command is a node command of /ctl beyond the core's: a line whose first
-// word is Name goes to Run with the words after it.
-type Command struct {
-	Name  string
-	Usage string // one usage line, without the newline
-	Run   func(args []string) error
+	// Files are more files at the root, after the standard ones.
+	Files []fsrv.Node
+	// Command, when set, sees every node command first (a line written to
+	// /ctl): handled false passes it on to the core. CommandUsage is
+	// added to /ctl's usage.
+	Command      func(line string) (handled bool, err error)
+	CommandUsage string
 }
 
 // Tree is the file tree of one node.
@@ -101,7 +96,7 @@ func New(cfg Config) *Tree {
 	t.events = newEventSeconds()
 	t.reg.MustRegister(&collector{t: t}, t.events.vec)
 	t.top = []fsrv.Node{
-		&fsrv.Ctl{Name: "ctl", Handle: t.nodeCtl, Usage: t.nodeUsage},
+		&fsrv.Ctl{Name: "ctl", Handle: t.nodeCommand, Usage: func() string { return core.NodeUsage + cfg.CommandUsage }},
 		&fsrv.Log{Name: "events", Source: t.node.Events()},
 		&fsrv.Text{Name: "status", Content: t.status},
 		&fsrv.Text{Name: "plan", Content: t.plan},
@@ -144,28 +139,14 @@ func (t *Tree) list() []fsrv.Node {
 	return out
 }
 
-// nodeCtl applies one line of /ctl: a Command's, or the core's.
-func (t *Tree) nodeCtl(line string) error {
-	words := strings.Fields(line)
-	for _, c := range t.cfg.Commands {
-		if len(words) > 0 && words[0] == c.Name {
-			err := c.Run(words[1:])
-			if err != nil {
-				now := t.node.Clock().Now()
-				t.node.Events().Append([]byte(fmt.Sprintf("ts=%s shard=-1 event=rejected cmd=%q err=%q\n", now.UTC().Format("2006-01-02T15:04:05.000Z07:00"), line, err.Error())), now)
-			}
+// nodeCommand runs one line written to /ctl.
+func (t *Tree) nodeCommand(line string) error {
+	if t.cfg.Command != nil {
+		if handled, err := t.cfg.Command(line); handled {
 			return fsError(err)
 		}
 	}
 	return fsError(t.node.ExecNode(line))
-}
-
-func (t *Tree) nodeUsage() string {
-	u := core.NodeUsage
-	for _, c := range t.cfg.Commands {
-		u += c.Usage + "\n"
-	}
-	return u
 }
 
 func (t *Tree) lookup(name string) fsrv.Node {

@@ -43,6 +43,35 @@
 // reported by Owners (Live false), not trusted; malformed keys are skipped
 // with one log line per version of the key.
 //
+// Ownership is the loop that runs a node's part (one per node): it joins,
+// joins again after a lost membership (new lease, so the shards it takes
+// then have new generations), watches members/ and shards/, and on every
+// change (queued events coalesce into one read of both folders, and a
+// resync every TTL/2 covers a watch that fell behind) compares the
+// rendezvous placement over the live members with the shard keys. It
+// acquires its free shards (32 transactions in flight) and grants each to
+// the core (Shards.SetLease) with the membership's Deadline and the key's
+// generation, recording the generation first so the snapshot's guarded
+// mark-used can commit; it renews the grants from a goroutine of their
+// own at every renewal, so that a long reconcile cannot let them lapse;
+// it stops at once a shard whose key is no longer its own (deleted by
+// hand, or expired in etcd before the local deadline); and it hands over,
+// paced by MovePacer, the shards placed elsewhere: Shards.Handover (stop
+// 4000, snapshot saved under the generation's guard), then Release under
+// the same guard. A key held by anyone else, a node that is not a live
+// member included, is left alone until it goes: an unknown holder may be
+// a paused node whose lease etcd has not expired yet. Drain deletes
+// members/<node> first, so that the others place the shards without this
+// node, hands every shard over, then revokes the lease; the node acquires
+// nothing afterwards. etcd unreachable at start: Run keeps joining (1 s
+// doubling to 10 s) and Status says state waiting with the error; a plan
+// mismatch or a malformed plan key ends Run with the error.
+//
+// Measured (TestOwnershipSteadyStateCost, SHARDFS_STEADY_SHARDS=16384, on
+// the 2-core CI kind of machine, in-process etcd): 16,384 shards acquired
+// in about 9 s; then 30 renewals cost 30 LeaseKeepAlive requests, 10 read
+// transactions (resyncs) and no write.
+//
 // etcd release: v3.7.3 of go.etcd.io/etcd/client/v3 and server/v3, the
 // newest stable release the module proxy serves (3.7.0–3.7.3, beside
 // 3.6.13–3.6.16); DESIGN asks 3.5.13 or later. It builds with Go 1.26 and

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,5 +345,45 @@ func TestCloseEndsMembership(t *testing.T) {
 	}
 	if _, err := r.m.Acquire(context.Background(), 0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Acquire after Close = %v; want ErrClosed", err)
+	}
+}
+
+// The operator's lease composes (DESIGN 7.3): while MayRenew says no, no
+// renewal is sent, so the membership runs out at its deadline; once it
+// says yes again before that, renewals resume.
+func TestFenceMayRenew(t *testing.T) {
+	r := newFenceRig(t, 9*time.Second)
+	var allowed atomic.Bool
+	allowed.Store(true)
+	r.m.mayRenew = allowed.Load
+	r.clk.Advance(3 * time.Second)
+	if err := r.answer(r.call(), 9, nil); err != nil {
+		t.Fatal(err)
+	}
+	allowed.Store(false)
+	r.clk.Advance(3 * time.Second) // renewal due: held back
+	if err := <-r.after; !errors.Is(err, errNotRenewing) {
+		t.Fatalf("renewal attempt = %v; want errNotRenewing", err)
+	}
+	r.noCall()
+	allowed.Store(true)
+	r.clk.Advance(r.m.retryDelay())
+	if err := r.answer(r.call(), 9, nil); err != nil {
+		t.Fatalf("renewal after MayRenew turned true: %v", err)
+	}
+	allowed.Store(false)
+	deadline := clock.Mono(r.clk) + 8*time.Second
+	for clock.Mono(r.clk) < deadline-time.Millisecond && !isDone(r.m) {
+		d, _ := r.clk.Next()
+		r.clk.Advance(d)
+		select {
+		case <-r.after:
+		default:
+		}
+		r.noCall()
+	}
+	r.clk.Advance(time.Millisecond)
+	if !isDone(r.m) || !errors.Is(r.m.Err(), ErrLeaseLost) || clock.Mono(r.clk) < deadline {
+		t.Fatalf("at Mono %v (deadline %v): done %v, err %v; want lost at the deadline", clock.Mono(r.clk), deadline, isDone(r.m), r.m.Err())
 	}
 }

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -162,6 +164,12 @@ func (o *Ownership) Generation(shard int) (int64, bool) {
 	return gen, ok
 }
 
+func (o *Ownership) ownedNow() map[int]int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.owned)
+}
+
 func (o *Ownership) wake() {
 	select {
 	case o.kick <- struct{}{}:
@@ -253,9 +261,29 @@ func (o *Ownership) serve(ctx context.Context, m *Member) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	watch := func(dir string) clientv3.WatchChan {
+		if wctx.Err() != nil {
+			return nil // ending: a nil channel is never ready
+		}
 		return o.cfg.Client.Watch(clientv3.WithRequireLeader(wctx), m.Prefix()+dir, clientv3.WithPrefix())
 	}
 	mw, sw := watch("members/"), watch("shards/")
+	// Grants follow renewals on their own goroutine: a reconcile that
+	// reads 16,384 keys must not hold them back past their deadline.
+	var renewals sync.WaitGroup
+	renewals.Go(func() {
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-m.Done():
+				return
+			case <-m.Renewed():
+				o.renewGrants(m)
+			}
+		}
+	})
+	defer renewals.Wait()
+	defer cancel()
 	// A resync now and then retries what failed and covers a watch that
 	// fell behind.
 	resyncEvery := max(m.TTL()/2, time.Second)
@@ -270,11 +298,12 @@ func (o *Ownership) serve(ctx context.Context, m *Member) {
 			return
 		case <-m.Done():
 			o.wg.Wait()
-			o.endMembership(m, "lease lost")
+			why := "lease lost"
+			if errors.Is(m.Err(), ErrClosed) {
+				why = "closed"
+			}
+			o.endMembership(m, why)
 			return
-		case <-m.Renewed():
-			o.renewGrants(m)
-			continue
 		case _, ok := <-mw:
 			if !ok {
 				mw = watch("members/")
@@ -284,6 +313,23 @@ func (o *Ownership) serve(ctx context.Context, m *Member) {
 				sw = watch("shards/")
 			}
 		case <-o.kick:
+		}
+		// One reconcile for every event already queued: a burst of key
+		// changes (a node acquiring thousands of shards) costs one read.
+		for drained := false; !drained; {
+			select {
+			case _, ok := <-mw:
+				if !ok {
+					mw = watch("members/")
+				}
+			case _, ok := <-sw:
+				if !ok {
+					sw = watch("shards/")
+				}
+			case <-o.kick:
+			default:
+				drained = true
+			}
 		}
 		resync.Reset(resyncEvery)
 		if o.leaveIfDrained(m) {
@@ -325,7 +371,9 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	}
 	if why == "lease lost" {
 		o.fenced += uint64(len(owned))
-		o.state, o.lastErr = StateJoining, m.Err()
+		if !o.left {
+			o.state, o.lastErr = StateJoining, m.Err()
+		}
 	}
 	o.mu.Unlock()
 	now := o.clock.Now()
@@ -348,7 +396,9 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	members, kvs, err := m.read(rctx)
 	cancel()
 	if err != nil {
-		o.log.Warn("etcd: reading members and shards failed; retrying", "node", o.cfg.Node, "err", err)
+		if ctx.Err() == nil {
+			o.log.Warn("etcd: reading members and shards failed; retrying", "node", o.cfg.Node, "err", err)
+		}
 		return
 	}
 	holders := m.holders(members, kvs)
@@ -422,6 +472,12 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 	}
 	sem := make(chan struct{}, acquireConcurrency)
 	var wg sync.WaitGroup
+	var acquired atomic.Int64
+	defer func() {
+		if n := acquired.Load(); n > 0 {
+			o.log.Info("etcd: acquired shards", "node", o.cfg.Node, "count", n, "owned", len(o.ownedNow()))
+		}
+	}()
 	for _, id := range ids {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -449,7 +505,8 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 			o.mu.Lock()
 			delete(o.busy, id)
 			o.mu.Unlock()
-			o.log.Info("etcd: acquired shard", "node", o.cfg.Node, "shard", id, "generation", gen)
+			o.log.Debug("etcd: acquired shard", "node", o.cfg.Node, "shard", id, "generation", gen)
+			acquired.Add(1)
 		}()
 	}
 	wg.Wait()

@@ -4,12 +4,19 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
@@ -78,12 +85,15 @@ type ownRig struct {
 	done   chan error
 }
 
-func startOwnership(t *testing.T, cli *clientv3.Client, node string, plan Plan, mc int) *ownRig {
+func startOwnership(t *testing.T, cli *clientv3.Client, node string, plan Plan, mc int, ttl ...time.Duration) *ownRig {
 	t.Helper()
 	log, buf := testLog(t)
 	r := &ownRig{shards: newRecShards(), clk: clock.NewFake(), log: buf, done: make(chan error, 1)}
-	o, err := NewOwnership(OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: plan, MaxConcurrency: mc,
-		Shards: r.shards, Clock: r.clk, Logger: log})
+	cfg := OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: plan, MaxConcurrency: mc, Shards: r.shards, Clock: r.clk, Logger: log}
+	if len(ttl) > 0 {
+		cfg.TTL = ttl[0]
+	}
+	o, err := NewOwnership(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,3 +264,222 @@ func TestOwnershipWaitsAndRefuses(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// Bad keys under the bot's prefix: member keys that are not members (a
+// nested name, no lease, a value naming another node) do not count in
+// the placement, and a shard key naming a node that is not a live member
+// is not taken over until it goes; each is one log line, and no shard is
+// granted twice.
+func TestOwnershipBadKeys(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	ctx := etcdtest.Ctx(t, 20*time.Second)
+	ghost, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{
+		"/shardfs/b/members/other-bot/x": "x",
+		"/shardfs/b/members/nolease":     "nolease",
+	} {
+		if _, err := cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(ctx, "/shardfs/b/members/liar", "someone-else", clientv3.WithLease(ghost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "/shardfs/b/shards/2", "ghost", clientv3.WithLease(ghost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 4)
+	waitFor(t, "a to own the 3 free shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 3 })
+	if _, ok := a.shards.owned(a.clk.Now())[2]; ok {
+		t.Fatal("a took shard 2 while a key naming node ghost holds it")
+	}
+	for _, want := range []string{"not a member of this bot", "without a lease", "names another node", "not a live member"} {
+		waitFor(t, "a log line: "+want, func() bool { return strings.Contains(a.log.String(), want) })
+	}
+	waitFor(t, "/members to show only a, with 3 shards", func() bool { return string(a.o.MembersText()) == "a 3\n" })
+	if !strings.Contains(string(a.o.OwnersText()), "2 ghost ") {
+		t.Fatalf("/owners hides the ghost key:\n%s", a.o.OwnersText())
+	}
+	// The ghost's lease ends (expiry or an operator's revoke): a takes 2.
+	if _, err := cli.Revoke(ctx, ghost.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a to take shard 2", func() bool { return len(a.shards.owned(a.clk.Now())) == 4 })
+}
+
+// etcd stops answering while the node owns shards: renewals fail (each
+// bounded), the fencing deadline passes on the node's clock, every owned
+// shard is stopped by an expired grant of its generation, the node counts
+// them as fencing stops, and it waits to join again, owning nothing. No
+// panic, one clear state.
+func TestOwnershipEtcdDown(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 4)
+	waitFor(t, "a to own 4", func() bool { return len(a.shards.owned(a.clk.Now())) == 4 })
+	srv.Stop()
+	a.clk.Advance(10 * time.Second) // past TTL − 1 s: the deadline
+	waitFor(t, "every grant to expire", func() bool { return len(a.shards.owned(a.clk.Now())) == 0 })
+	a.shards.mu.Lock()
+	for id, g := range a.shards.grants {
+		if g.Generation == 0 || g.Deadline.After(a.clk.Now()) {
+			a.shards.mu.Unlock()
+			t.Fatalf("shard %d's last grant %+v; want its generation, expired", id, g)
+		}
+	}
+	a.shards.mu.Unlock()
+	waitFor(t, "the fencing stops and a join attempt", func() bool {
+		st := a.o.Status()
+		return st.FencingStops == 4 && st.Owned == 0 && st.Deadline.IsZero() && (st.State == StateJoining || st.State == StateWaiting)
+	})
+	if !strings.Contains(a.log.String(), "lease lost") {
+		t.Fatalf("no line says the lease was lost:\n%s", a.log.String())
+	}
+}
+
+// The etcd cost of a node at steady state: after it acquired its shards,
+// 30 renewals (TTL/3 apart) cost 30 LeaseKeepAlive
+// streams and no write about a shard; the periodic resyncs are reads
+// (Txn of Gets). The shard count is 512 here; SHARDFS_STEADY_SHARDS=16384
+// measures the production size (it takes a minute to acquire them).
+func TestOwnershipSteadyStateCost(t *testing.T) {
+	total := 512
+	if v := os.Getenv("SHARDFS_STEADY_SHARDS"); v != "" {
+		total, _ = strconv.Atoi(v)
+	}
+	srv := etcdtest.Start(t)
+	var writes, reads atomic.Int64
+	calls := &countCalls{n: map[string]int{}}
+	opts := append(calls.opts(), grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+		if calls.on.Load() {
+			if tx, ok := req.(*etcdserverpb.TxnRequest); ok {
+				w := false
+				for _, op := range append(tx.Success, tx.Failure...) {
+					w = w || op.GetRequestPut() != nil || op.GetRequestDeleteRange() != nil
+				}
+				if w {
+					writes.Add(1)
+				} else {
+					reads.Add(1)
+				}
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, o...)
+	}))
+	cli := srv.Client(opts...)
+	// The etcd lease runs on real time while a's clock stands still until
+	// the renewals below: a TTL of a minute covers the acquisition.
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: total}, 1, time.Minute)
+	start := time.Now()
+	waitForLong(t, 5*time.Minute, "a to own every shard", func() bool { return len(a.shards.owned(a.clk.Now())) == total })
+	t.Logf("acquired %d shards in %v", total, time.Since(start).Round(time.Millisecond))
+	a.o.mu.Lock()
+	m := a.o.member
+	a.o.mu.Unlock()
+	after := make(chan error, 1)
+	m.mu.Lock()
+	m.afterRenew = func(err error) { after <- err }
+	m.mu.Unlock()
+	calls.on.Store(true)
+	const renewals = 30
+	for i := 0; i < renewals; i++ {
+		a.clk.Advance(m.TTL() / 3)
+		select {
+		case err := <-after:
+			if err != nil {
+				t.Fatalf("renewal %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("renewal %d did not end within 10s", i)
+		}
+		// The fake clock runs far faster than the grants can follow:
+		// wait until every grant carries the renewed deadline.
+		want := m.Deadline()
+		waitFor(t, "the grants to follow the renewal", func() bool {
+			a.shards.mu.Lock()
+			defer a.shards.mu.Unlock()
+			for _, g := range a.shards.grants {
+				if g.Deadline.Before(want) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	calls.on.Store(false)
+	calls.mu.Lock()
+	defer calls.mu.Unlock()
+	secs := float64(renewals) * (m.TTL() / 3).Seconds()
+	t.Logf("%d shards, %.0f s of steady state: %v; writes (Txn with a put or delete) %d, read Txns %d; %.2f requests/s, %.2f writes/s besides renewals",
+		total, secs, calls.n, writes.Load(), reads.Load(), float64(renewals+int(reads.Load()+writes.Load()))/secs, float64(writes.Load())/secs)
+	if got := calls.n["/etcdserverpb.Lease/LeaseKeepAlive"]; got != renewals || writes.Load() != 0 {
+		t.Fatalf("steady state: %d keepalives (want %d), %d writes (want 0)", got, renewals, writes.Load())
+	}
+	if got := len(a.shards.owned(a.clk.Now())); got != total {
+		t.Fatalf("after the renewals a owns %d of %d (its grants were not renewed)", got, total)
+	}
+}
+
+func waitForLong(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// etcd that accepts connections and never answers (a black hole): every
+// call of the loop is bounded, the node waits owning nothing, says why,
+// and stops promptly when told to.
+func TestOwnershipEtcdBlackHole(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var held []net.Conn
+	var hmu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			hmu.Lock()
+			held = append(held, c)
+			hmu.Unlock()
+		}
+	}()
+	defer func() {
+		hmu.Lock()
+		defer hmu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{l.Addr().String()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	w := startOwnership(t, cli, "w", Plan{Flavor: "discord", Total: 4}, 1)
+	waitFor(t, "the waiting state with a deadline error", func() bool {
+		st := w.o.Status()
+		return st.State == StateWaiting && st.Err != nil && strings.Contains(st.Err.Error(), "deadline")
+	})
+	if n := len(w.shards.owned(w.clk.Now())); n != 0 {
+		t.Fatalf("owns %d shards with etcd silent", n)
+	}
+	start := time.Now()
+	w.stop()
+	if d := time.Since(start); d > callTimeout+time.Second {
+		t.Fatalf("stopping took %v", d)
+	}
+}
