@@ -29,12 +29,15 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/shardfs/shardfs/soak"
 )
 
 // verbose copies the children's stderr to ours.
 var verbose bool
 
 func main() {
+	soak.MaybeRunEtcd()
 	if role := os.Getenv(childEnv); role != "" {
 		os.Exit(runChild(role, os.Args[1:]))
 	}
@@ -48,6 +51,7 @@ func main() {
 	flag.IntVar(&cfg.startupRuns, "startup-runs", cfg.startupRuns, "runs of each side of the startup pacing comparison (about 80 s each)")
 	flag.IntVar(&cfg.memBigRuns, "mem-big-runs", cfg.memBigRuns, "runs of shardfs alone at the larger scale")
 	flag.DurationVar(&cfg.observerInterval, "observer-interval", cfg.observerInterval, "how often each observer polls")
+	flag.IntVar(&cfg.fleetFaults, "fleet-faults", cfg.fleetFaults, "faults of the failover soak")
 	flag.BoolVar(&verbose, "v", false, "copy the children's stderr to ours")
 	merge := flag.Bool("merge", true, "with -only, put the comparisons run into the existing -out file, replacing their sections and summary rows and keeping the others")
 	flag.Parse()

@@ -51,6 +51,8 @@ type config struct {
 	restart restartConfig
 	reshard reshardConfig
 
+	fleetFaults int // faults of the failover soak; 0 skips it (the smoke test)
+
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
 }
@@ -83,6 +85,7 @@ func defaultConfig() config {
 		memTLSHeartbeat:    10 * time.Second,
 		restart:            defaultRestartConfig(),
 		reshard:            defaultReshardConfig(),
+		fleetFaults:        100,
 	}
 }
 
@@ -104,6 +107,7 @@ var comparisons = []comparison{
 	{"dispatch-tls", "Dispatch throughput over TLS with zlib-stream: shardfs vs discordgo vs disgo", runDispatchTLS},
 	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
 	{"reshard", "A larger plan without downtime: 4011 to the switch (serve --total auto)", runReshard},
+	{"fleet", "Failover soak: three nodes sharing one bot through etcd", runFleet},
 }
 
 // groups are names -only accepts for several comparisons.

@@ -5,12 +5,30 @@ import (
 	"time"
 )
 
-// handle processes one client payload. It returns errStop once the server
-// has decided to close the connection.
+// handle processes one client payload and reports it to Config.OnFrame.
+// It returns errStop once the server has decided to close the connection.
 func (c *conn) handle(data []byte) error {
+	if c.s.cfg.OnFrame == nil {
+		return c.command(data, nil)
+	}
+	f := Frame{Conn: c.id, Remote: c.remote, Op: -1, Shard: -1}
+	err := c.command(data, &f)
+	c.s.cfg.OnFrame(f)
+	return err
+}
+
+// command processes one client payload; when rec is set it fills in what
+// the payload was about.
+func (c *conn) command(data []byte, rec *Frame) error {
 	s := c.s
 	cmd, err := parseCommand(data)
 	if err != nil {
+		if rec != nil {
+			rec.At = s.clock.Now()
+			s.mu.Lock()
+			rec.Shard = c.shardLocked()
+			s.mu.Unlock()
+		}
 		c.close(CloseDecodeError, "Decode error.")
 		return errStop
 	}
@@ -37,10 +55,27 @@ func (c *conn) handle(data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.changes.notify()
+	now := s.clock.Now()
+	if rec != nil {
+		rec.Op, rec.At = cmd.Op, now
+		// The shard as the server knew it on receipt: the session's, or
+		// the one an identify or resume names.
+		rec.Shard = c.shardLocked()
+		switch {
+		case rec.Shard >= 0:
+		case cmd.Op == opIdentify:
+			if n, _, ok := parseShard(id.Shard); ok {
+				rec.Shard = n
+			}
+		case cmd.Op == opResume:
+			if sess := s.sessions[rd.SessionID]; sess != nil {
+				rec.Shard = sess.sh.id
+			}
+		}
+	}
 	if c.closing || c.finished {
 		return errStop
 	}
-	now := s.clock.Now()
 	if !c.spend(now) {
 		c.closeLocked(CloseRateLimited, "You are being rate limited.")
 		return errStop
@@ -71,6 +106,15 @@ func (c *conn) handle(data []byte) error {
 		return errStop
 	}
 	return nil
+}
+
+// shardLocked is the shard of the connection's session, or -1. s.mu must
+// be held.
+func (c *conn) shardLocked() int {
+	if c.sess != nil {
+		return c.sess.sh.id
+	}
+	return -1
 }
 
 // heartbeatLocked answers a heartbeat. On Fluxer its sequence is what the

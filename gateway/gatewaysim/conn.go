@@ -57,6 +57,8 @@ type frame struct {
 type conn struct {
 	s         *Server
 	ws        *websocket.Conn
+	id        uint64 // from 1 in accept order, for Frame
+	remote    string // the client's address, for Frame
 	viaResume bool
 	version   int // gateway version the client asked for (Discord 9 or 10; Fluxer 1)
 	out, in   compression
@@ -93,7 +95,7 @@ type conn struct {
 }
 
 func newConn(s *Server, ws *websocket.Conn, viaResume bool) *conn {
-	return &conn{s: s, ws: ws, viaResume: viaResume}
+	return &conn{s: s, ws: ws, viaResume: viaResume, id: s.connSeq.Add(1), remote: ws.RemoteAddr().String()}
 }
 
 // negotiate applies the query of the upgrade request. A non-zero code is the
@@ -163,13 +165,18 @@ func (c *conn) serve() {
 	}
 	clientCode := 0
 	var ce *websocket.CloseError
-	if errors.As(err, &ce) {
+	closed := errors.As(err, &ce)
+	if closed {
 		clientCode = ce.Code
 	}
 	s := c.s
 	s.mu.Lock()
+	rec := Frame{Conn: c.id, Remote: c.remote, Op: OpClose, Code: clientCode, Reply: c.closing, Shard: c.shardLocked(), At: s.clock.Now()}
 	s.finishLocked(c, clientCode)
 	s.mu.Unlock()
+	if closed && s.cfg.OnFrame != nil {
+		s.cfg.OnFrame(rec)
+	}
 	c.shutdown()
 }
 

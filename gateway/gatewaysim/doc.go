@@ -7,7 +7,9 @@
 // listener; APIURL serves GET /gateway/bot and GatewayURL the WebSocket
 // gateway, both over TLS when Config.TLS is set. Publish, PublishGuild, Flood and SetTraffic make events; Inject
 // and Drain misbehave; Stats, Totals and Sessions count what happened; Wait
-// blocks until a condition on them holds. Every timer reads Config.Clock.
+// blocks until a condition on them holds; Config.OnFrame reports every
+// message a client sends, with its connection, address and shard. Every
+// timer reads Config.Clock.
 //
 // # Decisions where the documentation is silent
 //

@@ -125,6 +125,14 @@ type Config struct {
 	// Seed seeds the traffic generator; zero means a fixed seed.
 	Seed uint64
 
+	// OnFrame, when set, is called with every message a client sends, its
+	// close frame included, after the server has handled it and from the
+	// connection's reader goroutine (so one connection's frames arrive in
+	// order and a slow OnFrame slows that client alone). It lets a test see
+	// who sent what when, e.g. that a node sent nothing for a shard it no
+	// longer owned.
+	OnFrame func(Frame)
+
 	// Clock drives every timer of the simulator; nil means real time.
 	Clock clock.Clock
 	// Logger receives connection events; nil discards them. Tokens and
@@ -256,11 +264,33 @@ type Server struct {
 	allFaults    stickyFaults // faults injected for all shards
 	rng          *rand.Rand
 	nextID       uint64
+	connSeq      atomic.Uint64 // numbers connections for Frame
 	traffic      trafficState
 	sweepTimer   clock.Timer
 	stats        serverCounters
 	changes      broadcast
 }
+
+// Frame is one message a client sent, as Config.OnFrame sees it. Neither
+// the token nor the session id is in it.
+type Frame struct {
+	Conn   uint64 // the connection's number, from 1 in accept order
+	Remote string // the client's address, host:port
+	// Shard is the shard the frame was about when it arrived: that of the
+	// connection's session, else the one an identify names or whose
+	// session a resume names; -1 when none is known (a heartbeat before
+	// identify, a resume of an unknown session).
+	Shard int
+	Op    int // the opcode; -1 for a payload that did not decode, OpClose for a close frame
+	Code  int // the close code of an OpClose frame (0: none)
+	// Reply marks an OpClose that answers the server's own close (the
+	// closing handshake), not one the client started.
+	Reply bool
+	At    time.Time // receipt, on Config.Clock
+}
+
+// OpClose is the Op of a Frame that is the client's WebSocket close.
+const OpClose = -2
 
 // AllShards makes Inject and ClearFaults apply to every connection.
 const AllShards = -1

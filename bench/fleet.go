@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/shardfs/shardfs/soak"
+)
+
+// runFleet runs the failover soak of package soak (the same code as its CI
+// test, which runs 20 faults) with cfg.fleetFaults faults. The smoke test
+// leaves fleetFaults 0: the soak takes minutes and has its own test.
+func runFleet(cfg config, log io.Writer) (*section, error) {
+	sec := &section{columns: []string{"shardfs"}}
+	if cfg.fleetFaults == 0 {
+		sec.skipped = "not run in the smoke test; soak.TestSoak runs the same code with 20 faults in CI."
+		return sec, nil
+	}
+	dir, err := os.MkdirTemp("", "shardfs-bench-fleet-")
+	if err != nil {
+		return sec, err
+	}
+	defer os.RemoveAll(dir)
+	bin, err := buildServe(dir)
+	if err != nil {
+		return sec, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.fleetFaults)*time.Minute)
+	defer cancel()
+	sc := soak.Config{Faults: cfg.fleetFaults, Serve: bin, Exe: self(), Dir: dir, Log: prefixWriter{role: "fleet", w: log}, Verbose: verbose}
+	rep, err := soak.Run(ctx, sc)
+	if rep == nil {
+		return sec, err
+	}
+	bound := rep.Config.Bound().Seconds()
+	worst := 0.0
+	for _, k := range soak.Kinds {
+		ds := rep.Failover[k]
+		if len(ds) == 0 {
+			continue
+		}
+		var v []float64
+		for _, d := range ds {
+			v = append(v, d.Seconds())
+			worst = max(worst, d.Seconds())
+		}
+		sec.add(row{measure: "failover, " + string(k) + " (fault → every shard READY on exactly one node)", unit: "s", values: map[string][]float64{"shardfs": v}, digits: 1,
+			target: fmt.Sprintf("within TTL + 10 s = %.0f s", bound), met: boolp(maxOf(v) <= bound)})
+	}
+	sec.add(row{measure: "most live sessions of one shard at the gateway", values: map[string][]float64{"shardfs": {float64(rep.MaxLive)}},
+		target: "1, never a duplicate", met: boolp(rep.MaxLive == 1)})
+	sec.add(row{measure: "frames sent for a shard the sender did not own", values: map[string][]float64{"shardfs": {float64(len(rep.ForeignFrames))}},
+		target: "0", met: boolp(len(rep.ForeignFrames) == 0 && len(rep.Violations) == 0)})
+	sec.method = []string{fmt.Sprintf("`soak.Run` (package soak, the code of the CI test TestSoak, which runs 20): %d faults against %d `shardfs serve --etcd` processes built from this tree, "+
+		"a real etcd (v3.7.3, embedded, in a child process), the gateway simulator in the harness's process, %d shards, `--etcd-ttl %v`. "+
+		"Faults in turn, each round of the five kinds shuffled, on a node drawn at random (seed %d). The package doc of soak explains the checks and the simulator's heartbeat of TTL/4.",
+		rep.Config.Faults, rep.Config.Nodes, rep.Config.Shards, rep.Config.TTL, rep.Config.Seed)}
+	sec.extra = []string{rep.Table()}
+	if err == nil {
+		err = rep.Err()
+	}
+	return sec, err
+}
+
+func maxOf(v []float64) float64 {
+	m := v[0]
+	for _, x := range v[1:] {
+		m = max(m, x)
+	}
+	return m
+}

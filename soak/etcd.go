@@ -1,0 +1,182 @@
+package soak
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// EtcdEnv, in a process's environment, makes MaybeRunEtcd turn that process
+// into an etcd server: DIR|CLIENT|PEER (a data folder and two host:port).
+// The soak re-executes its own binary (the test binary, or bench's) with it,
+// so that etcd is a child process it can kill, pause and restart without a
+// second binary to build, and without etcd in the product binary.
+const EtcdEnv = "SHARDFS_SOAK_ETCD"
+
+// MaybeRunEtcd runs an etcd server and exits when EtcdEnv is set; it
+// returns at once otherwise. Call it first thing in TestMain or main.
+func MaybeRunEtcd() {
+	spec, ok := os.LookupEnv(EtcdEnv)
+	if !ok {
+		return
+	}
+	if err := runEtcd(spec); err != nil {
+		fmt.Fprintln(os.Stderr, "soak etcd:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// runEtcd serves until SIGTERM or SIGINT; it prints "ready" on stdout once
+// etcd accepts requests.
+func runEtcd(spec string) error {
+	parts := strings.Split(spec, "|")
+	if len(parts) != 3 {
+		return fmt.Errorf("%s=%q: want DIR|CLIENT|PEER", EtcdEnv, spec)
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "soak"
+	cfg.Dir = parts[0]
+	curl := url.URL{Scheme: "http", Host: parts[1]}
+	purl := url.URL{Scheme: "http", Host: parts[2]}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{curl}, []url.URL{curl}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{purl}, []url.URL{purl}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.Logger = "zap"
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		return fmt.Errorf("failed before ready: %w", err)
+	case <-time.After(ReadyTimeout):
+		return fmt.Errorf("not ready within %v", ReadyTimeout)
+	}
+	fmt.Println("ready")
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case <-sig:
+		return nil
+	case err := <-e.Err():
+		return err
+	}
+}
+
+// ReadyTimeout bounds every wait for a child process (etcd, serve) to come
+// up: a cold start on a loaded 2-core machine takes a few seconds.
+const ReadyTimeout = 30 * time.Second
+
+// Etcd is an etcd server running as a child process on fixed ports and a
+// fixed data folder, so that it can be killed and started again as the same
+// member with the same data.
+type Etcd struct {
+	// Endpoint is the client URL, http://127.0.0.1:PORT.
+	Endpoint string
+
+	exe          string
+	dir          string
+	client, peer string
+	cmd          *exec.Cmd
+	done         chan struct{}
+	stderr       *tail
+}
+
+// NewEtcd prepares an etcd server that exe (a binary calling MaybeRunEtcd)
+// runs with its data in dir; Start starts it.
+func NewEtcd(exe, dir string) (*Etcd, error) {
+	client, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	peer, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	return &Etcd{Endpoint: "http://" + client, exe: exe, dir: dir, client: client, peer: peer}, nil
+}
+
+// Start runs the server and waits, at most ReadyTimeout, until it serves.
+func (e *Etcd) Start(ctx context.Context) error {
+	if e.Running() {
+		return errors.New("etcd: already running")
+	}
+	cmd := exec.Command(e.exe)
+	cmd.Env = append(os.Environ(), EtcdEnv+"="+e.dir+"|"+e.client+"|"+e.peer)
+	e.stderr = &tail{max: 16 << 10}
+	cmd.Stderr = e.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	e.cmd, e.done = cmd, make(chan struct{})
+	ready := make(chan bool, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		ready <- strings.TrimSpace(line) == "ready"
+		_ = cmd.Wait()
+		close(e.done)
+	}()
+	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
+	defer cancel()
+	select {
+	case ok := <-ready:
+		if ok {
+			return nil
+		}
+		<-e.done
+		return fmt.Errorf("etcd exited before ready: %s", e.stderr)
+	case <-ctx.Done():
+		e.Kill()
+		return fmt.Errorf("etcd not ready within %v: %s", ReadyTimeout, e.stderr)
+	}
+}
+
+// Running reports whether the process is alive (paused counts as alive).
+func (e *Etcd) Running() bool {
+	if e.done == nil {
+		return false
+	}
+	select {
+	case <-e.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to end.
+func (e *Etcd) Kill() {
+	if !e.Running() {
+		return
+	}
+	_ = e.cmd.Process.Signal(syscall.SIGKILL)
+	<-e.done
+}
+
+// Signal sends sig (SIGSTOP, SIGCONT) to the running process.
+func (e *Etcd) Signal(sig syscall.Signal) error {
+	if !e.Running() {
+		return errors.New("etcd: not running")
+	}
+	return e.cmd.Process.Signal(sig)
+}

@@ -1,0 +1,67 @@
+package soak
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Spread is the minimum, median and maximum of durations.
+func Spread(ds []time.Duration) (lo, med, hi time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[0], s[len(s)/2], s[len(s)-1]
+}
+
+// Table is the report as a Markdown table and a few lines, for logs and
+// bench/RESULTS.md.
+func (r *Report) Table() string {
+	var b strings.Builder
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+	fmt.Fprintf(&b, "| fault | count | failover min / median / max | bound | repair → every member back and serving (median / max) | identifies / resumes |\n")
+	fmt.Fprintf(&b, "|---|---:|---|---|---|---|\n")
+	total := 0
+	for _, k := range Kinds {
+		total += r.Faults[k]
+		fo := "—"
+		if ds := r.Failover[k]; len(ds) > 0 {
+			lo, med, hi := Spread(ds)
+			fo = ms(lo) + " / " + ms(med) + " / " + ms(hi)
+		}
+		_, rmed, rhi := Spread(r.Recovery[k])
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s / %s | %d / %d |\n", describe[k], r.Faults[k], fo, ms(r.Config.Bound()), ms(rmed), ms(rhi), r.Sessions[k].Identifies, r.Sessions[k].Resumes)
+	}
+	fmt.Fprintf(&b, "\n%d faults in %v, %d nodes, %d shards, TTL %v, simulator heartbeat %v.\n",
+		total, r.Duration.Round(time.Second), r.Config.Nodes, r.Config.Shards, r.Config.TTL, r.Config.HeartbeatInterval())
+	if len(r.Settle) > 0 {
+		_, smed, shi := Spread(r.Settle)
+		fmt.Fprintf(&b, "Before each etcd kill the soak waited for the identify slots of the last recovery to expire: median %v, max %v.\n", smed.Round(100*time.Millisecond), shi.Round(100*time.Millisecond))
+	}
+	fmt.Fprintf(&b, "Max live sessions of one shard at the gateway: %d. Identifies %d (refused %d), resumes %d (failed %d).\n",
+		r.MaxLive, r.Identifies, r.RefusedIdentifies, r.Resumes, r.FailedResumes)
+	fmt.Fprintf(&b, "Client frames %d (sender not found %d); after SIGCONT %d; for a shard the sender did not own %d.\n",
+		r.Frames, r.UnknownFrames, r.WakeFrames, len(r.ForeignFrames))
+	for _, v := range r.Violations {
+		fmt.Fprintf(&b, "VIOLATION: %s\n", v)
+	}
+	for i, f := range r.ForeignFrames {
+		if i == 10 {
+			fmt.Fprintf(&b, "... %d more foreign frames\n", len(r.ForeignFrames)-10)
+			break
+		}
+		fmt.Fprintf(&b, "FOREIGN FRAME: %s\n", f)
+	}
+	return b.String()
+}
+
+var describe = map[Kind]string{
+	Kill:      "kill -9 of a node (failover: kill → its shards READY elsewhere)",
+	Pause:     "SIGSTOP past the TTL, SIGCONT (failover: stop → READY elsewhere)",
+	Partition: "node ↔ etcd cut past the TTL, healed (failover: cut → READY elsewhere)",
+	EtcdKill:  "kill -9 of etcd, restart on its data",
+	Drain:     "drain on /ctl, restart (failover: drain → READY elsewhere)",
+}
