@@ -170,8 +170,11 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 		}
 		if !s.cfg.Reshard {
 			reason := "4011: the bot outgrew its plan; a fixed --total does not move by itself: write reshard N or reshard auto to /ctl"
-			if s.Fleet != nil {
+			switch {
+			case s.Fleet != nil:
 				reason = "4011: the bot outgrew its plan; a fleet does not move to a new plan yet: stop the fleet and start it with the new --total"
+			case len(p.core.Plan().Local) != p.total:
+				reason = "4011: the bot outgrew its plan; this node runs part of it (--shards, or a block of supervise), which does not move by itself: start the nodes again with the new --total"
 			}
 			s.note(slog.LevelWarn, "reshard-refused", "shard", strconv.Itoa(shard), "reason", reason)
 			return

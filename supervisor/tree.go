@@ -453,6 +453,11 @@ func (t *Tree) ctl(line string) error {
 		}
 		return err
 	}
+	if len(words) > 0 && words[0] == "reshard" {
+		// Each child runs a block of the plan; a move would need every
+		// block of the new plan started together (DESIGN 7.5, README).
+		return fmt.Errorf("%w: %q: supervise does not move to a larger plan yet: stop it and start it again with the new --total", fsrv.ErrBusy, line)
+	}
 	c, err := core.ParseCommand(line)
 	if err != nil {
 		return fmt.Errorf("%w: %w", fs.ErrInvalid, err)

@@ -74,6 +74,7 @@ func TestTreeCtl(t *testing.T) {
 		{"frob", fs.ErrInvalid, "frob"},
 		{"restart nope", fs.ErrInvalid, `"nope"`},
 		{"restart", fs.ErrInvalid, "restart ID|all"},
+		{"reshard 16", fsrv.ErrBusy, "supervise does not move to a larger plan yet"},
 		{"reset 99", fs.ErrInvalid, "shard 99"},
 		{"reset 5", fsrv.ErrBusy, "child b is starting"},
 		{"stop all", fsrv.ErrBusy, "child a is starting"},
