@@ -58,3 +58,26 @@ func TestOnFatalAndEnd(t *testing.T) {
 		t.Errorf("%d plan-replaced lines in the events; want 3:\n%s", got, buf[:n])
 	}
 }
+
+// DispatchDo delivers and counts a dispatch together, and neither once
+// the link is stale: a stop that saves the sequence cannot fall between
+// the write and the count.
+func TestDispatchDoIsAllOrNothing(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	e.node.Start()
+	c := e.conn(0)
+	c.Identify()
+	c.Link.Ready(core.Session{ID: secretSession}, 1)
+	delivered := 0
+	c.Link.DispatchDo(2, func() { delivered++ })
+	if d := e.diag(0); delivered != 1 || d.Sequence != 2 {
+		t.Fatalf("current link: delivered %d, sequence %d; want 1, 2", delivered, d.Sequence)
+	}
+	if err := e.node.ExecShard(0, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	c.Link.DispatchDo(3, func() { delivered++ })
+	if d := e.diag(0); delivered != 1 || d.Sequence != 2 {
+		t.Fatalf("after stop: delivered %d, sequence %d; want still 1, 2 (the resume replays 3)", delivered, d.Sequence)
+	}
+}

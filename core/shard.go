@@ -149,11 +149,23 @@ func (l *Link) HeartbeatMissed() {
 // Dispatch records the sequence of a dispatch the shard received. Only a
 // live session or the replay of a resume has a sequence: a dispatch on a
 // connection that is identifying belongs to no session and is not counted.
-func (l *Link) Dispatch(seq int64) {
+func (l *Link) Dispatch(seq int64) { l.DispatchDo(seq, nil) }
+
+// DispatchDo is Dispatch that also runs deliver, which writes the
+// dispatch where its readers see it, under the shard's lock, and only
+// while l is the shard's link. So a dispatch is either delivered and
+// counted in the sequence, or neither: a stop (or a handover) that takes
+// the sequence for a snapshot cannot fall between the two, and a resume
+// from that snapshot replays exactly what was not delivered. deliver
+// must be quick and must not call the Node.
+func (l *Link) DispatchDo(seq int64, deliver func()) {
 	if l.lockCurrent() {
 		if s := l.s; s.state == Ready || s.state == Starting && s.resuming {
 			s.seq, s.seqValid = seq, true
 			s.dispatches++
+		}
+		if deliver != nil {
+			deliver()
 		}
 		l.s.mu.Unlock()
 	}

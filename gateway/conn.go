@@ -851,11 +851,15 @@ func (c *conn) dispatch(p *payload) error {
 	if c.phase().handshaking() {
 		c.progress()
 	}
-	c.deliver(seq, name, p.d)
-	if seq >= 0 {
-		c.seq.Store(seq)
-		c.link.Dispatch(seq)
+	if seq < 0 {
+		c.deliver(seq, name, p.d)
+		return nil
 	}
+	c.seq.Store(seq)
+	// Delivered and counted together, under the shard's lock (see
+	// core.Link.DispatchDo): a dispatch that arrives as the core stops the
+	// shard for a snapshot is neither, and the next resume replays it.
+	c.link.DispatchDo(seq, func() { c.deliver(seq, name, p.d) })
 	return nil
 }
 
