@@ -344,12 +344,13 @@ func (t *Tree) plan() []byte {
 	return []byte(b.String())
 }
 
-// identify is /identify (DESIGN.md section 7.2). A total not known yet
-// (no discovery answer so far) shows as unknown, like every figure that
-// depends on it.
-func (t *Tree) identify() []byte {
-	now := t.node.Clock().Now()
-	bg := t.cfg.Identify()
+// identify is /identify (DESIGN.md section 7.2).
+func (t *Tree) identify() []byte { return FormatIdentify(t.cfg.Identify(), t.node.Clock().Now()) }
+
+// FormatIdentify is the content of /identify for budget b at now. A total
+// not known yet (no discovery answer so far) shows as unknown, like every
+// figure that depends on it.
+func FormatIdentify(bg core.Budget, now time.Time) []byte {
 	var b strings.Builder
 	ms := func(k string, at time.Time) {
 		if at.IsZero() {

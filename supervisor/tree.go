@@ -22,6 +22,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/journal"
+	"github.com/shardfs/shardfs/shardfs"
 )
 
 // TreeConfig configures the parent's tree.
@@ -405,30 +406,7 @@ func (t *Tree) identify() []byte {
 	if t.cfg.Identify == nil {
 		return nil
 	}
-	now := t.clk.Now()
-	bg := t.cfg.Identify()
-	var b strings.Builder
-	ms := func(k string, at time.Time) {
-		if at.IsZero() {
-			fmt.Fprintf(&b, "%s none\n", k)
-		} else {
-			fmt.Fprintf(&b, "%s %d\n", k, max(at.Sub(now), 0).Milliseconds())
-		}
-	}
-	if bg.Total == 0 {
-		b.WriteString("total unknown\nremaining unknown\n")
-	} else {
-		fmt.Fprintf(&b, "total %d\nremaining %d\n", bg.Total, bg.Remaining)
-	}
-	if bg.ResetAt.IsZero() {
-		b.WriteString("reset_at none\n")
-	} else {
-		fmt.Fprintf(&b, "reset_at %s\n", bg.ResetAt.UTC().Format(time.RFC3339))
-	}
-	ms("reset_in_ms", bg.ResetAt)
-	fmt.Fprintf(&b, "used_24h %d\nreserve %d\nmax_concurrency %d\nwaiting %d\n", bg.Used24h, bg.Reserve, bg.MaxConcurrency, bg.Waiting)
-	ms("next_slot_ms", bg.NextSlot)
-	return []byte(b.String())
+	return shardfs.FormatIdentify(t.cfg.Identify(), t.clk.Now())
 }
 
 // ctl applies one line of the parent's /ctl: restart ID|all for the
