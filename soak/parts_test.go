@@ -129,24 +129,8 @@ func TestSocketOwner(t *testing.T) {
 // The etcd child keeps its data across kill -9, answers nothing while
 // stopped, and answers again after SIGCONT.
 func TestEtcdChild(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := NewEtcd(exe, filepath.Join(t.TempDir(), "etcd"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer e.Kill()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	e, cli := startEtcdChild(t)
 	bounded := func(d time.Duration) (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, d) }
 	c1, cancel := bounded(10 * time.Second)
 	defer cancel()
@@ -245,4 +229,28 @@ func TestOwnedCloseSlack(t *testing.T) {
 			t.Errorf("owned(%v) = %v; want %v", tc.f, got, tc.want)
 		}
 	}
+}
+
+// startEtcdChild starts this test binary as an etcd child process and a
+// client of it; both end with the test.
+func startEtcdChild(t *testing.T) (*Etcd, *clientv3.Client) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewEtcd(exe, filepath.Join(t.TempDir(), "etcd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Kill)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return e, cli
 }

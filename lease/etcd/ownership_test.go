@@ -67,13 +67,7 @@ func (r *recShards) owned(now time.Time) map[int]uint64 {
 // waitFor polls cond at the process boundary of a real etcd, with a bound.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitForLong(t, 20*time.Second, what, cond)
 }
 
 type ownRig struct {
@@ -424,6 +418,7 @@ func TestOwnershipSteadyStateCost(t *testing.T) {
 	}
 }
 
+// waitForLong is waitFor with its own bound.
 func waitForLong(t *testing.T, bound time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(bound)
@@ -431,7 +426,7 @@ func waitForLong(t *testing.T, bound time.Duration, what string, cond func() boo
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
