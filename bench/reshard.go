@@ -91,15 +91,11 @@ type reshardResult struct {
 // times the move.
 func reshardRun(bin string, n, mc, rate int, log io.Writer) (reshardResult, error) {
 	var r reshardResult
-	tmp, err := os.MkdirTemp("", "shardfs-bench-reshard-")
+	tmp, tokenFile, done, err := tempWithToken("shardfs-bench-reshard-")
 	if err != nil {
 		return r, err
 	}
-	defer os.RemoveAll(tmp)
-	tokenFile := filepath.Join(tmp, "token")
-	if err := os.WriteFile(tokenFile, []byte(benchToken), 0o600); err != nil {
-		return r, err
-	}
+	defer done()
 	next := grown(n, mc)
 	guilds := 4 * next // four guilds on every shard of the new plan
 	s, err := startSim(n, "-max-concurrency", strconv.Itoa(mc), "-identify-interval", "5s", "-guilds", strconv.Itoa(guilds))
@@ -187,15 +183,11 @@ func reshardRun(bin string, n, mc, rate int, log io.Writer) (reshardResult, erro
 func runReshard(cfg config, log io.Writer) (*section, error) {
 	rc := cfg.reshard.withDefaults()
 	sec := &section{columns: []string{colReshard}}
-	dir, err := os.MkdirTemp("", "shardfs-bench-serve-")
+	bin, done, err := buildServeTemp()
 	if err != nil {
 		return sec, err
 	}
-	defer os.RemoveAll(dir)
-	bin, err := buildServe(dir)
-	if err != nil {
-		return sec, err
-	}
+	defer done()
 	for _, n := range rc.totals {
 		next := grown(n, rc.concurrency)
 		r, err := reshardRun(bin, n, rc.concurrency, rc.rate, log)

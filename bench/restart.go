@@ -59,6 +59,35 @@ func buildServe(dir string) (string, error) {
 	return bin, nil
 }
 
+// buildServeTemp builds cmd/shardfs into a new temporary folder; done
+// removes the folder.
+func buildServeTemp() (bin string, done func(), err error) {
+	dir, err := os.MkdirTemp("", "shardfs-bench-serve-")
+	if err != nil {
+		return "", nil, err
+	}
+	if bin, err = buildServe(dir); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
+}
+
+// tempWithToken makes a temporary folder holding the bench token in the
+// file "token" (mode 0600); done removes the folder.
+func tempWithToken(prefix string) (dir, tokenFile string, done func(), err error) {
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", "", nil, err
+	}
+	tokenFile = filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(benchToken), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return "", "", nil, err
+	}
+	return dir, tokenFile, func() { os.RemoveAll(dir) }, nil
+}
+
 // serveProc is one `shardfs serve --sessions DIR` against the simulator.
 type serveProc struct {
 	cmd    *exec.Cmd
@@ -155,15 +184,11 @@ type restartResult struct {
 // starts it again on the same folder, and times both starts.
 func restartRun(bin string, n, mc int) (restartResult, error) {
 	var r restartResult
-	tmp, err := os.MkdirTemp("", "shardfs-bench-restart-")
+	tmp, tokenFile, done, err := tempWithToken("shardfs-bench-restart-")
 	if err != nil {
 		return r, err
 	}
-	defer os.RemoveAll(tmp)
-	tokenFile := filepath.Join(tmp, "token")
-	if err := os.WriteFile(tokenFile, []byte(benchToken), 0o600); err != nil {
-		return r, err
-	}
+	defer done()
 	sessDir := filepath.Join(tmp, "sessions")
 	s, err := startSim(n, "-max-concurrency", strconv.Itoa(mc), "-identify-interval", "5s")
 	if err != nil {
@@ -234,15 +259,11 @@ func restartRun(bin string, n, mc int) (restartResult, error) {
 func runRestart(cfg config, log io.Writer) (*section, error) {
 	rc := cfg.restart.withDefaults()
 	sec := &section{columns: []string{colCold, colResume}}
-	dir, err := os.MkdirTemp("", "shardfs-bench-serve-")
+	bin, done, err := buildServeTemp()
 	if err != nil {
 		return sec, err
 	}
-	defer os.RemoveAll(dir)
-	bin, err := buildServe(dir)
-	if err != nil {
-		return sec, err
-	}
+	defer done()
 	var notes []string
 	for i, n := range rc.shards {
 		runs := 1

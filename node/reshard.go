@@ -411,7 +411,7 @@ func (s *Node) switchTo(old, p *planRun, cut *reshard.Cut) {
 func (s *Node) abortMove(why string) {
 	m := &s.move
 	m.mu.Lock()
-	p, cut := m.next, m.cut
+	p := m.next
 	if p == nil {
 		m.mu.Unlock()
 		return
@@ -420,7 +420,7 @@ func (s *Node) abortMove(why string) {
 	m.mu.Unlock()
 	s.current().side.Store(nil) // the old plan delivered what both shared
 	p.side.Store(nil)
-	_ = cut // its held events are dropped with it
+	// The Cut's held events are dropped with it.
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
