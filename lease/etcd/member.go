@@ -87,13 +87,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if cfg.Client == nil {
 		return nil, errors.New("etcd: Join: no client")
 	}
-	if err := checkName("bot", cfg.Bot); err != nil {
-		return nil, err
-	}
-	if err := checkName("node", cfg.Node); err != nil {
-		return nil, err
-	}
-	if err := cfg.Plan.check(); err != nil {
+	if err := checkMember(cfg.Bot, cfg.Node, cfg.Plan); err != nil {
 		return nil, err
 	}
 	ttl := cfg.TTL
@@ -408,4 +402,16 @@ func (m *Member) revoke(id clientv3.LeaseID) error {
 		return nil
 	}
 	return fmt.Errorf("etcd: revoke lease %x (it expires within the TTL anyway): %w", int64(id), err)
+}
+
+// checkMember checks what a member is named by: its bot, its node and the
+// plan it runs.
+func checkMember(bot, node string, plan Plan) error {
+	if err := checkName("bot", bot); err != nil {
+		return err
+	}
+	if err := checkName("node", node); err != nil {
+		return err
+	}
+	return plan.check()
 }

@@ -107,13 +107,7 @@ func NewOwnership(cfg OwnershipConfig) (*Ownership, error) {
 	if cfg.Client == nil || cfg.Shards == nil {
 		return nil, errors.New("etcd: ownership needs a client and the shards")
 	}
-	if err := checkName("bot", cfg.Bot); err != nil {
-		return nil, err
-	}
-	if err := checkName("node", cfg.Node); err != nil {
-		return nil, err
-	}
-	if err := cfg.Plan.check(); err != nil {
+	if err := checkMember(cfg.Bot, cfg.Node, cfg.Plan); err != nil {
 		return nil, err
 	}
 	o := &Ownership{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger, kick: make(chan struct{}, 1),
