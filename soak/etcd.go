@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -14,7 +13,8 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
+
+	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
 
 // EtcdEnv, in a process's environment, makes MaybeRunEtcd turn that process
@@ -45,18 +45,7 @@ func runEtcd(spec string) error {
 	if len(parts) != 3 {
 		return fmt.Errorf("%s=%q: want DIR|CLIENT|PEER", EtcdEnv, spec)
 	}
-	cfg := embed.NewConfig()
-	cfg.Name = "soak"
-	cfg.Dir = parts[0]
-	curl := url.URL{Scheme: "http", Host: parts[1]}
-	purl := url.URL{Scheme: "http", Host: parts[2]}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{curl}, []url.URL{curl}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{purl}, []url.URL{purl}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.Logger = "zap"
-	cfg.LogLevel = "error"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
+	e, err := embed.StartEtcd(etcdtest.Config("soak", parts[0], parts[1], parts[2]))
 	if err != nil {
 		return err
 	}

@@ -61,19 +61,7 @@ func start(t testing.TB, dir string, attempt int) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := embed.NewConfig()
-	cfg.Name = "etcdtest"
-	cfg.Dir = fmt.Sprintf("%s/data%d", dir, attempt)
-	curl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cport)}
-	purl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pport)}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{curl}, []url.URL{curl}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{purl}, []url.URL{purl}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.LogLevel = "error"
-	cfg.Logger = "zap"
-	// Its own logs are noise in a test's output; errors reach the test
-	// through the client.
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg := Config("etcdtest", fmt.Sprintf("%s/data%d", dir, attempt), fmt.Sprintf("127.0.0.1:%d", cport), fmt.Sprintf("127.0.0.1:%d", pport))
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, err
@@ -88,7 +76,7 @@ func start(t testing.TB, dir string, attempt int) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("etcd not ready within %v", ReadyTimeout)
 	}
-	return &Server{Endpoint: curl.String(), t: t, etcd: e, dir: cfg.Dir}, nil
+	return &Server{Endpoint: cfg.ListenClientUrls[0].String(), t: t, etcd: e, dir: cfg.Dir}, nil
 }
 
 // Stop stops the server; later requests fail. It is safe to call twice.
@@ -132,4 +120,22 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Config is the configuration of a one-member etcd called name, keeping
+// its data in dir and serving clients on clientHost and its peer port on
+// peerHost (host:port, plain HTTP), logging nothing: its errors reach a
+// test through the client.
+func Config(name, dir, clientHost, peerHost string) *embed.Config {
+	cfg := embed.NewConfig()
+	cfg.Name, cfg.Dir = name, dir
+	curl := url.URL{Scheme: "http", Host: clientHost}
+	purl := url.URL{Scheme: "http", Host: peerHost}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{curl}, []url.URL{curl}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{purl}, []url.URL{purl}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.LogLevel = "error"
+	cfg.Logger = "zap"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	return cfg
 }
