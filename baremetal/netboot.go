@@ -2,6 +2,7 @@ package baremetal
 
 import (
 	"bytes"
+	"compress/gzip"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/shardfs/shardfs/initramfs"
 )
 
 // Netboot is what `shardfs netboot` writes into its output folder.
@@ -82,21 +85,21 @@ func (n Netboot) KernelCmdline() string {
 // Initrd is the boot image: /init, the device nodes and folders init
 // needs before it mounts anything, and the modules with their load order.
 // It holds no secret.
-func (n Netboot) Initrd() *Archive {
-	a := &Archive{}
-	a.File("init", n.Init, 0o755)
+func (n Netboot) Initrd() *initramfs.Image {
+	a := &initramfs.Image{Level: gzip.BestCompression}
+	a.Copy("init", n.Init, 0o755)
 	a.CharDev("dev/console", 0o600, 5, 1)
 	a.CharDev("dev/null", 0o666, 1, 3)
 	for _, d := range []string{"proc", "sys", "run", "tmp", "etc"} {
 		a.Dir(d, 0o755)
 	}
 	if n.CABundle != "" {
-		a.File(strings.TrimPrefix(CABundlePath, "/"), n.CABundle, 0o644)
+		a.Copy(strings.TrimPrefix(CABundlePath, "/"), n.CABundle, 0o644)
 	}
 	if len(n.Modules) > 0 {
 		var list strings.Builder
 		for _, m := range n.Modules {
-			a.File(strings.TrimPrefix(ModuleDir, "/")+"/"+m.Name+".ko", m.Path, 0o644)
+			a.Copy(strings.TrimPrefix(ModuleDir, "/")+"/"+m.Name+".ko", m.Path, 0o644)
 			list.WriteString(m.Name + "\n")
 		}
 		a.Text(strings.TrimPrefix(ModuleList, "/"), []byte(list.String()), 0o644)
@@ -107,16 +110,16 @@ func (n Netboot) Initrd() *Archive {
 // Secrets is the second initrd: the token and the TLS listener's files,
 // the token and the key readable by root only. The files are read only
 // when written.
-func (n Netboot) Secrets() *Archive {
-	a := &Archive{}
+func (n Netboot) Secrets() *initramfs.Image {
+	a := &initramfs.Image{Level: gzip.BestCompression}
 	a.Dir(filepath.Dir(strings.TrimPrefix(TokenPath, "/")), 0o700)
 	if n.TokenFile != "" {
-		a.File(TokenPath, n.TokenFile, 0o600)
+		a.Copy(TokenPath, n.TokenFile, 0o600)
 	}
 	if n.TLSKey != "" {
-		a.File(TLSCertPath, n.TLSCert, 0o644)
-		a.File(TLSKeyPath, n.TLSKey, 0o600)
-		a.File(TLSClientCAPath, n.TLSClientCA, 0o644)
+		a.Copy(TLSCertPath, n.TLSCert, 0o644)
+		a.Copy(TLSKeyPath, n.TLSKey, 0o600)
+		a.Copy(TLSClientCAPath, n.TLSClientCA, 0o644)
 	}
 	return a
 }

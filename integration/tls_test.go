@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardfs/shardfs/initramfs"
+
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/fsrv"
 )
@@ -89,7 +91,7 @@ func TestV9fsTLS(t *testing.T) {
 		t.Fatalf("static build of cmd/shardfs: %v\n%s", err, out)
 	}
 	kernel := kernelImage(t, k)
-	initrd := guestImage(t, k, tlsModules, func(im *Image) {
+	initrd := guestImage(t, k, tlsModules, func(im *initramfs.Image) {
 		im.Copy("bin/shardfs", bin, 0o755)
 		for _, f := range []string{"ca.crt", "client.crt", "client.key", "expired.crt", "expired.key"} {
 			im.Copy("etc/shardfs/"+f, filepath.Join(pki, f), 0o600)

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardfs/shardfs/initramfs"
+
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 )
@@ -71,17 +73,17 @@ func kernelImage(t *testing.T, k Kit) string {
 
 // guestImage builds the guest's initramfs with the modules given and
 // returns its path; extra, if set, adds more.
-func guestImage(t *testing.T, k Kit, modules []string, extra func(*Image)) string {
+func guestImage(t *testing.T, k Kit, modules []string, extra func(*initramfs.Image)) string {
 	t.Helper()
-	im := &Image{}
+	im := &initramfs.Image{}
 	for _, d := range []string{"dev", "proc", "sys", "tmp", "run", "mnt", "root"} {
-		im.Dir(d)
+		im.Dir(d, 0o755)
 	}
 	im.CharDev("dev/console", 0o600, 5, 1)
-	if err := im.AddBusybox(k.Busybox); err != nil {
+	if err := AddBusybox(im, k.Busybox); err != nil {
 		t.Fatal(err)
 	}
-	if err := im.AddModules(&k, modules...); err != nil {
+	if err := AddModules(im, &k, modules...); err != nil {
 		t.Fatal(err)
 	}
 	if extra != nil {
