@@ -62,7 +62,7 @@ func TestNetbootWrite(t *testing.T) {
 		Cmdline:   "shardfs.flavor=discord shardfs.total=1",
 		TokenFile: src("token", "TOKEN-SECRET\n"),
 		TLSCert:   src("tls.crt", "CERT"), TLSKey: src("tls.key", "KEY-SECRET"), TLSClientCA: src("ca.crt", "CA"),
-		EtcdCA:   src("etcd-ca.crt", "ETCD-CA"), EtcdCert: src("etcd.crt", "ETCD-CERT"), EtcdKey: src("etcd.key", "ETCD-KEY-SECRET"),
+		EtcdCA: src("etcd-ca.crt", "ETCD-CA"), EtcdCert: src("etcd.crt", "ETCD-CERT"), EtcdKey: src("etcd.key", "ETCD-KEY-SECRET"),
 		CABundle: src("bundle.pem", "BUNDLE"),
 	}
 	out := filepath.Join(dir, "out")
