@@ -156,7 +156,7 @@ func checkListen(con *console, root string, s *Settings) bool {
 		s.TLSCert, s.TLSKey, s.TLSClientCA = root+TLSCertPath, root+TLSKeyPath, root+TLSClientCAPath
 		if len(s.Listen) == 0 {
 			s.Listen = []string{DefaultListen}
-			con.printf("listening on %s (the default: secrets.cpio.gz brought the TLS files)", DefaultListen)
+			con.printf("listening on %s (the default: tls.cpio.gz brought the TLS files)", DefaultListen)
 		}
 		return true
 	case 0:
