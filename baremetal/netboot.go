@@ -54,10 +54,15 @@ const (
 
 // DefaultConsole is put before the command line unless it names a
 // console: the screen, and the serial port last, which makes it the
-// console init writes to; quiet, because the kernel's few hundred boot
-// lines cost seconds on a 115200-baud serial line (and under TCG); a
-// reboot 10 s after a panic.
-const DefaultConsole = "console=tty0 console=ttyS0,115200 quiet panic=10"
+// console init writes to.
+const DefaultConsole = "console=tty0 console=ttyS0,115200"
+
+// DefaultOptions are put before the command line, each unless the line
+// sets the same key: quiet, because the kernel's few hundred boot lines
+// cost seconds on a 115200-baud serial line (and under TCG, where each
+// character is a trap); edd=off, because a diskless node needs no BIOS
+// disk probe before the kernel starts; a reboot 10 s after a panic.
+var DefaultOptions = []string{"quiet", "edd=off", "panic=10"}
 
 // ErrNotStatic says that /init would need a dynamic loader the image does
 // not have.
@@ -78,12 +83,29 @@ func CheckStatic(path string) error {
 	return nil
 }
 
-// KernelCmdline is the full command line boot.ipxe passes.
+// KernelCmdline is the full command line boot.ipxe passes: DefaultConsole
+// and DefaultOptions where the given line does not set them, then the
+// given line.
 func (n Netboot) KernelCmdline() string {
-	if strings.Contains(" "+n.Cmdline, " console=") {
-		return strings.TrimSpace(n.Cmdline)
+	words := strings.Fields(n.Cmdline)
+	has := func(key string) bool {
+		for _, w := range words {
+			if k, _, _ := strings.Cut(w, "="); k == key || key == "quiet" && (k == "debug" || k == "loglevel") {
+				return true
+			}
+		}
+		return false
 	}
-	return strings.TrimSpace(DefaultConsole + " " + n.Cmdline)
+	var pre []string
+	if !has("console") {
+		pre = append(pre, DefaultConsole)
+	}
+	for _, o := range DefaultOptions {
+		if k, _, _ := strings.Cut(o, "="); !has(k) {
+			pre = append(pre, o)
+		}
+	}
+	return strings.TrimSpace(strings.Join(append(pre, n.Cmdline), " "))
 }
 
 // Initrd is the boot image: /init, the device nodes and folders init

@@ -128,7 +128,7 @@ func TestNetbootWrite(t *testing.T) {
 	}
 
 	script, _ := os.ReadFile(filepath.Join(out, BootScript))
-	for _, want := range []string{"#!ipxe\n", "kernel vmlinuz " + DefaultConsole + " shardfs.flavor=discord shardfs.total=1\n", "initrd initrd.cpio.gz\ninitrd tls.cpio.gz || echo shardfs: no tls.cpio.gz: the node has no TLS listener\ninitrd secrets.cpio.gz || echo shardfs: no secrets.cpio.gz: the node boots without its token\nboot\n"} {
+	for _, want := range []string{"#!ipxe\n", "kernel vmlinuz console=tty0 console=ttyS0,115200 quiet edd=off panic=10 shardfs.flavor=discord shardfs.total=1\n", "initrd initrd.cpio.gz\ninitrd tls.cpio.gz || echo shardfs: no tls.cpio.gz: the node has no TLS listener\ninitrd secrets.cpio.gz || echo shardfs: no secrets.cpio.gz: the node boots without its token\nboot\n"} {
 		if !strings.Contains(string(script), want) {
 			t.Errorf("boot.ipxe =\n%s\nwant %q", script, want)
 		}
@@ -166,8 +166,15 @@ func TestNetbootNoSecrets(t *testing.T) {
 	if script := nb.Script(); !strings.Contains(script, "initrd secrets.cpio.gz || echo") || strings.Contains(script, TLSFile) {
 		t.Errorf("boot.ipxe =\n%s\nwant secrets.cpio.gz optional, no tls.cpio.gz", script)
 	}
-	if got := nb.KernelCmdline(); got != "console=ttyS0 shardfs.total=1" {
-		t.Errorf("KernelCmdline() = %q; want the given console kept, no default added", got)
+	for _, tc := range []struct{ cmdline, want string }{
+		{"console=ttyS0 shardfs.total=1", "quiet edd=off panic=10 console=ttyS0 shardfs.total=1"},
+		{"console=ttyS0 panic=-1 quiet shardfs.total=1", "edd=off console=ttyS0 panic=-1 quiet shardfs.total=1"},
+		{"loglevel=7 edd=on shardfs.total=1", "console=tty0 console=ttyS0,115200 panic=10 loglevel=7 edd=on shardfs.total=1"},
+	} {
+		nb.Cmdline = tc.cmdline
+		if got := nb.KernelCmdline(); got != tc.want {
+			t.Errorf("KernelCmdline(%q) = %q; want %q (the given console and options kept, the others added)", tc.cmdline, got, tc.want)
+		}
 	}
 }
 

@@ -23,7 +23,7 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 	initBin := fl.String("init", "", "the static shardfs binary to make /init (default: this binary)")
 	kernelDir := fl.String("kernel", "", "Debian's linux-image package unpacked with dpkg -x: its vmlinuz is copied and its NIC modules go into the image")
 	modules := fl.String("modules", strings.Join(baremetal.DefaultNICModules, ","), "NIC modules to carry, with their dependencies (with --kernel)")
-	cmdline := fl.String("cmdline", "", "kernel command line: the shardfs.* keys ("+strings.Join(baremetal.Keys, ", ")+"), and console= to replace '"+baremetal.DefaultConsole+"'")
+	cmdline := fl.String("cmdline", "", "kernel command line: the shardfs.* keys ("+strings.Join(baremetal.Keys, ", ")+"); console=, quiet, edd= or panic= replace the defaults '"+baremetal.DefaultConsole+" "+strings.Join(baremetal.DefaultOptions, " ")+"'")
 	tokenFile := fl.String("token-file", "", "file holding the bot token, written into secrets.cpio.gz (mode 0600), never into the image")
 	etcdCA := fl.String("etcd-ca", "", "with shardfs.etcd: CA certificate of etcd's TLS, written into secrets.cpio.gz")
 	etcdCert := fl.String("etcd-cert", "", "with shardfs.etcd: client certificate for etcd, written into secrets.cpio.gz")
