@@ -5,14 +5,17 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/shardfs/shardfs/baremetal"
+	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/core"
 )
 
@@ -157,5 +160,58 @@ func TestNoTokenNode(t *testing.T) {
 			return
 		}
 		<-changed
+	}
+}
+
+// TestPXEFleetArgs: the serve flags a PXE node's command line becomes
+// (baremetal.Settings.Args, with the etcd files secrets.cpio.gz brought)
+// are flags serve's etcd configuration takes: the endpoints, the bot, the
+// node's name and etcd's TLS.
+func TestPXEFleetArgs(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := certs.NewCA("etcd CA", certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "etcd-ca.crt")
+	if err := os.WriteFile(caFile, certs.CertPEM(ca.Cert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ca.Issue(certs.Client, "node", nil, certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := certs.WriteFiles(filepath.Join(dir, "etcd"), c.Cert, c.Key); err != nil {
+		t.Fatal(err)
+	}
+	s, probs := baremetal.ParseCmdline("shardfs.flavor=discord shardfs.total=auto shardfs.listen=unix!/run/s shardfs.etcd=https://10.0.0.1:2379,https://10.0.0.2:2379 shardfs.bot=mybot")
+	if len(probs) != 0 {
+		t.Fatal(probs)
+	}
+	s.Node = baremetal.NodeName("", net.HardwareAddr{0x52, 0x54, 0, 1, 2, 3})
+	s.EtcdCA, s.EtcdCert, s.EtcdKey = caFile, filepath.Join(dir, "etcd.crt"), filepath.Join(dir, "etcd.key")
+
+	// serve's own flags: those the test does not look at are taken as
+	// strings.
+	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var ef etcdFlags
+	ef.register(fl)
+	var tf tlsFlags
+	tf.register(fl)
+	for _, name := range []string{"flavor", "total", "shards", "api", "gateway", "listen"} {
+		fl.String(name, "", "")
+	}
+	if err := fl.Parse(s.Args()); err != nil {
+		t.Fatalf("serve's flags refuse %q: %v", s.Args(), err)
+	}
+	cfg, err := ef.config(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg == nil || strings.Join(cfg.Endpoints, " ") != "https://10.0.0.1:2379 https://10.0.0.2:2379" || cfg.Bot != "mybot" || cfg.Node != "pxe-52-54-00-01-02-03" {
+		t.Fatalf("etcd configuration = %+v; want both endpoints, bot mybot, node pxe-52-54-00-01-02-03", cfg)
+	}
+	if cfg.TLS == nil || cfg.TLS.RootCAs == nil || len(cfg.TLS.Certificates) != 1 {
+		t.Errorf("etcd TLS = %+v; want the CA and the client certificate", cfg.TLS)
 	}
 }
