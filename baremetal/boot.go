@@ -6,20 +6,26 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/u-root/u-root/pkg/dhclient"
 	"golang.org/x/sys/unix"
 
 	"github.com/shardfs/shardfs/clock"
 )
 
-// Where secrets.cpio.gz puts the bot token and the TLS listener's files
-// (the key and the token mode 0600, in a folder of mode 0700).
+// Where secrets.cpio.gz puts the bot token and etcd's TLS files, and
+// tls.cpio.gz the TLS listener's files (the keys and the token mode 0600,
+// in a folder of mode 0700).
 const (
 	TokenPath       = "/secrets/token"
+	EtcdCAPath      = "/secrets/etcd-ca.crt"
+	EtcdCertPath    = "/secrets/etcd.crt"
+	EtcdKeyPath     = "/secrets/etcd.key"
 	TLSCertPath     = "/secrets/tls.crt"
 	TLSKeyPath      = "/secrets/tls.key"
 	TLSClientCAPath = "/secrets/client-ca.crt"
@@ -93,8 +99,10 @@ func Boot(ctx context.Context, cfg Config) error {
 	if err := loUp(); err != nil {
 		con.printf("loopback: %v", err)
 	}
+	var lease dhclient.Lease
 	if err := retry(ctx, clk, con, "DHCP", func() error {
-		lease, err := dhcp(ctx, 10*time.Second)
+		var err error
+		lease, err = dhcp(ctx, 10*time.Second)
 		if err == nil {
 			con.printf("network up: %v", lease)
 		}
@@ -103,14 +111,28 @@ func Boot(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	token := readToken(con, "")
-	refused = !checkListen(con, "", &settings) || refused
+	return runNode(ctx, clk, con, cfg.Run, "", settings, refused, leaseHostname(lease), leaseMAC(lease))
+}
+
+// runNode is Boot once the network is up: it reads the files the secrets
+// and TLS initrds left under root, then refuses the node (refused, or no
+// listener would export the tree) or runs it, retrying it with a backoff.
+func runNode(ctx context.Context, clk clock.Clock, con *console, run func(context.Context, Settings, string) error, root string, settings Settings, refused bool, dhcpHostname string, mac net.HardwareAddr) error {
+	token := readToken(con, root)
+	refused = !checkListen(con, root, &settings) || refused
+	if len(settings.Etcd) > 0 {
+		etcdFiles(con, root, &settings)
+		if settings.Node == "" {
+			settings.Node = NodeName(dhcpHostname, mac)
+			con.printf("etcd: this node is %q (no shardfs.node: the DHCP host name, or the NIC's address)", settings.Node)
+		}
+	}
 	if refused {
 		return refuse(ctx, clk, con)
 	}
 	return retry(ctx, clk, con, "the node", func() error {
 		con.printf("starting the node: shardfs serve %s", strings.Join(settings.Args(), " "))
-		err := cfg.Run(ctx, settings, token)
+		err := run(ctx, settings, token)
 		if err == nil && ctx.Err() == nil {
 			err = errors.New("the node stopped")
 		}
@@ -118,7 +140,7 @@ func Boot(ctx context.Context, cfg Config) error {
 	})
 }
 
-// checkListen completes the listeners with the TLS files secrets.cpio.gz
+// checkListen completes the listeners with the TLS files tls.cpio.gz
 // brought: with them and no shardfs.listen, the node listens on
 // DefaultListen; a tls! listener without them, or no listener at all, is
 // refused.
@@ -134,28 +156,62 @@ func checkListen(con *console, root string, s *Settings) bool {
 		s.TLSCert, s.TLSKey, s.TLSClientCA = root+TLSCertPath, root+TLSKeyPath, root+TLSClientCAPath
 		if len(s.Listen) == 0 {
 			s.Listen = []string{DefaultListen}
-			con.printf("listening on %s (the default: secrets.cpio.gz brought the TLS files)", DefaultListen)
+			con.printf("listening on %s (the default: tls.cpio.gz brought the TLS files)", DefaultListen)
 		}
 		return true
 	case 0:
 	default:
-		con.printf("secrets.cpio.gz holds only some of %s, %s, %s: no TLS listener", TLSCertPath, TLSKeyPath, TLSClientCAPath)
+		con.printf("tls.cpio.gz holds only some of %s, %s, %s: no TLS listener", TLSCertPath, TLSKeyPath, TLSClientCAPath)
 	}
 	if len(s.Listen) == 0 {
-		con.printf("kernel command line: shardfs.listen: missing, and secrets.cpio.gz brought no TLS files for the default %s: nothing would export the tree", DefaultListen)
+		con.printf("kernel command line: shardfs.listen: missing, and no tls.cpio.gz brought the TLS files for the default %s: nothing would export the tree", DefaultListen)
 		return false
 	}
 	for _, l := range s.Listen {
 		if strings.HasPrefix(l, "tls!") {
-			con.printf("kernel command line: shardfs.listen=%s: no TLS files in secrets.cpio.gz (shardfs netboot --tls-cert --tls-key --tls-client-ca)", l)
+			con.printf("kernel command line: shardfs.listen=%s: no TLS files (tls.cpio.gz was not loaded, or shardfs netboot had no --tls-cert --tls-key --tls-client-ca)", l)
 			return false
 		}
 	}
 	return true
 }
 
+// etcdFiles sets etcd's TLS files that secrets.cpio.gz brought.
+func etcdFiles(con *console, root string, s *Settings) {
+	if _, err := os.Stat(root + EtcdCAPath); err == nil {
+		s.EtcdCA = root + EtcdCAPath
+	}
+	_, errCert := os.Stat(root + EtcdCertPath)
+	_, errKey := os.Stat(root + EtcdKeyPath)
+	if errCert == nil && errKey == nil {
+		s.EtcdCert, s.EtcdKey = root+EtcdCertPath, root+EtcdKeyPath
+	}
+	con.printf("etcd: %s, CA %s, client certificate %s", strings.Join(s.Etcd, ","), orNone(s.EtcdCA), orNone(s.EtcdCert))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// NodeName is the name of a node whose command line names none: the
+// host name DHCP gave, or else "pxe-" and the NIC's hardware address with
+// dashes (pxe-52-54-00-12-34-56), unique on the boot network.
+func NodeName(dhcpHostname string, mac net.HardwareAddr) string {
+	if h := strings.TrimSpace(dhcpHostname); h != "" && !strings.ContainsAny(h, "/ \t") {
+		return h
+	}
+	if len(mac) == 0 {
+		return "pxe-node"
+	}
+	return "pxe-" + strings.ReplaceAll(mac.String(), ":", "-")
+}
+
 // readToken reads and removes the token secrets.cpio.gz left: from then on
-// it lives only in the node's memory.
+// it lives only in the node's memory. Without it the console says what
+// the node does instead.
 func readToken(con *console, root string) string {
 	b, err := os.ReadFile(root + TokenPath)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -213,5 +214,99 @@ func TestRootFSTable(t *testing.T) {
 func TestClockFloor(t *testing.T) {
 	if f := clockFloor(); f.Year() < 2026 {
 		t.Errorf("clockFloor() = %v; want the build's time, not before 2026", f)
+	}
+}
+
+// TestRunNodeRefuses: a fatal key on the command line stops the node:
+// it never runs, and the refusal is repeated once a minute until the
+// context ends.
+func TestRunNodeRefuses(t *testing.T) {
+	clk := clock.NewFake()
+	out := make(lines, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	s, probs := ParseCmdline("shardfs.flavor=discord shardfs.total=2 shardfs.listen=tcp!0.0.0.0!5641")
+	if len(probs) != 1 || !probs[0].Fatal {
+		t.Fatalf("problems = %v; want one fatal", probs)
+	}
+	ran := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- runNode(ctx, clk, &console{w: out}, func(context.Context, Settings, string) error {
+			ran <- struct{}{}
+			return nil
+		}, t.TempDir(), s, true, "", nil)
+	}()
+	const want = "shardfs-init: refusing to start the node: fix the shardfs.* keys above on the kernel command line and reboot"
+	for l := next(t, out); l != want; l = next(t, out) { // the token's and the listener's lines come first
+	}
+	clk.Advance(time.Minute - time.Nanosecond)
+	select {
+	case l := <-out:
+		t.Fatalf("console before a minute passed: %q", l)
+	default:
+	}
+	clk.Advance(time.Nanosecond)
+	if l := next(t, out); l != want {
+		t.Fatalf("console after a minute = %q; want the refusal again", l)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("runNode = %v; want context.Canceled", err)
+	}
+	select {
+	case <-ran:
+		t.Error("the node ran despite the refusal")
+	default:
+	}
+}
+
+// TestRunNodeWithoutSecrets: tls.cpio.gz was loaded, secrets.cpio.gz was
+// not: the node runs on the default TLS listener with no token, and the
+// console says so.
+func TestRunNodeWithoutSecrets(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(root+"/secrets", 0o700)
+	for _, f := range []string{TLSCertPath, TLSKeyPath, TLSClientCAPath} {
+		os.WriteFile(root+f, []byte("x"), 0o600)
+	}
+	s, probs := ParseCmdline("shardfs.flavor=discord shardfs.total=2 shardfs.etcd=http://10.0.2.2:2379 shardfs.bot=b")
+	if len(probs) != 0 {
+		t.Fatal(probs)
+	}
+	out := make(lines, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	type call struct {
+		s     Settings
+		token string
+	}
+	calls := make(chan call, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- runNode(ctx, clock.NewFake(), &console{w: out}, func(ctx context.Context, s Settings, token string) error {
+			calls <- call{s, token}
+			<-ctx.Done()
+			return nil
+		}, root, s, false, "", net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56})
+	}()
+	var c call
+	select {
+	case c = <-calls:
+	case <-time.After(10 * time.Second): // a bound on a hang
+		t.Fatal("the node did not run")
+	}
+	cancel()
+	<-done
+	if c.token != "" || c.s.TLSKey != root+TLSKeyPath || strings.Join(c.s.Listen, " ") != DefaultListen || c.s.Node != "pxe-52-54-00-12-34-56" {
+		t.Errorf("Run(%+v, %q); want no token, the TLS files, %s, the node named after the NIC", c.s, c.token, DefaultListen)
+	}
+	var console []string
+	for len(out) > 0 {
+		console = append(console, <-out)
+	}
+	text := strings.Join(console, "\n")
+	for _, want := range []string{`every shard is FATAL with "no token"`, "listening on " + DefaultListen + " (the default: tls.cpio.gz brought the TLS files)", `this node is "pxe-52-54-00-12-34-56"`, "--etcd http://10.0.2.2:2379 --bot b --node pxe-52-54-00-12-34-56"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("console =\n%s\nwant %q", text, want)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package baremetal
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -20,16 +21,20 @@ type Settings struct {
 	Listen  []string // 9P listeners, in the order given
 	Etcd    []string // etcd endpoints
 	Bot     string
+	Node    string // the node's name in etcd; Boot defaults it (NodeName)
 	API     string
 	Gateway string
 
-	// The TLS listener's files, which Boot sets when secrets.cpio.gz
+	// The TLS listener's files, which Boot sets when tls.cpio.gz
 	// brought them (never from the command line).
 	TLSCert, TLSKey, TLSClientCA string
+	// etcd's TLS files, which Boot sets when secrets.cpio.gz brought
+	// them.
+	EtcdCA, EtcdCert, EtcdKey string
 }
 
 // DefaultListen is the listener of a node whose command line names none
-// and whose secrets.cpio.gz brought the TLS files.
+// and whose tls.cpio.gz brought the TLS files.
 const DefaultListen = "tls!0.0.0.0!5641"
 
 // Args are serve's flags for s (the token is not among them).
@@ -49,6 +54,18 @@ func (s Settings) Args() []string {
 	}
 	if s.TLSCert != "" {
 		args = append(args, "--tls-cert", s.TLSCert, "--tls-key", s.TLSKey, "--tls-client-ca", s.TLSClientCA)
+	}
+	if len(s.Etcd) > 0 {
+		args = append(args, "--etcd", strings.Join(s.Etcd, ","), "--bot", s.Bot)
+		if s.Node != "" {
+			args = append(args, "--node", s.Node)
+		}
+		if s.EtcdCA != "" {
+			args = append(args, "--etcd-ca", s.EtcdCA)
+		}
+		if s.EtcdCert != "" {
+			args = append(args, "--etcd-cert", s.EtcdCert, "--etcd-key", s.EtcdKey)
+		}
 	}
 	return args
 }
@@ -77,11 +94,10 @@ var (
 	ErrMalformed  = errors.New("malformed value")
 	ErrMissing    = errors.New("missing")
 	ErrSecret     = errors.New("the token never goes on the kernel command line: /proc/cmdline is world-readable and the boot script travels in the clear; use netboot --token-file, which writes secrets.cpio.gz")
-	ErrNoEtcd     = errors.New("this build's serve has no etcd ownership yet: running shards that other nodes may own would open duplicate sessions")
 )
 
 // Keys are the shardfs.* keys the command line may carry.
-var Keys = []string{"flavor", "total", "shards", "listen", "etcd", "bot", "api", "gateway"}
+var Keys = []string{"flavor", "total", "shards", "listen", "etcd", "bot", "node", "api", "gateway"}
 
 // ParseCmdline reads the shardfs.* keys of a kernel command line (the
 // content of /proc/cmdline) and ignores every other word. Values may be
@@ -127,7 +143,7 @@ func ParseCmdline(line string) (Settings, []Problem) {
 			seen[name] = v
 		}
 		if err := s.set(name, v); err != nil {
-			bad(k, true, fmt.Errorf("%w: %q: %v", ErrMalformed, v, err))
+			bad(k, true, fmt.Errorf("%w: %q: %w", ErrMalformed, v, err))
 		}
 	}
 	for _, req := range []string{"flavor", "total"} {
@@ -136,9 +152,15 @@ func ParseCmdline(line string) (Settings, []Problem) {
 		}
 	}
 	if len(s.Etcd) > 0 {
-		bad("shardfs.etcd", true, ErrNoEtcd)
-	} else if s.Bot != "" {
-		bad("shardfs.bot", false, errors.New("only meaningful with shardfs.etcd"))
+		if s.Bot == "" {
+			bad("shardfs.bot", true, fmt.Errorf("%w: shardfs.etcd needs the bot's name, the folder of its keys in etcd", ErrMissing))
+		}
+	} else {
+		for _, k := range []struct{ key, v string }{{"shardfs.bot", s.Bot}, {"shardfs.node", s.Node}} {
+			if k.v != "" {
+				bad(k.key, false, errors.New("only meaningful with shardfs.etcd"))
+			}
+		}
 	}
 	if s.Total != "" && s.Total != "auto" && s.Shards != "" {
 		n, _ := strconv.Atoi(s.Total)
@@ -186,8 +208,14 @@ func (s *Settings) set(name, v string) error {
 		}
 		s.Shards = v
 	case "listen":
-		if _, err := fsrv.ParseListenAddr(v); err != nil {
+		la, err := fsrv.ParseListenAddr(v)
+		if err != nil {
 			return err
+		}
+		if la.Network == "tcp" && !la.TLS && !la.Insecure && !loopback(la.Address) {
+			// serve would refuse it on the node, and Boot would retry
+			// it forever: refused here, with the key named.
+			return fmt.Errorf("%w: 9P is not encrypted and the tree takes commands; use tls!HOST!PORT, or add ,insecure to serve plain TCP anyway", fsrv.ErrInsecure)
 		}
 		s.Listen = append(s.Listen, v)
 	case "etcd":
@@ -197,13 +225,17 @@ func (s *Settings) set(name, v string) error {
 			}
 			s.Etcd = append(s.Etcd, e)
 		}
-	case "bot":
+	case "bot", "node":
 		for _, r := range v {
 			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-				return fmt.Errorf("bot names use letters, digits, '-', '_' and '.', not %q", r)
+				return fmt.Errorf("%s names use letters, digits, '-', '_' and '.', not %q", name, r)
 			}
 		}
-		s.Bot = v
+		if name == "bot" {
+			s.Bot = v
+		} else {
+			s.Node = v
+		}
 	case "api":
 		if err := checkURL(v, "http", "https"); err != nil {
 			return err
@@ -216,6 +248,22 @@ func (s *Settings) set(name, v string) error {
 		s.Gateway = v
 	}
 	return nil
+}
+
+// loopback tells whether a listener's host:port is loopback on the node:
+// a loopback IP or localhost. Any other name is refused, since whatever
+// it resolves to on the machine running netboot says nothing about the
+// node.
+func loopback(address string) bool {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func checkURL(v string, schemes ...string) error {

@@ -2,11 +2,13 @@ package baremetal
 
 import (
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
 )
 
 const good = "BOOT_IMAGE=vmlinuz console=ttyS0 quiet shardfs.flavor=discord shardfs.total=16 shardfs.shards=0-7 shardfs.listen=tls!0.0.0.0!5641 shardfs.api=https://discord.com/api/v10"
@@ -49,7 +51,12 @@ func TestParseCmdlineProblems(t *testing.T) {
 		{"missing total", "shardfs.flavor=discord shardfs.listen=unix!/run/s", "shardfs.total", true, ErrMissing},
 		{"token", base + "shardfs.token=abc.def", "shardfs.token", true, ErrSecret},
 		{"token in the environment", base + "SHARDFS_TOKEN=abc.def", "SHARDFS_TOKEN", true, ErrSecret},
-		{"etcd", base + "shardfs.etcd=http://10.0.0.1:2379 shardfs.bot=b", "shardfs.etcd", true, ErrNoEtcd},
+		{"etcd without bot", base + "shardfs.etcd=http://10.0.0.1:2379", "shardfs.bot", true, ErrMissing},
+		{"node without etcd", base + "shardfs.node=n1", "shardfs.node", false, nil},
+		{"bad node", base + "shardfs.etcd=http://e:2379 shardfs.bot=b shardfs.node=a/b", "shardfs.node", true, ErrMalformed},
+		{"plain tcp beyond loopback", "shardfs.flavor=discord shardfs.total=4 shardfs.listen=tcp!0.0.0.0!5641", "shardfs.listen", true, fsrv.ErrInsecure},
+		{"plain tcp on a host name", "shardfs.flavor=discord shardfs.total=4 shardfs.listen=tcp!node1!5641", "shardfs.listen", true, fsrv.ErrInsecure},
+		{"plain tcp on any address", "shardfs.flavor=discord shardfs.total=4 shardfs.listen=tcp!!5641,ro", "shardfs.listen", true, fsrv.ErrInsecure},
 		{"bad etcd", base + "shardfs.etcd=10.0.0.1:2379", "shardfs.etcd", true, ErrMalformed},
 		{"bad bot", base + "shardfs.etcd=http://e:2379 shardfs.bot=a/b", "shardfs.bot", true, ErrMalformed},
 	} {
@@ -73,6 +80,60 @@ func TestParseCmdlineProblems(t *testing.T) {
 				t.Errorf("String() = %q shows the token", p)
 			}
 		})
+	}
+}
+
+// TestCmdlineToServe: the command line of a fleet node becomes serve's
+// etcd flags, with the files secrets.cpio.gz and tls.cpio.gz brought;
+// plain TCP on loopback or with ,insecure is allowed.
+func TestCmdlineToServe(t *testing.T) {
+	for _, tc := range []struct {
+		name, line string
+		files      func(*Settings)
+		want       string
+	}{
+		{"fleet node", "shardfs.flavor=discord shardfs.total=auto shardfs.etcd=https://10.0.0.1:2379,https://10.0.0.2:2379 shardfs.bot=mybot shardfs.node=rack1-3",
+			func(s *Settings) {
+				s.TLSCert, s.TLSKey, s.TLSClientCA = TLSCertPath, TLSKeyPath, TLSClientCAPath
+				s.Listen = []string{DefaultListen}
+				s.EtcdCA, s.EtcdCert, s.EtcdKey = EtcdCAPath, EtcdCertPath, EtcdKeyPath
+			},
+			"--flavor discord --total auto --listen tls!0.0.0.0!5641 --tls-cert /secrets/tls.crt --tls-key /secrets/tls.key --tls-client-ca /secrets/client-ca.crt --etcd https://10.0.0.1:2379,https://10.0.0.2:2379 --bot mybot --node rack1-3 --etcd-ca /secrets/etcd-ca.crt --etcd-cert /secrets/etcd.crt --etcd-key /secrets/etcd.key"},
+		{"fleet node, plain etcd, no name", "shardfs.flavor=fluxer shardfs.total=8 shardfs.listen=tcp!127.0.0.1!5640 shardfs.etcd=http://e:2379 shardfs.bot=b", nil,
+			"--flavor fluxer --total 8 --listen tcp!127.0.0.1!5640 --etcd http://e:2379 --bot b"},
+		{"plain tcp, insecure", "shardfs.flavor=discord shardfs.total=1 shardfs.listen=tcp!0.0.0.0!5641,insecure shardfs.listen=tcp!localhost!5640,ro", nil,
+			"--flavor discord --total 1 --listen tcp!0.0.0.0!5641,insecure --listen tcp!localhost!5640,ro"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, probs := ParseCmdline(tc.line)
+			if len(probs) != 0 {
+				t.Fatalf("ParseCmdline(%q) problems = %v; want none", tc.line, probs)
+			}
+			if tc.files != nil {
+				tc.files(&s)
+			}
+			if got := strings.Join(s.Args(), " "); got != tc.want {
+				t.Errorf("Args() =\n%s\nwant\n%s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNodeName(t *testing.T) {
+	mac := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
+	for _, tc := range []struct {
+		host string
+		mac  net.HardwareAddr
+		want string
+	}{
+		{"rack1-3", mac, "rack1-3"},
+		{"", mac, "pxe-52-54-00-12-34-56"},
+		{"a/b", mac, "pxe-52-54-00-12-34-56"},
+		{"", nil, "pxe-node"},
+	} {
+		if got := NodeName(tc.host, tc.mac); got != tc.want {
+			t.Errorf("NodeName(%q, %v) = %q; want %q", tc.host, tc.mac, got, tc.want)
+		}
 	}
 }
 

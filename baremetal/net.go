@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/u-root/u-root/pkg/dhclient"
@@ -63,4 +64,20 @@ func dhcp(ctx context.Context, timeout time.Duration) (dhclient.Lease, error) {
 		return got, nil
 	}
 	return nil, fmt.Errorf("%w: %w", ErrNoLease, errors.Join(errs...))
+}
+
+// leaseHostname is the host name (option 12) a DHCPv4 lease gave, if any.
+func leaseHostname(l dhclient.Lease) string {
+	if m, _ := l.Message(); m != nil {
+		return m.HostName()
+	}
+	return ""
+}
+
+// leaseMAC is the hardware address of the lease's interface.
+func leaseMAC(l dhclient.Lease) net.HardwareAddr {
+	if link := l.Link(); link != nil {
+		return link.Attrs().HardwareAddr
+	}
+	return nil
 }

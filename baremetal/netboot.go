@@ -27,8 +27,11 @@ type Netboot struct {
 	Cmdline string
 	// TokenFile, when set, is read into secrets.cpio.gz.
 	TokenFile string
+	// EtcdCA, EtcdCert and EtcdKey, when set, are etcd's TLS files (the
+	// CA, and the client certificate and key), put into secrets.cpio.gz.
+	EtcdCA, EtcdCert, EtcdKey string
 	// TLSCert, TLSKey and TLSClientCA, when set, are the TLS listener's
-	// files, put into secrets.cpio.gz.
+	// files, put into tls.cpio.gz.
 	TLSCert, TLSKey, TLSClientCA string
 	// CABundle, when set, is the PEM file of the certificate authorities
 	// the node trusts for wss:// and https:// (the gateway, the API), put
@@ -45,15 +48,21 @@ const (
 	BootScript  = "boot.ipxe"
 	InitrdFile  = "initrd.cpio.gz"
 	SecretsFile = "secrets.cpio.gz"
+	TLSFile     = "tls.cpio.gz"
 	KernelFile  = "vmlinuz"
 )
 
 // DefaultConsole is put before the command line unless it names a
 // console: the screen, and the serial port last, which makes it the
-// console init writes to; quiet, because the kernel's few hundred boot
-// lines cost seconds on a 115200-baud serial line (and under TCG); a
-// reboot 10 s after a panic.
-const DefaultConsole = "console=tty0 console=ttyS0,115200 quiet panic=10"
+// console init writes to.
+const DefaultConsole = "console=tty0 console=ttyS0,115200"
+
+// DefaultOptions are put before the command line, each unless the line
+// sets the same key: quiet, because the kernel's few hundred boot lines
+// cost seconds on a 115200-baud serial line (and under TCG, where each
+// character is a trap); edd=off, because a diskless node needs no BIOS
+// disk probe before the kernel starts; a reboot 10 s after a panic.
+var DefaultOptions = []string{"quiet", "edd=off", "panic=10"}
 
 // ErrNotStatic says that /init would need a dynamic loader the image does
 // not have.
@@ -74,12 +83,29 @@ func CheckStatic(path string) error {
 	return nil
 }
 
-// KernelCmdline is the full command line boot.ipxe passes.
+// KernelCmdline is the full command line boot.ipxe passes: DefaultConsole
+// and DefaultOptions where the given line does not set them, then the
+// given line.
 func (n Netboot) KernelCmdline() string {
-	if strings.Contains(" "+n.Cmdline, " console=") {
-		return strings.TrimSpace(n.Cmdline)
+	words := strings.Fields(n.Cmdline)
+	has := func(key string) bool {
+		for _, w := range words {
+			if k, _, _ := strings.Cut(w, "="); k == key || key == "quiet" && (k == "debug" || k == "loglevel") {
+				return true
+			}
+		}
+		return false
 	}
-	return strings.TrimSpace(DefaultConsole + " " + n.Cmdline)
+	var pre []string
+	if !has("console") {
+		pre = append(pre, DefaultConsole)
+	}
+	for _, o := range DefaultOptions {
+		if k, _, _ := strings.Cut(o, "="); !has(k) {
+			pre = append(pre, o)
+		}
+	}
+	return strings.TrimSpace(strings.Join(append(pre, n.Cmdline), " "))
 }
 
 // Initrd is the boot image: /init, the device nodes and folders init
@@ -107,35 +133,62 @@ func (n Netboot) Initrd() *initramfs.Image {
 	return a
 }
 
-// Secrets is the second initrd: the token and the TLS listener's files,
-// the token and the key readable by root only. The files are read only
-// when written.
+// Secrets is the secrets initrd: the token and etcd's TLS files, the
+// token and etcd's key readable by root only. The files are read only when
+// written. Without it the node still serves its tree (over the listener
+// tls.cpio.gz brought), every shard FATAL with "no token".
 func (n Netboot) Secrets() *initramfs.Image {
-	a := &initramfs.Image{Level: gzip.BestCompression}
-	a.Dir(filepath.Dir(strings.TrimPrefix(TokenPath, "/")), 0o700)
+	a := secretsDir()
 	if n.TokenFile != "" {
 		a.Copy(TokenPath, n.TokenFile, 0o600)
 	}
-	if n.TLSKey != "" {
-		a.Copy(TLSCertPath, n.TLSCert, 0o644)
-		a.Copy(TLSKeyPath, n.TLSKey, 0o600)
-		a.Copy(TLSClientCAPath, n.TLSClientCA, 0o644)
+	if n.EtcdCA != "" {
+		a.Copy(EtcdCAPath, n.EtcdCA, 0o644)
+	}
+	if n.EtcdKey != "" {
+		a.Copy(EtcdCertPath, n.EtcdCert, 0o644)
+		a.Copy(EtcdKeyPath, n.EtcdKey, 0o600)
 	}
 	return a
 }
 
-func (n Netboot) hasSecrets() bool { return n.TokenFile != "" || n.TLSKey != "" }
+// TLS is the TLS listener's initrd: its certificate, key (readable by
+// root only) and the CA of the clients it accepts. It is apart from the
+// token so that a node whose secrets.cpio.gz is missing still exports its
+// tree, and says why it does nothing.
+func (n Netboot) TLS() *initramfs.Image {
+	a := secretsDir()
+	a.Copy(TLSCertPath, n.TLSCert, 0o644)
+	a.Copy(TLSKeyPath, n.TLSKey, 0o600)
+	a.Copy(TLSClientCAPath, n.TLSClientCA, 0o644)
+	return a
+}
 
-// Script is boot.ipxe. A missing secrets.cpio.gz does not stop the boot:
-// the node comes up, serves its tree and says that it has no token.
+// secretsDir is an archive with /secrets (mode 0700) only.
+func secretsDir() *initramfs.Image {
+	a := &initramfs.Image{Level: gzip.BestCompression}
+	a.Dir(filepath.Dir(strings.TrimPrefix(TokenPath, "/")), 0o700)
+	return a
+}
+
+func (n Netboot) hasSecrets() bool { return n.TokenFile != "" || n.EtcdCA != "" || n.EtcdKey != "" }
+func (n Netboot) hasTLS() bool     { return n.TLSKey != "" }
+
+// Script is boot.ipxe. A missing secrets.cpio.gz or tls.cpio.gz does not
+// stop the boot: the node comes up and says on its console what it lacks
+// (without the token it serves its tree, every shard FATAL with "no
+// token"; without the TLS files it has no TLS listener).
 func (n Netboot) Script() string {
-	return fmt.Sprintf(`#!ipxe
-# Written by shardfs netboot. It holds no secret: the token is in %s.
-kernel %s %s
-initrd %s
-initrd %s || echo shardfs: no %s: the node boots without its token
-boot
-`, SecretsFile, KernelFile, n.KernelCmdline(), InitrdFile, SecretsFile, SecretsFile)
+	var b strings.Builder
+	fmt.Fprintf(&b, "#!ipxe\n# Written by shardfs netboot. It holds no secret: the token is in %s.\n", SecretsFile)
+	fmt.Fprintf(&b, "kernel %s %s\n", KernelFile, n.KernelCmdline())
+	fmt.Fprintf(&b, "initrd %s\n", InitrdFile)
+	if n.hasTLS() {
+		fmt.Fprintf(&b, "initrd %s || echo shardfs: no %s: the node has no TLS listener\n", TLSFile, TLSFile)
+	}
+	fmt.Fprintf(&b, "initrd %s || echo shardfs: no %s: the node boots without its token\n", SecretsFile, SecretsFile)
+	b.WriteString("boot\n")
+	return b.String()
 }
 
 // Output is one file of the output folder.
@@ -171,13 +224,19 @@ func (n Netboot) Outputs() []Output {
 			return err
 		}})
 	}
+	if n.hasTLS() {
+		out = append(out, Output{Name: TLSFile, Mode: 0o600, What: "the TLS listener's certificate, key and client CA", write: func(w io.Writer) error {
+			_, err := n.TLS().WriteTo(w)
+			return err
+		}})
+	}
 	if n.hasSecrets() {
 		var what []string
 		if n.TokenFile != "" {
 			what = append(what, "the token")
 		}
-		if n.TLSKey != "" {
-			what = append(what, "the TLS listener's certificate, key and client CA")
+		if n.EtcdCA != "" || n.EtcdKey != "" {
+			what = append(what, "etcd's TLS files")
 		}
 		out = append(out, Output{Name: SecretsFile, Mode: 0o600, What: strings.Join(what, ", "), write: func(w io.Writer) error {
 			_, err := n.Secrets().WriteTo(w)
@@ -195,6 +254,9 @@ func (n Netboot) String() string {
 	}
 	fmt.Fprintf(&b, "\n%s holds:\n%s", InitrdFile, n.Initrd())
 	fmt.Fprintf(&b, "\nat boot /init mounts:\n%s", RootFS)
+	if n.hasTLS() {
+		fmt.Fprintf(&b, "\n%s holds:\n%s", TLSFile, n.TLS())
+	}
 	if n.hasSecrets() {
 		fmt.Fprintf(&b, "\n%s holds:\n%s", SecretsFile, n.Secrets())
 	}

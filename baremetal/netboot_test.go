@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -61,6 +62,7 @@ func TestNetbootWrite(t *testing.T) {
 		Cmdline:   "shardfs.flavor=discord shardfs.total=1",
 		TokenFile: src("token", "TOKEN-SECRET\n"),
 		TLSCert:   src("tls.crt", "CERT"), TLSKey: src("tls.key", "KEY-SECRET"), TLSClientCA: src("ca.crt", "CA"),
+		EtcdCA: src("etcd-ca.crt", "ETCD-CA"), EtcdCert: src("etcd.crt", "ETCD-CERT"), EtcdKey: src("etcd.key", "ETCD-KEY-SECRET"),
 		CABundle: src("bundle.pem", "BUNDLE"),
 	}
 	out := filepath.Join(dir, "out")
@@ -68,7 +70,7 @@ func TestNetbootWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantModes := map[string]os.FileMode{BootScript: 0o644, InitrdFile: 0o644, SecretsFile: 0o600}
+	wantModes := map[string]os.FileMode{BootScript: 0o644, InitrdFile: 0o644, SecretsFile: 0o600, TLSFile: 0o600}
 	for name, mode := range wantModes {
 		fi, err := os.Stat(filepath.Join(out, name))
 		if err != nil || fi.Mode().Perm() != mode || fi.Size() != sizes[name] {
@@ -104,16 +106,29 @@ func TestNetbootWrite(t *testing.T) {
 		}
 	}
 
+	// secrets.cpio.gz: the token and etcd's files, nothing of TLS.
 	modes, data = readArchive(t, filepath.Join(out, SecretsFile))
-	if modes["secrets"] != cpio.S_IFDIR|0o700 || modes["secrets/token"] != cpio.S_IFREG|0o600 || modes["secrets/tls.key"] != cpio.S_IFREG|0o600 {
-		t.Errorf("secrets modes = %v", modes)
+	wantSecrets := map[string]uint64{"secrets": cpio.S_IFDIR | 0o700, "secrets/token": cpio.S_IFREG | 0o600,
+		"secrets/etcd-ca.crt": cpio.S_IFREG | 0o644, "secrets/etcd.crt": cpio.S_IFREG | 0o644, "secrets/etcd.key": cpio.S_IFREG | 0o600}
+	if !maps.Equal(modes, wantSecrets) {
+		t.Errorf("secrets.cpio.gz modes = %v; want %v", modes, wantSecrets)
 	}
-	if data["secrets/token"] != "TOKEN-SECRET\n" || data["secrets/tls.key"] != "KEY-SECRET" || data["secrets/client-ca.crt"] != "CA" {
-		t.Errorf("secrets = %q", data)
+	if data["secrets/token"] != "TOKEN-SECRET\n" || data["secrets/etcd.key"] != "ETCD-KEY-SECRET" || data["secrets/etcd-ca.crt"] != "ETCD-CA" {
+		t.Errorf("secrets.cpio.gz = %q", data)
+	}
+	// tls.cpio.gz: the listener's files only, not the token.
+	modes, data = readArchive(t, filepath.Join(out, TLSFile))
+	wantTLS := map[string]uint64{"secrets": cpio.S_IFDIR | 0o700, "secrets/tls.crt": cpio.S_IFREG | 0o644,
+		"secrets/tls.key": cpio.S_IFREG | 0o600, "secrets/client-ca.crt": cpio.S_IFREG | 0o644}
+	if !maps.Equal(modes, wantTLS) {
+		t.Errorf("tls.cpio.gz modes = %v; want %v", modes, wantTLS)
+	}
+	if data["secrets/tls.key"] != "KEY-SECRET" || data["secrets/client-ca.crt"] != "CA" || data["secrets/tls.crt"] != "CERT" {
+		t.Errorf("tls.cpio.gz = %q", data)
 	}
 
 	script, _ := os.ReadFile(filepath.Join(out, BootScript))
-	for _, want := range []string{"#!ipxe\n", "kernel vmlinuz " + DefaultConsole + " shardfs.flavor=discord shardfs.total=1\n", "initrd initrd.cpio.gz\n", "initrd secrets.cpio.gz || echo", "\nboot\n"} {
+	for _, want := range []string{"#!ipxe\n", "kernel vmlinuz console=tty0 console=ttyS0,115200 quiet edd=off panic=10 shardfs.flavor=discord shardfs.total=1\n", "initrd initrd.cpio.gz\ninitrd tls.cpio.gz || echo shardfs: no tls.cpio.gz: the node has no TLS listener\ninitrd secrets.cpio.gz || echo shardfs: no secrets.cpio.gz: the node boots without its token\nboot\n"} {
 		if !strings.Contains(string(script), want) {
 			t.Errorf("boot.ipxe =\n%s\nwant %q", script, want)
 		}
@@ -122,8 +137,18 @@ func TestNetbootWrite(t *testing.T) {
 	if !strings.Contains(plan, "at boot /init mounts:\n"+RootFS.String()) {
 		t.Errorf("dry run =\n%s\nwant the mount table", plan)
 	}
-	if strings.Contains(plan, "SECRET") || !strings.Contains(plan, "file    0600 /secrets/token < "+nb.TokenFile) {
-		t.Errorf("dry run =\n%s\nwant the token's file listed, never its content", plan)
+	for _, want := range []string{
+		"tls.cpio.gz      0600  the TLS listener's certificate, key and client CA\n",
+		"secrets.cpio.gz  0600  the token, etcd's TLS files\n",
+		"tls.cpio.gz holds:\n", "file    0600 /secrets/tls.key < " + nb.TLSKey,
+		"secrets.cpio.gz holds:\n", "file    0600 /secrets/token < " + nb.TokenFile, "file    0600 /secrets/etcd.key < " + nb.EtcdKey,
+	} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("dry run =\n%s\nwant %q", plan, want)
+		}
+	}
+	if strings.Contains(plan, "SECRET") {
+		t.Errorf("dry run =\n%s\nshows a secret's content", plan)
 	}
 }
 
@@ -136,8 +161,20 @@ func TestNetbootNoSecrets(t *testing.T) {
 	if !slices.Equal(names, []string{BootScript, InitrdFile}) {
 		t.Errorf("outputs = %v; want boot.ipxe and the initrd only", names)
 	}
-	if got := nb.KernelCmdline(); got != "console=ttyS0 shardfs.total=1" {
-		t.Errorf("KernelCmdline() = %q; want the given console kept, no default added", got)
+	// boot.ipxe still asks for secrets.cpio.gz (an operator may add it),
+	// never for a tls.cpio.gz netboot did not make.
+	if script := nb.Script(); !strings.Contains(script, "initrd secrets.cpio.gz || echo") || strings.Contains(script, TLSFile) {
+		t.Errorf("boot.ipxe =\n%s\nwant secrets.cpio.gz optional, no tls.cpio.gz", script)
+	}
+	for _, tc := range []struct{ cmdline, want string }{
+		{"console=ttyS0 shardfs.total=1", "quiet edd=off panic=10 console=ttyS0 shardfs.total=1"},
+		{"console=ttyS0 panic=-1 quiet shardfs.total=1", "edd=off console=ttyS0 panic=-1 quiet shardfs.total=1"},
+		{"loglevel=7 edd=on shardfs.total=1", "console=tty0 console=ttyS0,115200 panic=10 loglevel=7 edd=on shardfs.total=1"},
+	} {
+		nb.Cmdline = tc.cmdline
+		if got := nb.KernelCmdline(); got != tc.want {
+			t.Errorf("KernelCmdline(%q) = %q; want %q (the given console and options kept, the others added)", tc.cmdline, got, tc.want)
+		}
 	}
 }
 

@@ -77,7 +77,13 @@
 // a read-only listener: its connections may open nothing for writing,
 // truncate, write, create, remove or change attributes (EACCES, "permission
 // denied: ..."), files show no write bits, and nodes marked Private are
-// absent from listings, walks and attaches. Plain TCP on an address that is
+// absent from listings, walks and attaches. A write refused because the
+// listener is read-only is logged at Warn ("fsrv: write refused on a
+// read-only listener", with the remote address, the client certificate's
+// name and the file), at most once a minute for the whole server; the next
+// line counts those left out (more_refused). The refusal changes nothing
+// shared, so the other connections are not slowed or affected. Plain TCP
+// on an address that is
 // not loopback is refused unless ",insecure" says otherwise; the error
 // names tls!HOST!PORT. An unknown option is an error. Server.Serve serves a
 // listener, Server.ServeConn one connection (read-write); Close or the

@@ -186,7 +186,7 @@ func (f *dotlFile) SetAttr(valid p9.SetAttrMask, at p9.SetAttr) error {
 	case valid.Permissions || valid.UID || valid.GID:
 		return dotlError(fmt.Errorf("%w: attributes are fixed", fs.ErrPermission))
 	case valid.Size && !writable, f.s.ro && !valid.Empty():
-		return dotlError(fmt.Errorf("%w: %s", fs.ErrPermission, f.s.readOnly(f.node)))
+		return dotlError(f.s.refuseWrite(f.node))
 	case valid.Size && at.Size != 0:
 		return dotlError(fmt.Errorf("%w: only truncation to zero", fs.ErrInvalid))
 	}

@@ -152,7 +152,7 @@ func (s *session) open(n Node, m openMode) (*handle, error) {
 	case m.read && p&permRead == 0:
 		return nil, fmt.Errorf("%w: %s is write-only", fs.ErrPermission, NodeName(n))
 	case (m.write || m.trunc) && p&permWrite == 0:
-		return nil, fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
+		return nil, s.refuseWrite(n)
 	case m.exec && p&permExec == 0:
 		return nil, fmt.Errorf("%w: %s is not executable", fs.ErrPermission, NodeName(n))
 	}
@@ -205,7 +205,7 @@ func (h *handle) read(p []byte, off int64) int {
 func (s *session) write(h *handle, p []byte) (int, error) {
 	c, ok := h.node.(*Ctl)
 	if !ok || c.Handle == nil || !h.write || s.ro {
-		return 0, fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(h.node))
+		return 0, s.refuseWrite(h.node)
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()

@@ -246,13 +246,13 @@ func (s *session) wstat(n Node, d *plan9.Dir) error {
 	switch {
 	case s.ro:
 		// srv9p passes only a wstat that changes something.
-		return fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
+		return s.refuseWrite(n)
 	case d.Name != "" && d.Name != NodeName(n):
 		return errFixedTree
 	case d.Mode != ^plan9.Perm(0) || d.Uid != "" || d.Gid != "":
 		return fmt.Errorf("%w: attributes are fixed", fs.ErrPermission)
 	case d.Length != ^uint64(0) && s.perm(n)&permWrite == 0:
-		return fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
+		return s.refuseWrite(n)
 	case d.Length != ^uint64(0) && d.Length != 0:
 		return fmt.Errorf("%w: only truncation to zero", fs.ErrInvalid)
 	}

@@ -3,6 +3,7 @@ package fsrv
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -72,9 +73,9 @@ type Server struct {
 	accepted  int            // connections Serve is serving, for MaxConns
 	refused   int            // connections refused since the last log line
 	refusedAt time.Time      // when that line was logged
-	// tlsRefused rate-limits the log lines of refused TLS clients, by
-	// reason.
-	tlsRefused map[string]*refusalCount
+	// refusals rate-limits the log lines of refused TLS clients and of
+	// writes on read-only listeners, by reason.
+	refusals map[string]*refusalCount
 }
 
 // Connections returns the number of connections being served.
@@ -282,6 +283,7 @@ func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool)
 		return errors.New("fsrv: Server.Root is nil")
 	}
 	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc}
+	c.sess.conn = c
 	if s.testTracker != nil {
 		s.testTracker(c.t)
 	}
@@ -330,6 +332,16 @@ func (c *conn) remote() string {
 	if nc, ok := c.rwc.(net.Conn); ok {
 		if a := nc.RemoteAddr(); a != nil {
 			return a.String()
+		}
+	}
+	return "-"
+}
+
+// client names the connection's client certificate, "-" without TLS.
+func (c *conn) client() string {
+	if tc, ok := c.rwc.(*tls.Conn); ok {
+		if st := tc.ConnectionState(); len(st.PeerCertificates) > 0 {
+			return certName(st.PeerCertificates[0])
 		}
 	}
 	return "-"

@@ -1,6 +1,8 @@
 package fsrv
 
 import (
+	"fmt"
+	"io/fs"
 	"slices"
 	"sync/atomic"
 )
@@ -10,6 +12,9 @@ import (
 type session struct {
 	*Server
 	ro bool
+	// conn is the connection, named in the log line of a write refused
+	// on a read-only listener.
+	conn *conn
 	// msize is the negotiated message size, which error strings must fit
 	// (9P2000).
 	msize atomic.Uint32
@@ -52,6 +57,32 @@ func (s *session) perm(n Node) uint32 {
 	}
 	return p
 }
+
+// refuseWrite is the error of a write, truncation or attribute change
+// refused on n. A refusal because the listener is read-only (",ro") is
+// logged, rate-limited server-wide: the first in a minute is a line with
+// the remote address, the client certificate's name and the file, the
+// others in that minute are counted in the next line's more_refused.
+// The refusal touches nothing shared, so the other connections go on.
+func (s *session) refuseWrite(n Node) error {
+	if s.ro && perm(n)&permWrite != 0 {
+		if skipped, ok := s.rateLimit(refusedReadOnly); ok {
+			args := []any{"remote", "-", "client", "-", "file", NodeName(n)}
+			if s.conn != nil {
+				args[1], args[3] = s.conn.remote(), s.conn.client()
+			}
+			if skipped > 0 {
+				args = append(args, "more_refused", skipped)
+			}
+			s.logger().Warn("fsrv: write refused on a read-only listener", args...)
+		}
+	}
+	return fmt.Errorf("%w: %s", fs.ErrPermission, s.readOnly(n))
+}
+
+// refusedReadOnly is the rate limit's key of writes on a read-only
+// listener.
+const refusedReadOnly = "write on a read-only listener"
 
 // readOnly names why a write is refused.
 func (s *session) readOnly(n Node) string {

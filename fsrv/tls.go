@@ -387,25 +387,35 @@ type refusalCount struct {
 	skipped int
 }
 
-func (s *Server) logRefusal(r refusal, remote string) {
+// rateLimit tells whether a refusal of this reason may be logged now (at
+// most once a minute for each reason), and how many were not logged since
+// the last line.
+func (s *Server) rateLimit(reason string) (skipped int, ok bool) {
 	s.mu.Lock()
-	if s.tlsRefused == nil {
-		s.tlsRefused = make(map[string]*refusalCount)
+	defer s.mu.Unlock()
+	if s.refusals == nil {
+		s.refusals = make(map[string]*refusalCount)
 	}
-	rc := s.tlsRefused[r.reason]
+	rc := s.refusals[reason]
 	if rc == nil {
 		rc = &refusalCount{}
-		s.tlsRefused[r.reason] = rc
+		s.refusals[reason] = rc
 	}
 	now := s.now()
 	if !rc.at.IsZero() && now.Sub(rc.at) < time.Minute {
 		rc.skipped++
-		s.mu.Unlock()
+		return 0, false
+	}
+	skipped = rc.skipped
+	rc.at, rc.skipped = now, 0
+	return skipped, true
+}
+
+func (s *Server) logRefusal(r refusal, remote string) {
+	skipped, ok := s.rateLimit(r.reason)
+	if !ok {
 		return
 	}
-	skipped := rc.skipped
-	rc.at, rc.skipped = now, 0
-	s.mu.Unlock()
 	args := []any{"reason", r.reason, "remote", remote, "detail", r.detail}
 	if skipped > 0 {
 		args = append(args, "more_refused", skipped)

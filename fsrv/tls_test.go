@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -276,7 +277,9 @@ func TestTLSServerCertificate(t *testing.T) {
 }
 
 // TestTLSReadOnly: a ,ro TLS listener serves reads and refuses writes
-// with EACCES.
+// with EACCES. The refusals are logged once a minute at most, the first
+// with the client and the file; a read-write client of the same server,
+// writing while they happen, is unaffected.
 func TestTLSReadOnly(t *testing.T) {
 	p := newPKI(t)
 	fx := newFixture()
@@ -288,16 +291,73 @@ func TestTLSReadOnly(t *testing.T) {
 	if got := readDotL(t, root, "status"); got != "READY\n" {
 		t.Errorf("status = %q; want READY", got)
 	}
-	_, ctl, err := root.Walk([]string{"ctl"})
+
+	// A read-write TLS listener on the same server, its client holding
+	// ctl open for writing.
+	rwl, err := ListenTLS("tls!127.0.0.1!0", p.serverConf(p.server))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ctl.Close()
-	if _, _, err := ctl.Open(p9.WriteOnly); !errors.Is(err, linux.EACCES) {
-		t.Errorf("open ctl for writing through a ,ro TLS listener = %v; want EACCES", err)
+	_, port, _ := net.SplitHostPort(serveOn(t, ts.srv, rwl))
+	rw := &tlsServer{addr: "tls!127.0.0.1!" + port}
+	rwRoot, err := rw.dial(t, p.clientConf(p.client))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if h := fx.takeHandled(); len(h) != 0 {
-		t.Errorf("commands handled: %q; want none", h)
+	_, rwCtl, err := rwRoot.Walk([]string{"ctl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rwCtl.Close()
+	if _, _, err := rwCtl.Open(p9.WriteOnly); err != nil {
+		t.Fatal(err)
+	}
+
+	refuse := func() error {
+		_, ctl, err := root.Walk([]string{"ctl"})
+		if err != nil {
+			return err
+		}
+		defer ctl.Close()
+		if _, _, err := ctl.Open(p9.WriteOnly); !errors.Is(err, linux.EACCES) {
+			return fmt.Errorf("open ctl for writing through a ,ro TLS listener = %v; want EACCES", err)
+		}
+		return nil
+	}
+	// Two refusals while the read-write client writes.
+	done := make(chan error, 1)
+	go func() {
+		err := refuse()
+		if err == nil {
+			err = refuse()
+		}
+		done <- err
+	}()
+	for i := range 20 {
+		if _, err := rwCtl.WriteAt([]byte(fmt.Sprintf("lease %d\n", i)), 0); err != nil {
+			t.Fatalf("the read-write client's write %d: %v", i, err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rwCtl.WriteAt([]byte("stop\n"), 0); err != nil {
+		t.Fatalf("the read-write client after the refusals: %v", err)
+	}
+	if h := fx.takeHandled(); len(h) != 21 || h[20] != "stop" {
+		t.Errorf("commands handled: %q; want the read-write client's 21, none from the read-only one", h)
+	}
+
+	const line = `msg="fsrv: write refused on a read-only listener" remote=127.0.0.1:`
+	if n := strings.Count(ts.logs.String(), line); n != 1 || !strings.Contains(ts.logs.String(), `client="CN=alice" file=ctl`) {
+		t.Errorf("%d log lines of refused writes; want 1 naming the client and the file:\n%s", n, ts.logs)
+	}
+	fx.clock.Advance(time.Minute)
+	if err := refuse(); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(ts.logs.String(), line); n != 2 || !strings.Contains(ts.logs.String(), "more_refused=1") {
+		t.Errorf("a minute later: %d log lines; want 2, the second with more_refused=1:\n%s", n, ts.logs)
 	}
 }
 

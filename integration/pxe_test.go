@@ -2,9 +2,12 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -36,6 +39,9 @@ const pxeBootsEnv = "SHARDFS_PXE_BOOTS"
 // the gateway simulator on the host over wss:// through guestfwd, and
 // serves the tree on port 5641, forwarded to the host. The host's
 // built-in client reads status, resets shard 0 and follows its events.
+// Then the same image boots once more with secrets.cpio.gz removed from
+// the TFTP folder: the node serves its tree over TLS, every shard FATAL
+// with "no token", and says so on the console.
 func TestPXEBoot(t *testing.T) {
 	k := kit(t)
 	if _, err := os.Stat(IPXEROM); err != nil {
@@ -91,18 +97,29 @@ func TestPXEBoot(t *testing.T) {
 	} else {
 		t.Logf("shardfs netboot:\n%s", b)
 	}
-	// The image holds no secret: only secrets.cpio.gz carries the token.
+	// The image holds no secret: only secrets.cpio.gz carries the token,
+	// only tls.cpio.gz the listener's key. The archives are looked at
+	// decompressed.
 	nodeKey, err := os.ReadFile(filepath.Join(dir, "node.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"boot.ipxe", "initrd.cpio.gz", "vmlinuz"} {
-		if b, err := os.ReadFile(filepath.Join(out, f)); err != nil || strings.Contains(string(b), token) || strings.Contains(string(b), string(nodeKey)) {
-			t.Errorf("%s: err %v, holds the token: %v", f, err, err == nil)
+	for _, f := range []struct {
+		name       string
+		token, key bool // which secret it must hold
+	}{
+		{"boot.ipxe", false, false}, {"initrd.cpio.gz", false, false}, {"vmlinuz", false, false},
+		{"tls.cpio.gz", false, true}, {"secrets.cpio.gz", true, false},
+	} {
+		b := readMaybeGzip(t, filepath.Join(out, f.name))
+		if hasToken, hasKey := strings.Contains(b, token), strings.Contains(b, string(nodeKey)); hasToken != f.token || hasKey != f.key {
+			t.Errorf("%s: holds the token %v, the TLS key %v; want %v, %v", f.name, hasToken, hasKey, f.token, f.key)
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(out, "secrets.cpio.gz")); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("secrets.cpio.gz: %v, %v; want mode 0600", fi, err)
+	for _, f := range []string{"secrets.cpio.gz", "tls.cpio.gz"} {
+		if fi, err := os.Stat(filepath.Join(out, f)); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, %v; want mode 0600", f, fi, err)
+		}
 	}
 
 	boots := 1
@@ -120,26 +137,19 @@ func TestPXEBoot(t *testing.T) {
 	slices.Sort(served)
 	t.Logf("boot -> tree served over 9P: median %v of %d boots %v", served[len(served)/2].Round(100*time.Millisecond), boots, served)
 
-	if os.Getenv(pxeNoTokenEnv) != "1" {
-		return
+	// The same image without secrets.cpio.gz (the file is absent from
+	// the TFTP folder): the node serves its tree over the TLS listener
+	// tls.cpio.gz brought, every shard FATAL with "no token".
+	if err := os.Remove(filepath.Join(out, "secrets.cpio.gz")); err != nil {
+		t.Fatal(err)
 	}
-	// The same node without its token: secrets.cpio.gz brings only the
-	// TLS files. It serves its tree, every shard FATAL with "no token".
-	out = filepath.Join(dir, "tftp-notoken")
-	nb = exec.Command(shardfs, "netboot", "--out", out, "--kernel", kernelDir(k),
-		"--modules", "virtio_pci,virtio_net", "--ca-bundle", caFile,
-		"--tls-cert", filepath.Join(dir, "node.crt"), "--tls-key", filepath.Join(dir, "node.key"), "--tls-client-ca", caFile,
-		"--cmdline", cmdline)
-	if b, err := nb.CombinedOutput(); err != nil {
-		t.Fatalf("shardfs netboot without a token: %v\n%s", err, b)
-	}
-	pxeBootNoToken(t, k, shardfs, dir, out, sim)
+	pxeBootNoToken(t, k, shardfs, dir, out)
 }
 
-// pxeNoTokenEnv adds a boot without the token to TestPXEBoot.
-const pxeNoTokenEnv = "SHARDFS_PXE_NOTOKEN"
-
-func pxeBootNoToken(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Server) {
+// pxeBootNoToken boots an image whose secrets.cpio.gz is absent: the
+// console says so (iPXE's echo, then /init's), and the host's client sees
+// every shard FATAL with "no token".
+func pxeBootNoToken(t *testing.T, k Kit, shardfs, dir, tftp string) {
 	port := freePort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -156,10 +166,16 @@ func pxeBootNoToken(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gateway
 			t.Logf("console:\n%s", m.Console)
 		}
 	}()
-	for _, marker := range []string{`every shard is FATAL with "no token"`, "access=read-write"} {
+	for _, marker := range []string{
+		"shardfs: no secrets.cpio.gz: the node boots without its token",
+		`shardfs-init: no token: no /secrets/token (secrets.cpio.gz was not loaded, or was made without --token-file); the node serves its tree and every shard is FATAL with "no token"`,
+		"listening on tls!0.0.0.0!5641 (the default: tls.cpio.gz brought the TLS files)",
+		"access=read-write",
+	} {
 		if _, err := m.Console.Expect(ctx, marker); err != nil {
 			t.Fatalf("console: %v", err)
 		}
+		t.Logf("%6.1fs  %s", time.Since(m.Started).Seconds(), marker)
 	}
 	tlsArgs := []string{"--addr", fmt.Sprintf("tls!127.0.0.1!%d", port), "--cert", filepath.Join(dir, "operator.crt"), "--key", filepath.Join(dir, "operator.key"), "--ca", filepath.Join(dir, "ca.pem")}
 	cli := func(args ...string) (string, error) {
@@ -177,11 +193,28 @@ func pxeBootNoToken(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gateway
 		}
 		return len(lines) == 2 && fatal == 2
 	})
-	events, err := cli("cat", "1/events")
-	if err != nil || !strings.Contains(events, "no token") {
-		t.Errorf("cat 1/events = %q, %v; want \"no token\"", events, err)
+	for _, shard := range []string{"0", "1"} {
+		events, err := cli("cat", shard+"/events")
+		if err != nil || !strings.Contains(events, "no token") {
+			t.Errorf("cat %s/events = %q, %v; want \"no token\"", shard, events, err)
+		}
+		t.Logf("without secrets.cpio.gz: shard %s FATAL, events:\n%s", shard, events)
 	}
-	t.Logf("without secrets' token: both shards FATAL, 1/events:\n%s", events)
+}
+
+// readMaybeGzip is a file's content, decompressed when it is gzip.
+func readMaybeGzip(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if zr, err := gzip.NewReader(bytes.NewReader(b)); err == nil {
+		if b, err = io.ReadAll(zr); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	return string(b)
 }
 
 // pxeBoot boots the guest once and returns the time from QEMU's start to
@@ -444,7 +477,7 @@ func TestBareMetalBadInput(t *testing.T) {
 		}
 	}()
 	for _, marker := range []string{
-		"shardfs.totl: unknown key (known: shardfs.flavor, shardfs.total, shardfs.shards, shardfs.listen, shardfs.etcd, shardfs.bot, shardfs.api, shardfs.gateway) (ignored)",
+		"shardfs.totl: unknown key (known: shardfs.flavor, shardfs.total, shardfs.shards, shardfs.listen, shardfs.etcd, shardfs.bot, shardfs.node, shardfs.api, shardfs.gateway) (ignored)",
 		"module virtio_net loaded",
 		"; retrying in 1s", // the doubling is TestRetryBackoff's (baremetal), to keep CI short
 	} {

@@ -9,7 +9,8 @@
 //	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
 //	               [--tls-cert F --tls-key F --tls-client-ca F]  (tls!HOST!PORT listeners)
 //	shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline '...'] [--token-file F]
-//	               [--tls-cert F --tls-key F --tls-client-ca F] [--ca-bundle F] [--dry-run]
+//	               [--tls-cert F --tls-key F --tls-client-ca F] [--etcd-ca F --etcd-cert F --etcd-key F]
+//	               [--ca-bundle F] [--init F] [--dry-run]
 //	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
 //	shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
 //	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
@@ -85,10 +86,10 @@ const usage = `usage:
                  [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
   shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline 'shardfs.x=y ...']
                  [--token-file FILE] [--tls-cert F --tls-key F --tls-client-ca F]
-                 [--ca-bundle FILE] [--dry-run]
+                 [--etcd-ca F --etcd-cert F --etcd-key F] [--ca-bundle FILE] [--init F] [--dry-run]
                  (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,
-                 the kernel and its NIC modules; the token and the TLS key in
-                 secrets.cpio.gz)
+                 the kernel and its NIC modules; the TLS listener's files in
+                 tls.cpio.gz, the token and etcd's TLS files in secrets.cpio.gz)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
   shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
   shardfs ls     [--addr ADDR] [--cert F --key F --ca F] PATH

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,11 +19,15 @@ import (
 func runNetboot(args []string, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet("netboot", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	out := fl.String("out", "", "folder to write boot.ipxe, initrd.cpio.gz (and vmlinuz, secrets.cpio.gz) into (required)")
+	out := fl.String("out", "", "folder to write boot.ipxe, initrd.cpio.gz (and vmlinuz, tls.cpio.gz, secrets.cpio.gz) into (required)")
+	initBin := fl.String("init", "", "the static shardfs binary to make /init (default: this binary)")
 	kernelDir := fl.String("kernel", "", "Debian's linux-image package unpacked with dpkg -x: its vmlinuz is copied and its NIC modules go into the image")
 	modules := fl.String("modules", strings.Join(baremetal.DefaultNICModules, ","), "NIC modules to carry, with their dependencies (with --kernel)")
-	cmdline := fl.String("cmdline", "", "kernel command line: the shardfs.* keys (flavor, total, shards, listen, api, gateway), and console= to replace '"+baremetal.DefaultConsole+"'")
+	cmdline := fl.String("cmdline", "", "kernel command line: the shardfs.* keys ("+strings.Join(baremetal.Keys, ", ")+"); console=, quiet, edd= or panic= replace the defaults '"+baremetal.DefaultConsole+" "+strings.Join(baremetal.DefaultOptions, " ")+"'")
 	tokenFile := fl.String("token-file", "", "file holding the bot token, written into secrets.cpio.gz (mode 0600), never into the image")
+	etcdCA := fl.String("etcd-ca", "", "with shardfs.etcd: CA certificate of etcd's TLS, written into secrets.cpio.gz")
+	etcdCert := fl.String("etcd-cert", "", "with shardfs.etcd: client certificate for etcd, written into secrets.cpio.gz")
+	etcdKey := fl.String("etcd-key", "", "with shardfs.etcd: the client certificate's key, written into secrets.cpio.gz (mode 0600)")
 	var tf tlsFlags
 	tf.register(fl)
 	caBundle := fl.String("ca-bundle", baremetal.CABundlePath, "PEM file of the certificate authorities the node trusts for wss:// and https:// (empty: none)")
@@ -47,6 +53,12 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "netboot: warning: --cmdline %s\n", p)
 		}
 	}
+	if len(settings.Etcd) == 0 && (*etcdCA != "" || *etcdCert != "" || *etcdKey != "") {
+		refused = append(refused, "--etcd-ca, --etcd-cert, --etcd-key: need shardfs.etcd on the command line")
+	}
+	if (*etcdCert == "") != (*etcdKey == "") {
+		refused = append(refused, "--etcd-cert and --etcd-key go together")
+	}
 	if len(settings.Listen) == 0 && tf.key == "" {
 		refused = append(refused, "shardfs.listen: missing, and no --tls-cert --tls-key --tls-client-ca for the default "+baremetal.DefaultListen)
 	}
@@ -59,7 +71,8 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--cmdline: the node would refuse to start:\n  %s", strings.Join(refused, "\n  "))
 	}
 	nb := baremetal.Netboot{Cmdline: *cmdline, TokenFile: *tokenFile, CABundle: *caBundle,
-		TLSCert: tf.cert, TLSKey: tf.key, TLSClientCA: tf.clientCA}
+		TLSCert: tf.cert, TLSKey: tf.key, TLSClientCA: tf.clientCA,
+		EtcdCA: *etcdCA, EtcdCert: *etcdCert, EtcdKey: *etcdKey}
 	if tf.cert != "" || tf.key != "" || tf.clientCA != "" {
 		// The same check serve makes, now rather than on the node.
 		if _, err := fsrv.ServerTLSConfig(tf.cert, tf.key, tf.clientCA); err != nil {
@@ -79,9 +92,29 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("finding this binary for /init: %w", err)
+	if *etcdCert != "" {
+		// The same check serve's --etcd-cert makes, now rather than on
+		// the node.
+		if _, err := tls.LoadX509KeyPair(*etcdCert, *etcdKey); err != nil {
+			return fmt.Errorf("--etcd-cert, --etcd-key: %w", err)
+		}
+		if err := checkSecretFile("--etcd-key", *etcdKey); err != nil {
+			return err
+		}
+	}
+	if *etcdCA != "" {
+		if b, err := os.ReadFile(*etcdCA); err != nil {
+			return fmt.Errorf("--etcd-ca: %w", err)
+		} else if !x509.NewCertPool().AppendCertsFromPEM(b) {
+			return fmt.Errorf("--etcd-ca %s: no PEM certificate in it", *etcdCA)
+		}
+	}
+	self := *initBin
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return fmt.Errorf("finding this binary for /init: %w", err)
+		}
 	}
 	if err := baremetal.CheckStatic(self); err != nil {
 		return err

@@ -3,15 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"flag"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/shardfs/shardfs/baremetal"
+	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/core"
 )
 
@@ -37,6 +41,10 @@ func TestNetbootRefuses(t *testing.T) {
 		{"missing token file", []string{"--cmdline", nbCmdline, "--token-file", filepath.Join(dir, "nope")}, "--token-file"},
 		{"no out", []string{"--cmdline", nbCmdline}, "--out is required"},
 		{"modules without kernel", []string{"--cmdline", nbCmdline, "--modules", "e1000"}, "needs --kernel"},
+		{"plain tcp beyond loopback", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2 shardfs.listen=tcp!0.0.0.0!5641"}, "shardfs.listen: malformed value: \"tcp!0.0.0.0!5641\": plain TCP beyond loopback"},
+		{"etcd without bot", []string{"--cmdline", nbCmdline + " shardfs.etcd=http://10.0.0.1:2379"}, "shardfs.bot: missing"},
+		{"etcd files without etcd", []string{"--cmdline", nbCmdline, "--etcd-ca", open}, "need shardfs.etcd"},
+		{"etcd cert without key", []string{"--cmdline", nbCmdline + " shardfs.etcd=https://e:2379 shardfs.bot=b", "--etcd-cert", open}, "go together"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -58,38 +66,61 @@ func TestNetbootRefuses(t *testing.T) {
 	}
 }
 
+// staticELF writes the smallest file debug/elf reads as a static x86-64
+// executable: an ELF header with no program header, so no PT_INTERP.
+func staticELF(t *testing.T, name string) {
+	t.Helper()
+	h := make([]byte, 64)
+	copy(h, "\x7fELF")
+	h[4], h[5], h[6] = 2, 1, 1                // 64-bit, little-endian, version 1
+	binary.LittleEndian.PutUint16(h[16:], 2)  // ET_EXEC
+	binary.LittleEndian.PutUint16(h[18:], 62) // EM_X86_64
+	binary.LittleEndian.PutUint32(h[20:], 1)  // EV_CURRENT
+	binary.LittleEndian.PutUint16(h[52:], 64) // e_ehsize
+	if err := os.WriteFile(name, h, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := baremetal.CheckStatic(name); err != nil {
+		t.Fatalf("the fake static binary: %v", err)
+	}
+}
+
 func TestNetbootDryRun(t *testing.T) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
 	os.WriteFile(tok, []byte("SEKRIT\n"), 0o600)
+	init := filepath.Join(dir, "shardfs-static")
+	staticELF(t, init)
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"netboot", "--dry-run", "--out", filepath.Join(dir, "out"), "--ca-bundle", "", "--token-file", tok, "--cmdline", nbCmdline + " shardfs.colour=red"}, nil, &stdout, &stderr)
-	self, _ := os.Executable()
-	if baremetal.CheckStatic(self) != nil {
-		// The test binary is dynamically linked (cgo): netboot must
-		// refuse to make it /init, and say how to build a static one.
-		if !errors.Is(err, baremetal.ErrNotStatic) || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
-			t.Fatalf("netboot with a dynamic binary = %v; want ErrNotStatic saying how to build", err)
-		}
-		return
-	}
+	err := run(context.Background(), []string{"netboot", "--dry-run", "--init", init, "--out", filepath.Join(dir, "out"), "--ca-bundle", "", "--token-file", tok, "--cmdline", nbCmdline + " shardfs.colour=red"}, nil, &stdout, &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := stdout.String()
-	for _, want := range []string{"boot.ipxe", "initrd.cpio.gz", "secrets.cpio.gz  0600", "file    0755 /init < " + self, "chardev 0600 /dev/console 5:1", "file    0600 /secrets/token < " + tok, "mount devtmpfs /dev"} {
+	for _, want := range []string{"boot.ipxe", "initrd.cpio.gz", "secrets.cpio.gz  0600  the token\n", "file    0755 /init < " + init, "chardev 0600 /dev/console 5:1", "file    0600 /secrets/token < " + tok, "mount devtmpfs /dev"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run =\n%s\nwant %q", out, want)
 		}
 	}
-	if strings.Contains(out, "SEKRIT") {
-		t.Errorf("dry run shows the token:\n%s", out)
+	if strings.Contains(out, "SEKRIT") || strings.Contains(out, "tls.cpio.gz") {
+		t.Errorf("dry run shows the token, or a tls.cpio.gz without TLS files:\n%s", out)
 	}
 	if !strings.Contains(stderr.String(), "shardfs.colour") {
 		t.Errorf("stderr = %q; want a warning naming shardfs.colour", stderr.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "out")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("dry run created the output folder: %v", err)
+	}
+
+	// A dynamic binary (this test binary with cgo, or /bin/sh) is
+	// refused, with how to build a static one.
+	dyn := "/bin/sh"
+	if self, _ := os.Executable(); baremetal.CheckStatic(self) != nil {
+		dyn = self
+	}
+	err = run(context.Background(), []string{"netboot", "--dry-run", "--init", dyn, "--ca-bundle", "", "--cmdline", nbCmdline}, nil, io.Discard, io.Discard)
+	if !errors.Is(err, baremetal.ErrNotStatic) || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+		t.Errorf("netboot with a dynamic /init = %v; want ErrNotStatic saying how to build", err)
 	}
 }
 
@@ -129,5 +160,58 @@ func TestNoTokenNode(t *testing.T) {
 			return
 		}
 		<-changed
+	}
+}
+
+// TestPXEFleetArgs: the serve flags a PXE node's command line becomes
+// (baremetal.Settings.Args, with the etcd files secrets.cpio.gz brought)
+// are flags serve's etcd configuration takes: the endpoints, the bot, the
+// node's name and etcd's TLS.
+func TestPXEFleetArgs(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := certs.NewCA("etcd CA", certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "etcd-ca.crt")
+	if err := os.WriteFile(caFile, certs.CertPEM(ca.Cert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ca.Issue(certs.Client, "node", nil, certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := certs.WriteFiles(filepath.Join(dir, "etcd"), c.Cert, c.Key); err != nil {
+		t.Fatal(err)
+	}
+	s, probs := baremetal.ParseCmdline("shardfs.flavor=discord shardfs.total=auto shardfs.listen=unix!/run/s shardfs.etcd=https://10.0.0.1:2379,https://10.0.0.2:2379 shardfs.bot=mybot")
+	if len(probs) != 0 {
+		t.Fatal(probs)
+	}
+	s.Node = baremetal.NodeName("", net.HardwareAddr{0x52, 0x54, 0, 1, 2, 3})
+	s.EtcdCA, s.EtcdCert, s.EtcdKey = caFile, filepath.Join(dir, "etcd.crt"), filepath.Join(dir, "etcd.key")
+
+	// serve's own flags: those the test does not look at are taken as
+	// strings.
+	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var ef etcdFlags
+	ef.register(fl)
+	var tf tlsFlags
+	tf.register(fl)
+	for _, name := range []string{"flavor", "total", "shards", "api", "gateway", "listen"} {
+		fl.String(name, "", "")
+	}
+	if err := fl.Parse(s.Args()); err != nil {
+		t.Fatalf("serve's flags refuse %q: %v", s.Args(), err)
+	}
+	cfg, err := ef.config(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg == nil || strings.Join(cfg.Endpoints, " ") != "https://10.0.0.1:2379 https://10.0.0.2:2379" || cfg.Bot != "mybot" || cfg.Node != "pxe-52-54-00-01-02-03" {
+		t.Fatalf("etcd configuration = %+v; want both endpoints, bot mybot, node pxe-52-54-00-01-02-03", cfg)
+	}
+	if cfg.TLS == nil || cfg.TLS.RootCAs == nil || len(cfg.TLS.Certificates) != 1 {
+		t.Errorf("etcd TLS = %+v; want the CA and the client certificate", cfg.TLS)
 	}
 }
