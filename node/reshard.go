@@ -114,6 +114,21 @@ type mover struct {
 	running   bool
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+	// refusal, when set (RefuseMoves), refuses every move with it.
+	refusal string
+	// switchGate, set by a test before a move, replaces the switch's
+	// SwitchDelay: the switch waits until it is closed.
+	switchGate chan struct{}
+}
+
+// RefuseMoves makes the node refuse every move to a larger plan, by hand
+// or on a 4011, with reason (what the operator should do instead): for a
+// node whose plan something else decides, as a child of supervise. Call
+// it before Start.
+func (s *Node) RefuseMoves(reason string) {
+	s.move.mu.Lock()
+	s.move.refusal = reason
+	s.move.mu.Unlock()
 }
 
 // current returns the plan the tree shows.
@@ -159,7 +174,7 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 		}
 		m := &s.move
 		m.mu.Lock()
-		next := m.next
+		next, running, newTotal, refusal := m.next, m.running, m.newTotal, m.refusal
 		m.mu.Unlock()
 		if next == p {
 			s.abortMove(fmt.Sprintf("shard %d of the new plan went FATAL (close %d)", shard, code))
@@ -168,9 +183,23 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 		if code != 4011 || p != s.current() {
 			return
 		}
-		if !s.cfg.Reshard {
+		if running {
+			// The move under way covers this shard's guilds: its new
+			// plan's shards serve them from the switch.
+			nt := "unknown yet"
+			if newTotal > 0 {
+				nt = strconv.Itoa(newTotal)
+			}
+			s.note(slog.LevelWarn, "reshard-running", "shard", strconv.Itoa(shard), "plan", "old",
+				"old_total", strconv.Itoa(p.total), "new_total", nt,
+				"reason", "4011 on the old plan during a move: the move under way covers this shard's guilds from the switch")
+			return
+		}
+		if refusal != "" || !s.cfg.Reshard {
 			reason := "4011: the bot outgrew its plan; a fixed --total does not move by itself: write reshard N or reshard auto to /ctl"
 			switch {
+			case refusal != "":
+				reason = "4011: the bot outgrew its plan; " + refusal
 			case s.Fleet != nil:
 				reason = "4011: the bot outgrew its plan; a fleet does not move to a new plan yet: stop the fleet and start it with the new --total"
 			case len(p.core.Plan().Local) != p.total:
@@ -253,6 +282,13 @@ func (s *Node) refuse(why string, err error) {
 
 func (s *Node) runMove(ctx context.Context, why string, want int) {
 	old := s.current()
+	s.move.mu.Lock()
+	refusal := s.move.refusal
+	s.move.mu.Unlock()
+	if refusal != "" {
+		s.refuse(why, fmt.Errorf("%w: %s", core.ErrReshard, refusal))
+		return
+	}
 	if s.Fleet != nil {
 		s.refuse(why, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet (every node starting its part of the new plan, a new plan key) is not built yet", core.ErrReshard))
 		return
@@ -319,11 +355,20 @@ func (s *Node) runMove(ctx context.Context, why string, want int) {
 		}
 	}
 	select {
-	case <-s.after(SwitchDelay):
+	case <-s.switchDelay():
 	case <-ctx.Done():
 		return
 	}
 	s.switchTo(old, p, cut)
+}
+
+// switchDelay is closed SwitchDelay after the last new shard is READY; a
+// test may hold the switch with Node.switchGate.
+func (s *Node) switchDelay() <-chan struct{} {
+	if g := s.move.switchGate; g != nil {
+		return g
+	}
+	return s.after(SwitchDelay)
 }
 
 // after is a channel that the node's clock closes after d.
@@ -383,44 +428,50 @@ func (s *Node) nextTotal(ctx context.Context, current, want int) (int, error) {
 }
 
 // switchTo makes p the node's plan: the tree shows it, the held events go
-// out, and the old sessions end with 1000.
-func (s *Node) switchTo(old, p *planRun, cut *reshard.Cut) {
+// out, and the old sessions end with 1000. It does nothing when the move
+// is no longer p's (an abort came first) and reports whether it switched.
+func (s *Node) switchTo(old, p *planRun, cut *reshard.Cut) bool {
+	m := &s.move
+	m.mu.Lock()
+	if m.next != p || m.state != moveStarting {
+		m.mu.Unlock()
+		return false
+	}
 	s.planMu.Lock()
 	s.cur = p
 	s.planMu.Unlock()
-	cut.Switch()
-	m := &s.move
-	m.mu.Lock()
 	m.state, m.next, m.running = moveSwitched, nil, false
+	// Under m.mu: an abort that comes now finds no move to abort.
+	cut.Switch()
 	m.mu.Unlock()
 	st := cut.Stats()
 	s.note(slog.LevelInfo, "reshard-switch", "old_total", strconv.Itoa(old.total), "new_total", strconv.Itoa(p.total),
-		"copies_dropped", strconv.Itoa(st.Dropped), "overflow", strconv.Itoa(st.Overflow))
+		"held_at_switch", strconv.Itoa(st.HeldAtSwitch), "copies_dropped", strconv.Itoa(st.Dropped), "overflow", strconv.Itoa(st.Overflow))
 	old.core.End()
 	_ = old.transport.Close()
 	// The Cut keeps recognising stragglers for its window, then forgets.
-	s.clock.AfterFunc(reshard.DefaultWindow, func() {
-		cut.Forget()
-		old.side.Store(nil)
-		p.side.Store(nil)
-	})
+	s.forgetLater(cut, old, p)
+	return true
 }
 
 // abortMove ends a move that started its new plan: the old one keeps
-// serving.
+// serving. The move's context is cancelled, so that runMove does not go on
+// to the switch, and the Cut releases what the new plan alone received
+// (reshard.Cut.Abort) and keeps matching both plans for its window.
 func (s *Node) abortMove(why string) {
 	m := &s.move
 	m.mu.Lock()
-	p := m.next
+	p, cut := m.next, m.cut
 	if p == nil {
 		m.mu.Unlock()
 		return
 	}
-	m.next, m.cut, m.state, m.reason, m.running = nil, nil, moveAborted, why, false
+	m.next, m.state, m.reason, m.running = nil, moveAborted, why, false
+	cancel := m.cancel
 	m.mu.Unlock()
-	s.current().side.Store(nil) // the old plan delivered what both shared
-	p.side.Store(nil)
-	// The Cut's held events are dropped with it.
+	cancel()
+	cut.Abort()
+	s.forgetLater(cut, s.current(), p)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -428,7 +479,22 @@ func (s *Node) abortMove(why string) {
 		p.core.End()
 		_ = p.transport.Close()
 	}()
-	s.note(slog.LevelError, "reshard-aborted", "reason", why, "then", "the old plan keeps serving")
+	st := cut.Stats()
+	s.note(slog.LevelError, "reshard-aborted", "reason", why, "released", strconv.Itoa(st.HeldAtSwitch),
+		"ready_discarded", strconv.Itoa(st.Discarded), "then", "the old plan keeps serving")
+}
+
+// forgetLater ends the Cut's matching after its window and takes both
+// plans' dispatches off it, unless a later move put its own Cut there.
+func (s *Node) forgetLater(cut *reshard.Cut, plans ...*planRun) {
+	s.clock.AfterFunc(reshard.DefaultWindow, func() {
+		cut.Forget()
+		for _, p := range plans {
+			if cs := p.side.Load(); cs != nil && cs.cut == cut {
+				p.side.CompareAndSwap(cs, nil)
+			}
+		}
+	})
 }
 
 // reshardFile is /reshard.

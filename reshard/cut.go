@@ -127,7 +127,14 @@ type Stats struct {
 	// Overflow is how many held events were delivered before the switch
 	// because MaxHeld was reached, unmatched.
 	Overflow int
-	Switched bool
+	// HeldAtSwitch is how many new-plan events were held when Switch (or
+	// Abort) released them: the events in flight at the switch.
+	HeldAtSwitch int
+	// Discarded is how many of the aborted plan's READY events Abort
+	// did not deliver (see Abort).
+	Discarded int
+	Switched  bool
+	Aborted   bool
 }
 
 type fingerprint struct {
@@ -190,11 +197,11 @@ type Cut struct {
 	// held are new-plan events waiting for the switch, in arrival order;
 	// heldBy holds them by fingerprint and cancelled counts those whose
 	// old twin was delivered meanwhile (skipped at the switch).
-	held             []heldEvent
-	heldBy           multiset
-	cancelled        map[fingerprint]int
-	stats            Stats
-	switched, forgot bool
+	held                      []heldEvent
+	heldBy                    multiset
+	cancelled                 map[fingerprint]int
+	stats                     Stats
+	switched, forgot, aborted bool
 }
 
 // New starts the merge of a move: call it before the new plan's first
@@ -251,6 +258,8 @@ func (c *Cut) New(ev Event) {
 	switch {
 	case c.oldOut.take(f, now-c.window):
 		c.stats.Dropped++
+	case c.aborted && ev.Type == "READY":
+		c.stats.Discarded++
 	case c.switched:
 		c.newOut.add(f, now)
 		c.sink(false, ev)
@@ -307,11 +316,51 @@ func (c *Cut) switchLocked() {
 		return
 	}
 	c.switched = true
+	c.stats.HeldAtSwitch = len(c.held)
 	for len(c.held) > 0 {
 		c.release()
 	}
 	c.held = nil
-	c.stats.Switched = true
+	c.stats.Switched = !c.aborted
+}
+
+// Abort ends the overlap of a move that will not switch: the new plan is
+// being ended, the old one keeps the node's stream. The held new-plan
+// events still standing are delivered, in order, as Switch would (an
+// event the new plan received and the old one did not, because its old
+// shard is FATAL or its old twin is still on its way, is not lost; a twin
+// arriving later is recognised and not delivered again), except the new
+// sessions' READY events, which name sessions that end now: those are
+// counted in Stats.Discarded. Until Forget both plans' events are still
+// matched against each other.
+func (c *Cut) Abort() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.switched {
+		return
+	}
+	c.aborted, c.stats.Aborted = true, true
+	kept := c.held[:0]
+	for _, h := range c.held {
+		if h.Type != "READY" {
+			kept = append(kept, h)
+			continue
+		}
+		c.stats.Held--
+		c.stats.HeldBytes -= size(h.Event)
+		if n := c.cancelled[h.f]; n > 0 {
+			c.cancelled[h.f] = n - 1
+			if n == 1 {
+				delete(c.cancelled, h.f)
+			}
+		} else {
+			c.heldBy.take(h.f, 0)
+		}
+		c.stats.Discarded++
+	}
+	clear(c.held[len(kept):])
+	c.held = kept
+	c.switchLocked()
 }
 
 // Forget ends the matching: the old connections are closed and the new
