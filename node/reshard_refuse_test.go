@@ -31,11 +31,28 @@ func startSmall(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	if flavor == core.Discord && cfg.IdentifyTotal == 0 {
+		discover(t, s)
+	}
 	s.Start()
 	if err := waitReady(s, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return s, sim
+}
+
+// discover runs discovery before the start, as serve does without a
+// --gateway: the transport's identify gate learns max_concurrency, so
+// that both plans' identifies of a bucket reach the gateway 5 s apart
+// (with a configured gateway URL alone the gate lets them through at
+// once, and the simulator refuses some with op 9).
+func discover(t *testing.T, s *Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.Transport.Discover(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Each refusal: one reshard-refused line saying why, /reshard says
