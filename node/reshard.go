@@ -205,6 +205,11 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 			case len(p.core.Plan().Local) != p.total:
 				reason = "4011: the bot outgrew its plan; this node runs part of it (--shards, or a block of supervise), which does not move by itself: start the nodes again with the new --total"
 			}
+			m.mu.Lock()
+			if !m.running {
+				m.state, m.reason, m.oldTotal, m.newTotal, m.startedAt = moveRefused, reason, p.total, 0, time.Time{}
+			}
+			m.mu.Unlock()
 			s.note(slog.LevelWarn, "reshard-refused", "shard", strconv.Itoa(shard), "reason", reason)
 			return
 		}
@@ -302,6 +307,9 @@ func (s *Node) runMove(ctx context.Context, why string, want int) {
 		s.refuse(why, err)
 		return
 	}
+	s.move.mu.Lock()
+	s.move.newTotal = next // shown by /reshard, refused or not
+	s.move.mu.Unlock()
 	if s.cfg.Flavor == core.Discord {
 		b := s.Pacer.Budget()
 		if b.Total > 0 {
