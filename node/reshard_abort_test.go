@@ -209,3 +209,24 @@ func TestReshardAbortKeepsEvents(t *testing.T) {
 		}
 	}
 }
+
+// A 4011 of the old plan during a move writes its own line: the move under
+// way covers the shard's guilds; the move goes on.
+func TestReshardOld4011DuringMove(t *testing.T) {
+	s, _ := startSmall(t, core.Discord, 4, 40, Config{Reshard: true})
+	gate := make(chan struct{})
+	defer close(gate)
+	s.move.switchGate = gate
+	if _, err := s.command("reshard 8"); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, s, "event=reshard-start", 30*time.Second)
+	// What the old plan's core calls when its shard 2 goes FATAL on a
+	// 4011 (shard 2 is in both plans, so the simulator cannot close
+	// only the old plan's connection).
+	s.onFatal(s.current())(2, 4011)
+	waitEvent(t, s, "event=reshard-running shard=2 plan=old old_total=4 new_total=8", 10*time.Second)
+	if got := string(s.reshardFile()); !strings.Contains(got, "state starting\n") {
+		t.Errorf("/reshard = %q; want the move still starting", got)
+	}
+}
