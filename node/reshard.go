@@ -542,6 +542,11 @@ func (s *Node) reshardFile() []byte {
 		st := cut.Stats()
 		line("held", strconv.Itoa(st.Held))
 		line("copies_dropped", strconv.Itoa(st.Dropped))
+		if st.Switched || st.Aborted {
+			// What the switch (or the abort) released at once: the
+			// events in flight at that moment.
+			line("held_at_switch", strconv.Itoa(st.HeldAtSwitch))
+		}
 	}
 	return []byte(b.String())
 }
