@@ -24,32 +24,46 @@ import (
 // silent:
 //   - Only a node that runs its whole plan moves (serve without --shards):
 //     a node that runs part of a plan cannot choose its part of the next
-//     one. With --etcd and under supervise a move is refused with a line
-//     that says so; see the README.
+//     one. With --etcd and under supervise (a child refuses even when it
+//     runs the whole plan: RefuseMoves) a move is refused with a line that
+//     says so; the README says what each would need.
 //   - Automatic moves answer a close 4011 when Config.Reshard is set
 //     (serve --total auto); `reshard N` on /ctl moves by hand to N shards,
 //     `reshard auto` to what discovery recommends, with the same checks.
-//   - Order of the checks: a move already running, the rate (3 moves an
-//     hour), the new total (discovery, or for Fluxer the community count),
-//     then the budget (Discord: remaining − reserve must pay for every
-//     new shard; Fluxer's budget is a 60 s window that refills, so it only
-//     paces). A refusal leaves the old plan serving, the 4011 shard FATAL,
-//     and says why in /events (event=reshard-refused) and /reshard.
+//   - Order of the checks: a move already running; the node's own
+//     refusals (RefuseMoves, a fleet, part of a plan); the new total
+//     (discovery, or for Fluxer the community count); the budget (Discord:
+//     remaining − reserve must pay for every new shard; Fluxer's budget is
+//     a 60 s window that refills, so it only paces); then the rate (3
+//     moves an hour), last, so that a refused move does not use up one of
+//     the 3 (a fourth 4011 within the hour still costs a discovery call or
+//     a community count before it is refused). A refusal leaves the old
+//     plan serving, the 4011 shard FATAL, and says why in /events
+//     (event=reshard-refused) and /reshard.
+//   - A 4011 of the old plan while a move runs writes its own line
+//     (event=reshard-running plan=old): the move under way serves that
+//     shard's guilds from the switch.
 //   - The new plan shares the node's identify pacer (one budget, buckets
-//     by shard id as Discord counts them), its events log (/events: the
-//     new plan's shards write their lines there during the move, after a
-//     line event=reshard-start that names the new total) and its dispatch
+//     by shard id as Discord counts them) and its transport's identify
+//     gate, its events log (/events: the new plan's shards write their
+//     lines there during the move, after a line event=reshard-start that
+//     names the new total; the lines do not say which plan, the
+//     reshard-start and reshard-switch lines frame them) and its dispatch
 //     log, which reshard.Cut feeds so that each dispatch appears once.
 //   - The switch waits SwitchDelay after the last new shard is READY, so
 //     that what the gateway sent the old sessions before that READY has
-//     arrived (the order per guild at the cut, see package reshard), then
-//     the tree shows the new plan, the held events go out, and the old
-//     sessions close with 1000. The Cut keeps matching stragglers for its
-//     window, then forgets.
+//     arrived (the order per guild at the cut, see package reshard; a
+//     fixed wait, no heartbeat acknowledgement), then the tree shows the
+//     new plan, the held events go out, and the old sessions close with
+//     1000. The Cut keeps matching stragglers for its window, then
+//     forgets.
 //   - A new shard that goes FATAL during the move (a 4011 of the new plan,
-//     a refused token) aborts it: the new sessions end with 1000, their
-//     held events are dropped (the old plan delivered every event they
-//     shared), and the old plan keeps serving.
+//     a refused token) aborts it, also while it waits for the switch: the
+//     move's context ends and the switch checks that the move is still
+//     its own, the new sessions end with 1000, the Cut releases what it
+//     held but the new sessions' READY (reshard.Cut.Abort: the guilds of
+//     the old plan's 4011 shard reached only the new plan), and the old
+//     plan keeps serving.
 
 // SwitchDelay is how long the switch waits after the last new shard is
 // READY.
