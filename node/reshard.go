@@ -215,7 +215,7 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 			case refusal != "":
 				reason = "4011: the bot outgrew its plan; " + refusal
 			case s.Fleet != nil:
-				reason = "4011: the bot outgrew its plan; a fleet does not move to a new plan yet: stop the fleet and start it with the new --total"
+				reason = "4011: the bot outgrew its plan; a fleet does not move to a new plan yet (README, Bigger plans without downtime, says what it needs): stop the fleet and start it with the new --total"
 			case len(p.core.Plan().Local) != p.total:
 				reason = "4011: the bot outgrew its plan; this node runs part of it (--shards, or a block of supervise), which does not move by itself: start the nodes again with the new --total"
 			}
@@ -309,7 +309,7 @@ func (s *Node) runMove(ctx context.Context, why string, want int) {
 		return
 	}
 	if s.Fleet != nil {
-		s.refuse(why, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet (every node starting its part of the new plan, a new plan key) is not built yet", core.ErrReshard))
+		s.refuse(why, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet is not built yet (README, Bigger plans without downtime, says what it needs): stop the fleet and start it with the new --total", core.ErrReshard))
 		return
 	}
 	if len(old.core.Plan().Local) != old.total {
