@@ -99,6 +99,7 @@ type reshardResult struct {
 	// The move: VmRSS at the 4011 and its peak until settle after the
 	// switch.
 	rssBefore, rssPeak int64
+	rssPeakSwitch      int64 // the peak until the switch
 	identifies         int64
 	refused            int64 // identifies the simulator refused during the move
 }
@@ -179,6 +180,7 @@ func reshardRun(bin string, n, mc, rate int, settle time.Duration, log io.Writer
 		text, err = readTree(sock, "reshard")
 		if err == nil && keyValue(text, "state") == "switched" {
 			r.toSwitch = time.Since(start)
+			r.rssPeakSwitch = r.rssPeak
 			break
 		}
 		if err == nil && (keyValue(text, "state") == "refused" || keyValue(text, "state") == "aborted") {
@@ -217,9 +219,9 @@ func reshardRun(bin string, n, mc, rate int, settle time.Duration, log io.Writer
 	}
 	r.identifies = after.Identifies - before.Identifies
 	r.refused = after.RefusedIdentifies - before.RefusedIdentifies
-	fmt.Fprintf(log, "bench: reshard %d -> %d: switch after %v (bound %v), %d held at the switch (%d at most while polling), %d events sent to both plans, %d copies recognised at the switch, %d after %v, RSS %d -> peak %d KiB (baseline %d -> peak %d KiB), %d identifies, %d refused\n",
+	fmt.Fprintf(log, "bench: reshard %d -> %d: switch after %v (bound %v), %d held at the switch (%d at most while polling), %d events sent to both plans, %d copies recognised at the switch, %d after %v, RSS %d -> peak %d KiB at the switch, %d KiB after (baseline %d -> peak %d KiB), %d identifies, %d refused\n",
 		n, next, r.toSwitch.Round(time.Millisecond), r.bound, r.heldAtSwitch, r.heldMax, r.both, r.dropped, r.droppedLater, settle,
-		r.rssBefore>>10, r.rssPeak>>10, r.rssBase>>10, r.rssBasePeak>>10, r.identifies, r.refused)
+		r.rssBefore>>10, r.rssPeakSwitch>>10, r.rssPeak>>10, r.rssBase>>10, r.rssBasePeak>>10, r.identifies, r.refused)
 	if _, err := p.stop(); err != nil {
 		return r, err
 	}
@@ -268,8 +270,8 @@ func runReshard(cfg config, log io.Writer) (*section, error) {
 		sec.add(row{
 			measure: fmt.Sprintf("extra resident memory while both plans run, %d -> %d", n, next), unit: "KiB",
 			values: map[string][]float64{colReshard: {float64(extra)}},
-			ratio: fmt.Sprintf("baseline, same traffic and time without a move: %d KiB; the move's own %d KiB (%.1f KiB per new shard)",
-				base, extra-base, float64(extra-base)/float64(next)),
+			ratio: fmt.Sprintf("baseline, same traffic and time without a move: %d KiB; the move's own %d KiB (%.1f KiB per new shard); until the switch %d KiB",
+				base, extra-base, float64(extra-base)/float64(next), (r.rssPeakSwitch-r.rssBefore)>>10),
 		})
 		sec.add(row{
 			measure: fmt.Sprintf("identifies for the move, %d -> %d", n, next),
@@ -286,9 +288,9 @@ func runReshard(cfg config, log io.Writer) (*section, error) {
 		"Each size starts a fresh simulator (Discord flavour, the real identify rule at max_concurrency " + strconv.Itoa(rc.concurrency) + ", four guilds on every shard of the larger plan) " +
 			"and the real binary, `shardfs serve --flavor discord --total auto`, built from this tree. Once every shard is READY, the simulator publishes " + strconv.Itoa(rc.rate) + " MESSAGE_CREATEs a second over the guilds, " +
 			"each to every session its guild routes to (both plans during the move, as Discord does), then discovery is made to recommend twice the shards (serve rounds it up to a multiple of max_concurrency) and shard 0 is closed with 4011. " +
-			"The time runs from that close to the moment serve's /reshard says switched (polled every 100 ms over 9P). " +
+			"The time runs from that close to the moment serve's /reshard says switched (polled every 100 ms over 9P); the 4011 comes after the baseline, when every bucket's last identify is older than 5 s, so the new plan's first round identifies at once and the switch comes about a second after its last round starts, ceil(new / max_concurrency) − 1 windows after the 4011. " +
 			"The events in flight at the switch are /reshard's held_at_switch: the new plan's events the cut held and released at the switch (the new sessions' READY and GUILD_CREATEs, the guilds of the 4011 shard, copies whose old twin had not arrived). " +
-			"The memory is serve's VmRSS at the 4011 and its peak until " + rc.settle.String() + " after the switch (the cut matches stragglers for 30 s); the baseline is the same process, same traffic, sampled as long (the identify limit plus " + rc.settle.String() + ") just before the 4011, without a move. " +
+			"The memory is serve's VmRSS at the 4011 and its peak until the switch and until " + rc.settle.String() + " after it (the cut matches stragglers for 30 s, the held events go into the new plan's logs at the switch, the old plan is ended then but not yet collected); the baseline is the same process, same traffic, sampled as long (the identify limit plus " + rc.settle.String() + ") just before the 4011, without a move. " +
 			"Events sent to both plans are the simulator's count; the copies recognised are /reshard's copies_dropped at the switch and " + rc.settle.String() + " later. " +
 			"Each figure is one run: a run of 256 -> 512 takes about 8 minutes.",
 	}
