@@ -385,7 +385,7 @@ func (s *Node) runMove(ctx context.Context, why string, want int) {
 }
 
 // switchDelay is closed SwitchDelay after the last new shard is READY; a
-// test may hold the switch with Node.switchGate.
+// test may hold the switch with mover.switchGate.
 func (s *Node) switchDelay() <-chan struct{} {
 	if g := s.move.switchGate; g != nil {
 		return g
@@ -451,13 +451,13 @@ func (s *Node) nextTotal(ctx context.Context, current, want int) (int, error) {
 
 // switchTo makes p the node's plan: the tree shows it, the held events go
 // out, and the old sessions end with 1000. It does nothing when the move
-// is no longer p's (an abort came first) and reports whether it switched.
-func (s *Node) switchTo(old, p *planRun, cut *reshard.Cut) bool {
+// is no longer p's (an abort came first).
+func (s *Node) switchTo(old, p *planRun, cut *reshard.Cut) {
 	m := &s.move
 	m.mu.Lock()
 	if m.next != p || m.state != moveStarting {
 		m.mu.Unlock()
-		return false
+		return
 	}
 	s.planMu.Lock()
 	s.cur = p
@@ -473,7 +473,6 @@ func (s *Node) switchTo(old, p *planRun, cut *reshard.Cut) bool {
 	_ = old.transport.Close()
 	// The Cut keeps recognising stragglers for its window, then forgets.
 	s.forgetLater(cut, old, p)
-	return true
 }
 
 // abortMove ends a move that started its new plan: the old one keeps
