@@ -63,7 +63,10 @@ import (
 //     its own, the new sessions end with 1000, the Cut releases what it
 //     held but the new sessions' READY (reshard.Cut.Abort: the guilds of
 //     the old plan's 4011 shard reached only the new plan), and the old
-//     plan keeps serving.
+//     plan keeps serving. What the new connections had not read when
+//     they close is not delivered: for the guilds of the old 4011 shard,
+//     as everything the gateway sends them after the abort, until a later
+//     move.
 
 // SwitchDelay is how long the switch waits after the last new shard is
 // READY.

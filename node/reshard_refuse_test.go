@@ -19,11 +19,17 @@ import (
 // READY.
 func startSmall(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config) (*Node, *gatewaysim.Server) {
 	t.Helper()
+	return startSmallBeating(t, flavor, total, guilds, cfg, time.Hour)
+}
+
+// startSmallBeating is startSmall with the simulator's heartbeat interval.
+func startSmallBeating(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config, heartbeat time.Duration) (*Node, *gatewaysim.Server) {
+	t.Helper()
 	sf := gatewaysim.Discord
 	if flavor == core.Fluxer {
 		sf = gatewaysim.Fluxer
 	}
-	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: sf, Shards: total, MaxConcurrency: 8, Guilds: guilds, HeartbeatInterval: time.Hour})
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: sf, Shards: total, MaxConcurrency: 8, Guilds: guilds, HeartbeatInterval: heartbeat})
 	if err != nil {
 		t.Fatal(err)
 	}
