@@ -20,7 +20,8 @@ func TestReshard(t *testing.T) {
 	}
 	sec.number, sec.title = 10, "Reshard"
 	report := render(config{command: "go test"}, "", []*section{sec})
-	for _, want := range []string{"4011 to the switch, 4 -> 8 shards, max_concurrency 4", "events sent to both plans during the move, 4 -> 8", "identifies for the move, 4 -> 8"} {
+	for _, want := range []string{"4011 to the switch, 4 -> 8 shards, max_concurrency 4", "events sent to both plans during the move, 4 -> 8", "identifies for the move, 4 -> 8",
+		"events in flight at the switch (held by the cut, released at once), 4 -> 8", "identifies refused (op 9) during the move, 4 -> 8", "baseline, same traffic and time without a move"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}

@@ -24,32 +24,49 @@ import (
 // silent:
 //   - Only a node that runs its whole plan moves (serve without --shards):
 //     a node that runs part of a plan cannot choose its part of the next
-//     one. With --etcd and under supervise a move is refused with a line
-//     that says so; see the README.
+//     one. With --etcd and under supervise (a child refuses even when it
+//     runs the whole plan: RefuseMoves) a move is refused with a line that
+//     says so; the README says what each would need.
 //   - Automatic moves answer a close 4011 when Config.Reshard is set
 //     (serve --total auto); `reshard N` on /ctl moves by hand to N shards,
 //     `reshard auto` to what discovery recommends, with the same checks.
-//   - Order of the checks: a move already running, the rate (3 moves an
-//     hour), the new total (discovery, or for Fluxer the community count),
-//     then the budget (Discord: remaining − reserve must pay for every
-//     new shard; Fluxer's budget is a 60 s window that refills, so it only
-//     paces). A refusal leaves the old plan serving, the 4011 shard FATAL,
-//     and says why in /events (event=reshard-refused) and /reshard.
+//   - Order of the checks: a move already running; the node's own
+//     refusals (RefuseMoves, a fleet, part of a plan); the new total
+//     (discovery, or for Fluxer the community count); the budget (Discord:
+//     remaining − reserve must pay for every new shard; Fluxer's budget is
+//     a 60 s window that refills, so it only paces); then the rate (3
+//     moves an hour), last, so that a refused move does not use up one of
+//     the 3 (a fourth 4011 within the hour still costs a discovery call or
+//     a community count before it is refused). A refusal leaves the old
+//     plan serving, the 4011 shard FATAL, and says why in /events
+//     (event=reshard-refused) and /reshard.
+//   - A 4011 of the old plan while a move runs writes its own line
+//     (event=reshard-running plan=old): the move under way serves that
+//     shard's guilds from the switch.
 //   - The new plan shares the node's identify pacer (one budget, buckets
-//     by shard id as Discord counts them), its events log (/events: the
-//     new plan's shards write their lines there during the move, after a
-//     line event=reshard-start that names the new total) and its dispatch
+//     by shard id as Discord counts them) and its transport's identify
+//     gate, its events log (/events: the new plan's shards write their
+//     lines there during the move, after a line event=reshard-start that
+//     names the new total; the lines do not say which plan, the
+//     reshard-start and reshard-switch lines frame them) and its dispatch
 //     log, which reshard.Cut feeds so that each dispatch appears once.
 //   - The switch waits SwitchDelay after the last new shard is READY, so
 //     that what the gateway sent the old sessions before that READY has
-//     arrived (the order per guild at the cut, see package reshard), then
-//     the tree shows the new plan, the held events go out, and the old
-//     sessions close with 1000. The Cut keeps matching stragglers for its
-//     window, then forgets.
+//     arrived (the order per guild at the cut, see package reshard; a
+//     fixed wait, no heartbeat acknowledgement), then the tree shows the
+//     new plan, the held events go out, and the old sessions close with
+//     1000. The Cut keeps matching stragglers for its window, then
+//     forgets.
 //   - A new shard that goes FATAL during the move (a 4011 of the new plan,
-//     a refused token) aborts it: the new sessions end with 1000, their
-//     held events are dropped (the old plan delivered every event they
-//     shared), and the old plan keeps serving.
+//     a refused token) aborts it, also while it waits for the switch: the
+//     move's context ends and the switch checks that the move is still
+//     its own, the new sessions end with 1000, the Cut releases what it
+//     held but the new sessions' READY (reshard.Cut.Abort: the guilds of
+//     the old plan's 4011 shard reached only the new plan), and the old
+//     plan keeps serving. What the new connections had not read when
+//     they close is not delivered: for the guilds of the old 4011 shard,
+//     as everything the gateway sends them after the abort, until a later
+//     move.
 
 // SwitchDelay is how long the switch waits after the last new shard is
 // READY.
@@ -114,6 +131,21 @@ type mover struct {
 	running   bool
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+	// refusal, when set (RefuseMoves), refuses every move with it.
+	refusal string
+	// switchGate, set by a test before a move, replaces the switch's
+	// SwitchDelay: the switch waits until it is closed.
+	switchGate chan struct{}
+}
+
+// RefuseMoves makes the node refuse every move to a larger plan, by hand
+// or on a 4011, with reason (what the operator should do instead): for a
+// node whose plan something else decides, as a child of supervise. Call
+// it before Start.
+func (s *Node) RefuseMoves(reason string) {
+	s.move.mu.Lock()
+	s.move.refusal = reason
+	s.move.mu.Unlock()
 }
 
 // current returns the plan the tree shows.
@@ -159,7 +191,7 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 		}
 		m := &s.move
 		m.mu.Lock()
-		next := m.next
+		next, running, newTotal, refusal := m.next, m.running, m.newTotal, m.refusal
 		m.mu.Unlock()
 		if next == p {
 			s.abortMove(fmt.Sprintf("shard %d of the new plan went FATAL (close %d)", shard, code))
@@ -168,14 +200,33 @@ func (s *Node) onFatal(p *planRun) func(shard, code int) {
 		if code != 4011 || p != s.current() {
 			return
 		}
-		if !s.cfg.Reshard {
+		if running {
+			// The move under way covers this shard's guilds: its new
+			// plan's shards serve them from the switch.
+			nt := "unknown yet"
+			if newTotal > 0 {
+				nt = strconv.Itoa(newTotal)
+			}
+			s.note(slog.LevelWarn, "reshard-running", "shard", strconv.Itoa(shard), "plan", "old",
+				"old_total", strconv.Itoa(p.total), "new_total", nt,
+				"reason", "4011 on the old plan during a move: the move under way covers this shard's guilds from the switch")
+			return
+		}
+		if refusal != "" || !s.cfg.Reshard {
 			reason := "4011: the bot outgrew its plan; a fixed --total does not move by itself: write reshard N or reshard auto to /ctl"
 			switch {
+			case refusal != "":
+				reason = "4011: the bot outgrew its plan; " + refusal
 			case s.Fleet != nil:
-				reason = "4011: the bot outgrew its plan; a fleet does not move to a new plan yet: stop the fleet and start it with the new --total"
+				reason = "4011: the bot outgrew its plan; a fleet does not move to a new plan yet (README, Bigger plans without downtime, says what it needs): stop the fleet and start it with the new --total"
 			case len(p.core.Plan().Local) != p.total:
 				reason = "4011: the bot outgrew its plan; this node runs part of it (--shards, or a block of supervise), which does not move by itself: start the nodes again with the new --total"
 			}
+			m.mu.Lock()
+			if !m.running {
+				m.state, m.reason, m.oldTotal, m.newTotal, m.startedAt = moveRefused, reason, p.total, 0, time.Time{}
+			}
+			m.mu.Unlock()
 			s.note(slog.LevelWarn, "reshard-refused", "shard", strconv.Itoa(shard), "reason", reason)
 			return
 		}
@@ -253,8 +304,15 @@ func (s *Node) refuse(why string, err error) {
 
 func (s *Node) runMove(ctx context.Context, why string, want int) {
 	old := s.current()
+	s.move.mu.Lock()
+	refusal := s.move.refusal
+	s.move.mu.Unlock()
+	if refusal != "" {
+		s.refuse(why, fmt.Errorf("%w: %s", core.ErrReshard, refusal))
+		return
+	}
 	if s.Fleet != nil {
-		s.refuse(why, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet (every node starting its part of the new plan, a new plan key) is not built yet", core.ErrReshard))
+		s.refuse(why, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet is not built yet (README, Bigger plans without downtime, says what it needs): stop the fleet and start it with the new --total", core.ErrReshard))
 		return
 	}
 	if len(old.core.Plan().Local) != old.total {
@@ -266,6 +324,9 @@ func (s *Node) runMove(ctx context.Context, why string, want int) {
 		s.refuse(why, err)
 		return
 	}
+	s.move.mu.Lock()
+	s.move.newTotal = next // shown by /reshard, refused or not
+	s.move.mu.Unlock()
 	if s.cfg.Flavor == core.Discord {
 		b := s.Pacer.Budget()
 		if b.Total > 0 {
@@ -319,11 +380,20 @@ func (s *Node) runMove(ctx context.Context, why string, want int) {
 		}
 	}
 	select {
-	case <-s.after(SwitchDelay):
+	case <-s.switchDelay():
 	case <-ctx.Done():
 		return
 	}
 	s.switchTo(old, p, cut)
+}
+
+// switchDelay is closed SwitchDelay after the last new shard is READY; a
+// test may hold the switch with mover.switchGate.
+func (s *Node) switchDelay() <-chan struct{} {
+	if g := s.move.switchGate; g != nil {
+		return g
+	}
+	return s.after(SwitchDelay)
 }
 
 // after is a channel that the node's clock closes after d.
@@ -383,44 +453,49 @@ func (s *Node) nextTotal(ctx context.Context, current, want int) (int, error) {
 }
 
 // switchTo makes p the node's plan: the tree shows it, the held events go
-// out, and the old sessions end with 1000.
+// out, and the old sessions end with 1000. It does nothing when the move
+// is no longer p's (an abort came first).
 func (s *Node) switchTo(old, p *planRun, cut *reshard.Cut) {
+	m := &s.move
+	m.mu.Lock()
+	if m.next != p || m.state != moveStarting {
+		m.mu.Unlock()
+		return
+	}
 	s.planMu.Lock()
 	s.cur = p
 	s.planMu.Unlock()
-	cut.Switch()
-	m := &s.move
-	m.mu.Lock()
 	m.state, m.next, m.running = moveSwitched, nil, false
+	// Under m.mu: an abort that comes now finds no move to abort.
+	cut.Switch()
 	m.mu.Unlock()
 	st := cut.Stats()
 	s.note(slog.LevelInfo, "reshard-switch", "old_total", strconv.Itoa(old.total), "new_total", strconv.Itoa(p.total),
-		"copies_dropped", strconv.Itoa(st.Dropped), "overflow", strconv.Itoa(st.Overflow))
+		"held_at_switch", strconv.Itoa(st.HeldAtSwitch), "copies_dropped", strconv.Itoa(st.Dropped), "overflow", strconv.Itoa(st.Overflow))
 	old.core.End()
 	_ = old.transport.Close()
 	// The Cut keeps recognising stragglers for its window, then forgets.
-	s.clock.AfterFunc(reshard.DefaultWindow, func() {
-		cut.Forget()
-		old.side.Store(nil)
-		p.side.Store(nil)
-	})
+	s.forgetLater(cut, old, p)
 }
 
 // abortMove ends a move that started its new plan: the old one keeps
-// serving.
+// serving. The move's context is cancelled, so that runMove does not go on
+// to the switch, and the Cut releases what the new plan alone received
+// (reshard.Cut.Abort) and keeps matching both plans for its window.
 func (s *Node) abortMove(why string) {
 	m := &s.move
 	m.mu.Lock()
-	p := m.next
+	p, cut := m.next, m.cut
 	if p == nil {
 		m.mu.Unlock()
 		return
 	}
-	m.next, m.cut, m.state, m.reason, m.running = nil, nil, moveAborted, why, false
+	m.next, m.state, m.reason, m.running = nil, moveAborted, why, false
+	cancel := m.cancel
 	m.mu.Unlock()
-	s.current().side.Store(nil) // the old plan delivered what both shared
-	p.side.Store(nil)
-	// The Cut's held events are dropped with it.
+	cancel()
+	cut.Abort()
+	s.forgetLater(cut, s.current(), p)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -428,7 +503,22 @@ func (s *Node) abortMove(why string) {
 		p.core.End()
 		_ = p.transport.Close()
 	}()
-	s.note(slog.LevelError, "reshard-aborted", "reason", why, "then", "the old plan keeps serving")
+	st := cut.Stats()
+	s.note(slog.LevelError, "reshard-aborted", "reason", why, "released", strconv.Itoa(st.HeldAtSwitch),
+		"ready_discarded", strconv.Itoa(st.Discarded), "then", "the old plan keeps serving")
+}
+
+// forgetLater ends the Cut's matching after its window and takes both
+// plans' dispatches off it, unless a later move put its own Cut there.
+func (s *Node) forgetLater(cut *reshard.Cut, plans ...*planRun) {
+	s.clock.AfterFunc(reshard.DefaultWindow, func() {
+		cut.Forget()
+		for _, p := range plans {
+			if cs := p.side.Load(); cs != nil && cs.cut == cut {
+				p.side.CompareAndSwap(cs, nil)
+			}
+		}
+	})
 }
 
 // reshardFile is /reshard.
@@ -468,6 +558,11 @@ func (s *Node) reshardFile() []byte {
 		st := cut.Stats()
 		line("held", strconv.Itoa(st.Held))
 		line("copies_dropped", strconv.Itoa(st.Dropped))
+		if st.Switched || st.Aborted {
+			// What the switch (or the abort) released at once: the
+			// events in flight at that moment.
+			line("held_at_switch", strconv.Itoa(st.HeldAtSwitch))
+		}
 	}
 	return []byte(b.String())
 }

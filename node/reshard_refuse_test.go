@@ -3,39 +3,69 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
 
 // startSmall runs a node of total shards against a fresh simulator, all
 // READY.
 func startSmall(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config) (*Node, *gatewaysim.Server) {
 	t.Helper()
+	return startSmallBeating(t, flavor, total, guilds, cfg, time.Hour)
+}
+
+// startSmallBeating is startSmall with the simulator's heartbeat interval.
+func startSmallBeating(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config, heartbeat time.Duration) (*Node, *gatewaysim.Server) {
+	t.Helper()
 	sf := gatewaysim.Discord
 	if flavor == core.Fluxer {
 		sf = gatewaysim.Fluxer
 	}
-	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: sf, Shards: total, MaxConcurrency: 8, Guilds: guilds, HeartbeatInterval: time.Hour})
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: sf, Shards: total, MaxConcurrency: 8, Guilds: guilds, HeartbeatInterval: heartbeat})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sim.Close() })
 	cfg.Flavor, cfg.Token, cfg.API, cfg.GatewayURL = flavor, "sim-token", sim.APIURL(), sim.GatewayURL()
-	cfg.Plan, cfg.MaxConcurrency, cfg.Intents = core.Range(total, 0, total-1), 8, 1<<0|1<<9
+	if cfg.Plan.Total == 0 {
+		cfg.Plan = core.Range(total, 0, total-1)
+	}
+	cfg.MaxConcurrency, cfg.Intents = 8, 1<<0|1<<9
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	if flavor == core.Discord && cfg.IdentifyTotal == 0 {
+		discover(t, s)
+	}
 	s.Start()
 	if err := waitReady(s, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return s, sim
+}
+
+// discover runs discovery before the start, as serve does without a
+// --gateway: the transport's identify gate learns max_concurrency, so
+// that both plans' identifies of a bucket reach the gateway 5 s apart
+// (with a configured gateway URL alone the gate lets them through at
+// once, and the simulator refuses some with op 9).
+func discover(t *testing.T, s *Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.Transport.Discover(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Each refusal: one reshard-refused line saying why, /reshard says
@@ -67,6 +97,18 @@ func TestReshardRefusals(t *testing.T) {
 				}
 			},
 			want: "3 moves in the last hour already"},
+		{name: "discovery answers 0 shards", command: "reshard auto",
+			prepare: func(s *Node, _ *gatewaysim.Server) { s.cfg.API = fakeDiscovery(t, `0`) },
+			want:    "discovery answered 0 shards"},
+		{name: "discovery answers a non-number", command: "reshard auto",
+			prepare: func(s *Node, _ *gatewaysim.Server) { s.cfg.API = fakeDiscovery(t, `"eight"`) },
+			want:    "malformed answer"},
+		{name: "a partial plan, by hand", cfg: Config{Plan: core.Range(4, 0, 1)}, command: "reshard 8",
+			want: "this node runs 2 of the plan's 4 shards; only a node that runs its whole plan moves"},
+		{name: "a partial plan, on 4011", cfg: Config{Plan: core.Range(4, 0, 1)},
+			want: "this node runs part of it (--shards, or a block of supervise)"},
+		{name: "a supervised child, on 4011", prepare: func(s *Node, _ *gatewaysim.Server) { s.RefuseMoves("supervise does not move yet") },
+			want: "4011: the bot outgrew its plan; supervise does not move yet"},
 		{name: "community count fails midway", flavor: core.Fluxer, guilds: 4400, command: "reshard auto",
 			prepare: func(_ *Node, sim *gatewaysim.Server) { sim.SetGuildListFault(gatewaysim.GuildListFault{FailAfter: 2}) },
 			want:    "page 3 (after 400 guilds): answered 500"},
@@ -99,6 +141,9 @@ func TestReshardRefusals(t *testing.T) {
 			if got := string(s.reshardFile()); !strings.Contains(got, "state refused\n") || !strings.Contains(got, tc.want) {
 				t.Errorf("/reshard = %q; want state refused and the reason", got)
 			}
+			if strings.Contains(tc.name, "supervised") && strings.Contains(events, "/ctl") {
+				t.Errorf("a supervised child's refusal points at a /ctl:\n%s", events)
+			}
 			c, _ := s.Current()
 			if c != s.Node || c.Plan().Total != total {
 				t.Errorf("the plan changed: %d shards", c.Plan().Total)
@@ -113,6 +158,52 @@ func TestReshardRefusals(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// fakeDiscovery serves GET /gateway/bot answering shards with the raw JSON
+// value shards, and returns its API base.
+func fakeDiscovery(t *testing.T, shards string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/gateway/bot" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, `{"url":"ws://127.0.0.1:1","shards":%s,"session_start_limit":{"total":1000,"remaining":1000,"reset_after":0,"max_concurrency":8}}`, shards)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// In a fleet (--etcd) a node refuses to move, by hand and on a 4011,
+// saying why, and keeps serving its part of the plan.
+func TestReshardRefusedInAFleet(t *testing.T) {
+	srv := etcdtest.Start(t)
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: 4, MaxConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	a := fleetNode(t, srv.Client(), sim, "a", 4, 4)
+	within(t, 60*time.Second, "a: 4 shards READY", func() bool { return readyOwned(a) == 4 })
+	if handled, err := a.command("reshard 8"); !handled || err != nil {
+		t.Fatalf("reshard 8 = %v, %v; want it taken, refused in the background", handled, err)
+	}
+	waitEvent(t, a, "event=reshard-refused", 30*time.Second)
+	sim.SetShards(8)
+	if n := sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
+		t.Fatalf("Inject(1, 4011) reached %d connections; want 1", n)
+	}
+	waitEvent(t, a, "a fleet does not move to a new plan yet", 30*time.Second)
+	events := string(readLog(a.events))
+	if !strings.Contains(events, "this node shares its plan with a fleet through etcd") {
+		t.Errorf("the refusal of reshard 8 does not say why:\n%s", events)
+	}
+	if strings.Contains(events, "event=reshard-start") {
+		t.Errorf("a move started in a fleet:\n%s", events)
+	}
+	if c, _ := a.Current(); c != a.Node || readyOwned(a) != 3 {
+		t.Errorf("after the refusals: plan of %d, %d shards READY; want the same plan, 3 READY (shard 1 FATAL)", c.Plan().Total, readyOwned(a))
 	}
 }
 

@@ -2,7 +2,6 @@ package node
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -53,8 +52,9 @@ func waitEvent(t *testing.T, s *Node, want string, bound time.Duration) {
 // TestReshardOn4011: one shard of a plan with traffic flowing closes
 // 4011; the node starts the larger plan beside the old one, switches once
 // every new shard is READY, and every message the simulator sequenced
-// into a session of either plan appears once in /dispatch. The old
-// sessions end with 1000 after the switch.
+// into a session of either plan appears once in /dispatch, in the order
+// it was sent within its guild. The simulator sees each old session end
+// with a 1000 from the client after the switch, and no identify refused.
 func TestReshardOn4011(t *testing.T) {
 	for _, tc := range []struct {
 		flavor             core.Flavor
@@ -69,7 +69,18 @@ func TestReshardOn4011(t *testing.T) {
 		{core.Fluxer, gatewaysim.Fluxer, 2, 3, 4400, 1},
 	} {
 		t.Run(tc.flavor.String(), func(t *testing.T) {
-			sim, err := gatewaysim.New(gatewaysim.Config{Flavor: tc.sim, Shards: tc.oldTotal, MaxConcurrency: 8, Guilds: tc.guilds, HeartbeatInterval: time.Hour})
+			// The client's close frames of the old plan's sessions, as
+			// the simulator received them.
+			var closeMu sync.Mutex
+			var closes []gatewaysim.Frame
+			onFrame := func(f gatewaysim.Frame) {
+				if f.Op == gatewaysim.OpClose && f.Total == tc.oldTotal {
+					closeMu.Lock()
+					closes = append(closes, f)
+					closeMu.Unlock()
+				}
+			}
+			sim, err := gatewaysim.New(gatewaysim.Config{Flavor: tc.sim, Shards: tc.oldTotal, MaxConcurrency: 8, Guilds: tc.guilds, HeartbeatInterval: time.Hour, OnFrame: onFrame})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,6 +91,9 @@ func TestReshardOn4011(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
+			if tc.flavor == core.Discord {
+				discover(t, s)
+			}
 			s.Start()
 			if err := waitReady(s, 30*time.Second); err != nil {
 				t.Fatal(err)
@@ -128,78 +142,58 @@ func TestReshardOn4011(t *testing.T) {
 
 			mu.Lock()
 			defer mu.Unlock()
-			want := 0
-			for _, n := range sent {
-				if n > 0 {
-					want++
-				}
-			}
-			// Wait until every sequenced message is in /dispatch.
-			_, tree := s.Current()
-			log := tree.NodeDispatchLog()
-			timeout := time.After(30 * time.Second)
-			var got map[string]int
-			for {
-				notify := log.Notify()
-				got = map[string]int{}
-				for _, line := range bytes.Split(readLog(log), []byte{'\n'}) {
-					var v struct {
-						T string
-						D struct{ ID string }
-					}
-					if json.Unmarshal(line, &v) == nil && v.T == "MESSAGE_CREATE" {
-						got[v.D.ID]++
-					}
-				}
-				if len(got) >= want {
-					break
-				}
-				select {
-				case <-notify:
-				case <-timeout:
-					missing := 0
-					for id, n := range sent {
-						if n > 0 && got[id] == 0 && missing < 20 {
-							missing++
-							var i int
-							fmt.Sscan(id, &i)
-							g := gatewaysim.GuildID(1 + i%tc.guilds)
-							t.Logf("missing %s: %d sessions, old shard %d, new shard %d", id, n, core.ShardOf(g, tc.oldTotal), core.ShardOf(g, tc.newTotal))
-						}
-					}
-					cc, _ := s.Current()
-					for _, d := range cc.Snapshot(nil) {
-						t.Logf("node shard %d: %v seq %d reconnects %d", d.Shard, d.State, d.Sequence, d.Reconnects)
-					}
-					for k := range tc.newTotal {
-						for _, si := range sim.Sessions(k) {
-							t.Logf("sim shard %d: %+v", k, si)
-						}
-					}
-					t.Fatalf("/dispatch holds %d of the %d messages sequenced into a session", len(got), want)
-				}
-			}
+			got := waitMessages(t, s, sent, 30*time.Second)
+			checkOnce(t, sent, got)
+			// A guild whose old shard kept serving had a session at every
+			// moment: an old session closed before the switch would leave
+			// its messages in the gap sequenced into none.
 			for id, n := range sent {
-				switch {
-				case n > 0 && got[id] != 1:
-					t.Errorf("message %s reached %d sessions and appears %d times in /dispatch; want once", id, n, got[id])
-				case n == 0 && got[id] != 0:
-					t.Errorf("message %s reached no session and appears %d times", id, got[id])
+				var i int
+				fmt.Sscan(id, &i)
+				if g := gatewaysim.GuildID(1 + i%tc.guilds); n == 0 && core.ShardOf(g, tc.oldTotal) != tc.fatal {
+					t.Errorf("message %s of guild %d (old shard %d, serving) reached no session", id, g, core.ShardOf(g, tc.oldTotal))
 				}
 			}
-			// The old plan's sessions ended with 1000 (the simulator
-			// drops a session at once then), after the switch.
+			// Per guild, /dispatch has the messages in the order they
+			// were sent.
+			_, tree := s.Current()
+			last := map[int]int{}
+			for _, id := range dispatchIDs(tree.NodeDispatchLog()) {
+				var i int
+				fmt.Sscan(id, &i)
+				g := i % tc.guilds
+				if p, ok := last[g]; ok && i < p {
+					t.Errorf("guild %d: message %d comes after message %d in /dispatch", g, i, p)
+				}
+				last[g] = i
+			}
+
+			// At the simulator: every old session but the 4011 one ended
+			// with a 1000 from the client, after the switch.
+			events := string(readLog(s.events))
+			switchAt := lineTime(t, events, "event=reshard-switch")
+			closeMu.Lock()
+			ended := map[int]int{}
+			for _, f := range closes {
+				if f.Shard == tc.fatal {
+					continue
+				}
+				ended[f.Shard]++
+				if f.Code != 1000 || f.Reply || f.At.Before(switchAt) {
+					t.Errorf("old shard %d closed with %d (reply %v) at %v; want a 1000 from the client at or after the switch at %v",
+						f.Shard, f.Code, f.Reply, f.At.UTC().Format(time.StampMilli), switchAt.Format(time.StampMilli))
+				}
+			}
+			closeMu.Unlock()
 			for k := range tc.oldTotal {
+				if k != tc.fatal && ended[k] != 1 {
+					t.Errorf("old shard %d: the simulator saw %d closes from the client; want one", k, ended[k])
+				}
 				for _, si := range sim.Sessions(k) {
 					if si.Total == tc.oldTotal && k != tc.fatal {
 						t.Errorf("shard %d of %d still has a session: %+v; want it ended with 1000", k, tc.oldTotal, si)
 					}
 				}
-			}
-			events := string(readLog(s.events))
-			sw, end := strings.Index(events, "event=reshard-switch"), strings.Index(events, "event=plan-replaced")
-			if end < 0 || end < sw {
-				t.Errorf("the old shards' plan-replaced lines (at %d) do not follow the switch (at %d):\n%s", end, sw, events)
 			}
 			// The overlap was exercised: the new plan brought copies of
 			// what the old one delivered, and they were recognised.
@@ -210,10 +204,30 @@ func TestReshardOn4011(t *testing.T) {
 			if dropped == 0 {
 				t.Errorf("the switch dropped no copies: the two plans never overlapped, so the test proved nothing about the cut:\n%s", events)
 			}
-			t.Logf("simulator totals: %+v", sim.Totals())
-			if tot := sim.Totals(); tot.MaxLiveSessions > 2 {
+			tot := sim.Totals()
+			t.Logf("simulator totals: %+v", tot)
+			if tot.MaxLiveSessions > 2 {
 				t.Errorf("simulator: at most %d live sessions a shard id; want 2 at most (one per plan)", tot.MaxLiveSessions)
+			}
+			if tot.RefusedIdentifies != 0 {
+				t.Errorf("simulator: %d identifies refused; want none (the new plan's identifies are paced with the old plan's)", tot.RefusedIdentifies)
 			}
 		})
 	}
+}
+
+// lineTime is the ts of the first events line holding want.
+func lineTime(t *testing.T, events, want string) time.Time {
+	t.Helper()
+	i := strings.Index(events, want)
+	if i < 0 {
+		t.Fatalf("no %q in the events", want)
+	}
+	line := events[strings.LastIndex(events[:i], "\n")+1 : i]
+	ts, ok := strings.CutPrefix(strings.Fields(line)[0], "ts=")
+	at, err := time.Parse("2006-01-02T15:04:05.000Z07:00", ts)
+	if !ok || err != nil {
+		t.Fatalf("line %q: no ts: %v", line, err)
+	}
+	return at
 }

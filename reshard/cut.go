@@ -7,9 +7,9 @@
 //
 // While a new plan's shards connect, the gateway sends a guild's events to
 // the old plan's session of that guild and, from the moment the new plan's
-// session for the guild is READY, to that session too, byte for byte the
-// same d (FACTS.md: Discord runs sessions of different num_shards side by
-// side and routes each by its own total). A cut by local time alone (the
+// session for the guild is READY, to that session too (FACTS.md: Discord
+// allows sessions of different num_shards side by side "to orchestrate
+// zero-downtime scaling"). A cut by local time alone (the
 // old plan's events up to the moment the new shard's READY arrives here,
 // then the new plan's) is wrong at the edges: the two connections are not
 // in step, so an event the gateway sent to both just after the READY can
@@ -35,7 +35,26 @@
 // whichever side it comes second, within Config.Window (30 s) of the
 // first.
 //
+// Abort ends a move that will not switch (a new shard went FATAL): the
+// held events still standing are delivered as at a switch, so that what
+// only the new plan received (the guilds of an old shard that closed 4011,
+// which no old session serves any more) is not lost, and the matching goes
+// on until Forget, so that an old twin arriving later is not delivered
+// again. Only the ending sessions' READY events are not delivered (they
+// name sessions that are gone), counted in Stats.Discarded.
+//
 // What it costs and what it assumes:
+//   - The same bytes: a copy is recognised only when both plans' sessions
+//     received the same type and byte for byte the same d. That is an
+//     assumption, not a documented fact: FACTS.md says Discord runs
+//     sessions of different num_shards side by side, not how it encodes
+//     one event for two sessions, and nothing about Fluxer running two
+//     totals; the simulator sends the same bytes. If a gateway's bytes
+//     differed (key order, a field per session), no copy would be
+//     recognised: each event sent to both plans during the overlap would
+//     appear twice in the dispatch log (a double, never a loss), and
+//     Stats.Dropped (the node's /reshard copies_dropped) would stay 0
+//     while the overlap lasts, which is how to see it.
 //   - Memory: a fingerprint (about 50 bytes with the map's overhead) per
 //     old-plan event of the move whose copy has not come (the events of
 //     guilds whose new shard is not READY yet, and those sent only to the
@@ -53,8 +72,8 @@
 //     switch.
 //   - Forget ends the bookkeeping once the old connections are closed and
 //     the new plan has had time to deliver its copies of what they
-//     received (the node waits one resume window); a copy arriving later
-//     would be delivered twice.
+//     received (the node calls it DefaultWindow, 30 s, after the switch or
+//     the abort); a copy arriving later would be delivered twice.
 //   - Two events of the same type and d, one sent only to the old plan and
 //     one only to the new, that arrive within the window of each other are
 //     taken for twins and one of them is not delivered. Discord's and
@@ -64,9 +83,10 @@
 //   - Order per guild needs the old connections to have delivered, by the
 //     switch, what the gateway sent them before the last new READY: an
 //     old-only straggler is delivered after the switch, after newer
-//     events. The node switches once a heartbeat sent on each old
-//     connection after the last READY is acknowledged (the gateway answers
-//     in order). Exactly-once does not depend on it.
+//     events. The node does not prove it: it switches a fixed time
+//     (node.SwitchDelay, 1 s) after the last new READY, far longer than
+//     two connections to one gateway drift apart, and awaits no heartbeat
+//     acknowledgement. Exactly-once does not depend on it.
 //   - A 64-bit hash collision between two different events of the move
 //     would drop one of them; with a random seed per move the chance for a
 //     million events is below one in ten million.
@@ -127,7 +147,14 @@ type Stats struct {
 	// Overflow is how many held events were delivered before the switch
 	// because MaxHeld was reached, unmatched.
 	Overflow int
-	Switched bool
+	// HeldAtSwitch is how many new-plan events were held when Switch (or
+	// Abort) released them: the events in flight at the switch.
+	HeldAtSwitch int
+	// Discarded is how many of the aborted plan's READY events Abort
+	// did not deliver (see Abort).
+	Discarded int
+	Switched  bool
+	Aborted   bool
 }
 
 type fingerprint struct {
@@ -190,11 +217,11 @@ type Cut struct {
 	// held are new-plan events waiting for the switch, in arrival order;
 	// heldBy holds them by fingerprint and cancelled counts those whose
 	// old twin was delivered meanwhile (skipped at the switch).
-	held             []heldEvent
-	heldBy           multiset
-	cancelled        map[fingerprint]int
-	stats            Stats
-	switched, forgot bool
+	held                      []heldEvent
+	heldBy                    multiset
+	cancelled                 map[fingerprint]int
+	stats                     Stats
+	switched, forgot, aborted bool
 }
 
 // New starts the merge of a move: call it before the new plan's first
@@ -251,6 +278,8 @@ func (c *Cut) New(ev Event) {
 	switch {
 	case c.oldOut.take(f, now-c.window):
 		c.stats.Dropped++
+	case c.aborted && ev.Type == "READY":
+		c.stats.Discarded++
 	case c.switched:
 		c.newOut.add(f, now)
 		c.sink(false, ev)
@@ -307,11 +336,51 @@ func (c *Cut) switchLocked() {
 		return
 	}
 	c.switched = true
+	c.stats.HeldAtSwitch = len(c.held)
 	for len(c.held) > 0 {
 		c.release()
 	}
 	c.held = nil
-	c.stats.Switched = true
+	c.stats.Switched = !c.aborted
+}
+
+// Abort ends the overlap of a move that will not switch: the new plan is
+// being ended, the old one keeps the node's stream. The held new-plan
+// events still standing are delivered, in order, as Switch would (an
+// event the new plan received and the old one did not, because its old
+// shard is FATAL or its old twin is still on its way, is not lost; a twin
+// arriving later is recognised and not delivered again), except the new
+// sessions' READY events, which name sessions that end now: those are
+// counted in Stats.Discarded. Until Forget both plans' events are still
+// matched against each other.
+func (c *Cut) Abort() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.switched {
+		return
+	}
+	c.aborted, c.stats.Aborted = true, true
+	kept := c.held[:0]
+	for _, h := range c.held {
+		if h.Type != "READY" {
+			kept = append(kept, h)
+			continue
+		}
+		c.stats.Held--
+		c.stats.HeldBytes -= size(h.Event)
+		if n := c.cancelled[h.f]; n > 0 {
+			c.cancelled[h.f] = n - 1
+			if n == 1 {
+				delete(c.cancelled, h.f)
+			}
+		} else {
+			c.heldBy.take(h.f, 0)
+		}
+		c.stats.Discarded++
+	}
+	clear(c.held[len(kept):])
+	c.held = kept
+	c.switchLocked()
 }
 
 // Forget ends the matching: the old connections are closed and the new

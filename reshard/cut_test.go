@@ -230,3 +230,36 @@ func TestCutOverflow(t *testing.T) {
 		t.Fatalf("after Switch: %d delivered; want 5", len(out))
 	}
 }
+
+// TestCutAbort: an aborted move delivers what only the new plan received
+// (its old shard is gone) and each twin once, whichever side it comes on,
+// but not the ending sessions' READY.
+func TestCutAbort(t *testing.T) {
+	fc := clock.NewFake()
+	var out []string
+	c := New(Config{Clock: fc, Sink: func(old bool, ev Event) { out = append(out, fmt.Sprintf("%v:%s", old, ev.D)) }})
+	c.New(Event{Type: "READY", D: []byte(`{"ready":1}`)})
+	c.New(Event{Type: "GUILD_CREATE", D: []byte(`{"id":"9"}`)})
+	c.Old(Event{Type: "M", D: []byte(`{"id":"1"}`)}) // both plans, old first
+	c.New(Event{Type: "M", D: []byte(`{"id":"1"}`)})
+	c.New(Event{Type: "M", D: []byte(`{"id":"2"}`)}) // both, old twin still on its way
+	c.New(Event{Type: "M", D: []byte(`{"id":"3"}`)}) // only the new plan: its old shard is FATAL
+	if st := c.Stats(); st.Held != 4 {
+		t.Fatalf("before Abort: %+v; want 4 held", st)
+	}
+	c.Abort()
+	c.Old(Event{Type: "M", D: []byte(`{"id":"2"}`)}) // the twin arrives
+	c.New(Event{Type: "M", D: []byte(`{"id":"4"}`)}) // new plan, before its end
+	c.Old(Event{Type: "M", D: []byte(`{"id":"4"}`)})
+	c.New(Event{Type: "READY", D: []byte(`{"ready":2}`)})
+	want := []string{
+		`true:{"id":"1"}`, `false:{"id":"9"}`, `false:{"id":"2"}`, `false:{"id":"3"}`, `false:{"id":"4"}`,
+	}
+	if !slices.Equal(out, want) {
+		t.Fatalf("delivered %q; want %q", out, want)
+	}
+	st := c.Stats()
+	if !st.Aborted || st.Switched || st.Discarded != 2 || st.Held != 0 || st.HeldAtSwitch != 3 || st.Dropped != 3 {
+		t.Fatalf("stats %+v; want aborted, not switched, 2 READY discarded, 3 released, 3 copies dropped", st)
+	}
+}

@@ -176,7 +176,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		ResumeWindow: *resumeWindow, Gateway: endpoint, Etcd: etcdCfg,
 		// A 4011 moves to a larger plan only when the plan is the
 		// platform's and this node runs all of it, alone (DESIGN 7.5).
-		Reshard: *totalFlag == "auto" && *shards == "" && etcdCfg == nil,
+		Reshard: *totalFlag == "auto" && *shards == "" && etcdCfg == nil && link == nil,
 	}
 	if store != nil {
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
@@ -188,6 +188,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		return err
 	}
 	sup.Server.MaxConns = *maxConns
+	link.refuseMoves(sup)
 	switch {
 	case flavor != core.Discord:
 	case limit != nil && sup.Fleet != nil && sup.Fleet.Identify != nil:

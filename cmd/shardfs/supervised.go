@@ -52,6 +52,20 @@ func (c *childLink) configure(cfg *node.Config) {
 	}
 }
 
+// childMoveRefusal is why a supervised child refuses to move to a larger
+// plan, by hand or on a 4011, even when it runs the whole plan
+// (supervise --processes 1): its parent decides the plan and refuses the
+// move on its own /ctl too.
+const childMoveRefusal = "supervise does not move to a larger plan yet (each child runs a block of the plan the parent chose; README, Bigger plans without downtime, says what it needs): stop supervise and start it again with the new --total"
+
+// refuseMoves makes a supervised node refuse every move (see
+// childMoveRefusal).
+func (c *childLink) refuseMoves(n *node.Node) {
+	if c != nil {
+		n.RefuseMoves(childMoveRefusal)
+	}
+}
+
 // started tells the parent the node serves, at its first unix listener,
 // and reports its shards until ctx ends.
 func (c *childLink) started(ctx context.Context, n *node.Node, ls []listener, log *slog.Logger) {

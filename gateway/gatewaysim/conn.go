@@ -172,6 +172,9 @@ func (c *conn) serve() {
 	s := c.s
 	s.mu.Lock()
 	rec := Frame{Conn: c.id, Remote: c.remote, Op: OpClose, Code: clientCode, Reply: c.closing, Shard: c.shardLocked(), At: s.clock.Now()}
+	if c.sess != nil {
+		rec.Total = c.sess.total
+	}
 	s.finishLocked(c, clientCode)
 	s.mu.Unlock()
 	if closed && s.cfg.OnFrame != nil {

@@ -42,8 +42,8 @@ func TestOnFrame(t *testing.T) {
 		t.Fatalf("heartbeat of a session: %+v; want shard 1, op 1", f)
 	}
 	a.closeWith(4000)
-	if f := log.next(t); f.Conn != 1 || f.Shard != 1 || f.Op != OpClose || f.Code != 4000 || f.Reply {
-		t.Fatalf("close: %+v; want conn 1, shard 1, OpClose 4000 started by the client", f)
+	if f := log.next(t); f.Conn != 1 || f.Shard != 1 || f.Total != 2 || f.Op != OpClose || f.Code != 4000 || f.Reply {
+		t.Fatalf("close: %+v; want conn 1, shard 1 of 2, OpClose 4000 started by the client", f)
 	}
 
 	b := dialQuery(t, r.ResumeGatewayURL, "v=10&encoding=json")

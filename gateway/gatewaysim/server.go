@@ -281,6 +281,10 @@ type Frame struct {
 	// session a resume names; -1 when none is known (a heartbeat before
 	// identify, a resume of an unknown session).
 	Shard int
+	// Total is the shard count of the connection's session, set on an
+	// OpClose frame (0 when the connection had no session): two plans of
+	// one bot have sessions of one shard id with different totals.
+	Total int
 	Op    int // the opcode; -1 for a payload that did not decode, OpClose for a close frame
 	Code  int // the close code of an OpClose frame (0: none)
 	// Reply marks an OpClose that answers the server's own close (the
