@@ -48,6 +48,11 @@ var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, 
 // ErrGarbage is wrapped by the reader's errors about what it read.
 var ErrGarbage = errors.New("garbage on the private channel")
 
+// errCutShort is the reader's error for a last line the end of the
+// channel cut (it wraps ErrGarbage): a child killed in the middle of a
+// write leaves one.
+var errCutShort = fmt.Errorf("%w: a line cut short by the end of the channel", ErrGarbage)
+
 var (
 	dispatchPrefix = []byte(`{"shard":`)
 	eventPrefix    = []byte("ts=")
@@ -71,7 +76,7 @@ func (m *msgReader) next() (msg, error) {
 			continue
 		}
 		if err == io.EOF && len(line) > 0 {
-			return msg{}, fmt.Errorf("%w: %q cut short by the end of the channel", ErrGarbage, clip(string(line)))
+			return msg{}, fmt.Errorf("%w: %q", errCutShort, clip(string(line)))
 		}
 		if err != nil {
 			return msg{}, err

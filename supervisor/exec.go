@@ -57,7 +57,8 @@ type execProc struct {
 	cmd    *exec.Cmd
 	conn   net.Conn
 	w      *msgWriter
-	exited chan struct{}
+	reaped chan struct{} // closed once waitpid returned
+	read   chan struct{} // closed when the channel's reader ended
 
 	mu      sync.Mutex
 	cancels map[uint64]func()
@@ -120,11 +121,14 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 		conn.Close()
 		return nil, fmt.Errorf("child %q: %w", l.ID, err)
 	}
-	p := &execProc{id: l.ID, cmd: cmd, conn: conn, w: &msgWriter{w: conn}, exited: make(chan struct{}), cancels: map[uint64]func(){}}
+	p := &execProc{id: l.ID, cmd: cmd, conn: conn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}}
 	var outs sync.WaitGroup
 	outs.Go(func() { e.Output.copy(l.ID, stdout) })
 	outs.Go(func() { e.Output.copy(l.ID, stderr) })
-	e.wg.Go(func() { e.channel(p, r) })
+	e.wg.Go(func() {
+		defer close(p.read)
+		e.channel(p, r)
+	})
 	e.wg.Go(func() {
 		outs.Wait() // Wait closes the pipes: read them to the end first
 		err := cmd.Wait()
@@ -136,12 +140,28 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 		for _, cancel := range cancels {
 			cancel() // a slot granted to a dead child would be spent for nothing
 		}
-		close(p.exited)
+		close(p.reaped)
+		// The child's last lines (a clean stop flushes its dispatch
+		// lines after saving its sessions) may still be in the socket:
+		// the channel is read to its end, which the child's exit
+		// brings, before the exit is reported. Only a process that
+		// inherited the child's end (none of ours does) could hold it
+		// open: after channelDrain it is cut.
+		select {
+		case <-p.read:
+		case <-time.After(channelDrain):
+			r.Broken(fmt.Errorf("child %q exited, but its private channel did not end within %v", p.id, channelDrain))
+			conn.Close()
+			<-p.read
+		}
 		conn.Close()
 		r.Exited(err)
 	})
 	return p, nil
 }
+
+// channelDrain bounds the reading of a channel after its child's exit.
+const channelDrain = 5 * time.Second
 
 // channel reads the child's messages until the channel ends.
 func (e *Exec) channel(p *execProc, r *Reports) {
@@ -149,20 +169,16 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 	for {
 		m, err := mr.next()
 		if err != nil {
-			select {
-			case <-p.exited:
-				return
-			default:
-			}
-			if errors.Is(err, ErrGarbage) {
+			if errors.Is(err, ErrGarbage) && !errors.Is(err, errCutShort) {
 				r.Broken(fmt.Errorf("child %q: %w", p.id, err))
 				io.Copy(io.Discard, p.conn) // the child must not block on it
 				return
 			}
-			// The end of the channel comes with the child's exit;
-			// alone, it is a child that closed it.
+			// The end of the channel comes with the child's exit
+			// (killed, it may cut its last line); alone, it is a
+			// child that closed it.
 			select {
-			case <-p.exited:
+			case <-p.reaped:
 			case <-time.After(2 * time.Second):
 				r.Broken(fmt.Errorf("child %q closed its private channel", p.id))
 			}

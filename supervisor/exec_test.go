@@ -52,6 +52,18 @@ func testChild(mode string) int {
 		l.Ready("")
 		fmt.Fprintln(os.Stderr, "stubborn ready")
 		time.Sleep(time.Hour)
+	case "lines":
+		// Its last lines are in the channel when it exits, as a
+		// clean stop's flush is; well under a socket's buffer, so
+		// that it exits with nobody reading.
+		// One write, as Copy's: small writes each take a socket
+		// buffer's overhead.
+		var b []byte
+		for i := range linesSent {
+			b = fmt.Appendf(b, "{\"shard\":0,\"n\":%d}\n", i)
+		}
+		l.w.raw(b)
+		return 0
 	case "flood":
 		line := strings.Repeat("x", 100) + "\n"
 		for range 20000 {
@@ -196,4 +208,84 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("%s: never happened", what)
+}
+
+// linesSent is what the "lines" child writes on its channel before it
+// exits: about 20 KB.
+const linesSent = 1000
+
+// TestExecReadsChannelToItsEnd: a child writes its last dispatch lines
+// and exits while the parent is slow to take them (Lines holds the first
+// one until the child is reaped). Every line must still reach Lines, and
+// before the exit is reported: a clean stop saves the sessions at the
+// child's last sequence, so a line dropped here is lost for good (restart
+// all lost 828 of 20,000 lines at a slow reader when the channel was
+// closed at the exit).
+func TestExecReadsChannelToItsEnd(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ParseAssign(1, "lines=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	output := NewOutput(io.Discard)
+	pids := make(chan int, 1)
+	var (
+		mu       sync.Mutex
+		got      []string
+		atExit   = -1
+		reaped   bool
+		reapedCh = make(chan struct{})
+	)
+	ex := &Exec{
+		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
+		Env: append(os.Environ(), "SUPERVISOR_TEST_CHILD=lines"), Token: testToken,
+		Pacer: core.NewDiscordPacer(nil, 1), Output: output,
+	}
+	ex.Lines = func(child, kind string, line []byte) {
+		mu.Lock()
+		first := !reaped
+		reaped = true
+		mu.Unlock()
+		if first {
+			// The child is gone before the parent reads on.
+			pid := <-pids
+			waitFor(t, "the child reaped", func() bool { return syscall.Kill(pid, 0) == syscall.ESRCH })
+			close(reapedCh)
+		}
+		mu.Lock()
+		got = append(got, string(line))
+		mu.Unlock()
+	}
+	j := &record{t: t}
+	launch := func(l Launch, r *Reports) (Process, error) {
+		p, err := ex.Launch(l, r)
+		if err == nil {
+			pids <- p.Pid()
+		}
+		return p, err
+	}
+	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	<-s.Done() // the child exits: --restart-max 0 fails the supervisor
+	mu.Lock()
+	atExit = len(got)
+	mu.Unlock()
+	ex.Wait()
+	output.Close()
+	<-reapedCh
+	if atExit != linesSent {
+		t.Errorf("%d of %d lines had reached Lines when the exit was reported", atExit, linesSent)
+	}
+	for i, l := range got {
+		if want := fmt.Sprintf("{\"shard\":0,\"n\":%d}\n", i); l != want {
+			t.Fatalf("line %d = %q; want %q", i, l, want)
+		}
+	}
+	if j.index(0, "private channel failed") >= 0 {
+		t.Errorf("the exit was taken for a broken channel:\n%s", strings.Join(j.all(), "\n"))
+	}
 }
