@@ -199,10 +199,17 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// A child's socket is named by its block's index, not its ID: the
+	// parent dials the full path, which must fit sun_path (108 bytes)
+	// whatever the ID (up to 128 characters) and the temporary folder.
+	index := map[string]int{}
+	for i, b := range a.Blocks {
+		index[b.ID] = i
+	}
 	childArgs := func(l supervisor.Launch) []string {
 		args := []string{"serve", "--flavor", flavor.String(), "--total", strconv.Itoa(total),
 			"--shards", supervisor.FormatShards(l.Shards),
-			"--listen", "unix!" + filepath.Join(run, l.ID+".sock"),
+			"--listen", "unix!" + filepath.Join(run, strconv.Itoa(index[l.ID])+".sock"),
 			"--sessions", filepath.Join(sessions, l.ID),
 			"--max-concurrency", strconv.Itoa(pacer.MaxConcurrency()),
 		}

@@ -487,3 +487,53 @@ func TestSuperviseFluxer(t *testing.T) {
 		t.Error("a Fluxer crash was resumed")
 	}
 }
+
+// TestSuperviseLongIDAndGap: a child with the longest ID allowed (128
+// characters) is reached through the parent (its socket is named by its
+// block's index: the ID in the path overflowed sun_path, and its shards
+// read ASSIGNED through the parent); shard 2 is in no block, which the
+// log and /plan name; a real child's environment and arguments hold no
+// token.
+func TestSuperviseLongIDAndGap(t *testing.T) {
+	const token = "SUPERVISE-TOKEN-long-id-5555"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 3, MaxConcurrency: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	long := strings.Repeat("x", 128)
+	p := startSupervise(t, sim, token, "--assign", "good=0;"+long+"=1")
+	p.waitReady(t, 2)
+	if s, err := dotlRead(p.root, "1/state"); s != "READY\n" {
+		t.Fatalf("1/state through the parent = %q, %v", s, err)
+	}
+	if err := writeFile(p.root, "1/ctl", "stop\n"); err != nil {
+		t.Fatalf("1/ctl stop through the parent: %v", err)
+	}
+	eventually(t, "1 STOPPED", func() (bool, string) { s, _ := dotlRead(p.root, "1/state"); return s == "STOPPED\n", s })
+	if m, _ := dotlRead(p.root, "metrics"); !strings.Contains(m, `child="`+long+`"`) {
+		t.Errorf("/metrics has no sample of the long-named child")
+	}
+	if plan, _ := dotlRead(p.root, "plan"); !strings.Contains(plan, "unowned 2\n") {
+		t.Errorf("/plan = %q; want it to name unowned shard 2", plan)
+	}
+	if out := p.stderr.String(); !strings.Contains(out, "in no child's block") || !strings.Contains(out, "unowned=2") {
+		t.Errorf("the log does not name unowned shard 2:\n%s", out)
+	}
+	ch := p.children(t)
+	for id, f := range ch {
+		pid, err := strconv.Atoi(f[1])
+		if err != nil {
+			t.Fatalf("child %q: pid %q", id, f[1])
+		}
+		for _, file := range []string{"environ", "cmdline"} {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
+			if err != nil {
+				t.Fatalf("child %q: %v", id, err)
+			}
+			if strings.Contains(string(b), token) || !strings.Contains(string(b), "SHARDFS") && file == "environ" {
+				t.Errorf("child %q: /proc/%d/%s holds the token (or is not the child's)", id, pid, file)
+			}
+		}
+	}
+}
