@@ -227,8 +227,12 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	ex := &supervisor.Exec{Path: self, Args: childArgs, Env: childEnv(), Token: token, Pacer: supervisor.NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out}
 	var tree *supervisor.Tree // set below, before the first launch
 	launch := func(l supervisor.Launch, r *supervisor.Reports) (supervisor.Process, error) {
-		if l.Crashed && flavor == core.Discord {
-			resumeCrashed(tree, l.ID, filepath.Join(sessions, l.ID), flavor, total, log)
+		if l.Crashed {
+			folder := filepath.Join(sessions, l.ID)
+			dropSnapshots(folder, l.Shards, log)
+			if flavor == core.Discord {
+				resumeCrashed(tree, l.ID, folder, flavor, total, log)
+			}
 		}
 		return ex.Launch(l, r)
 	}
@@ -296,6 +300,21 @@ func childEnv() []string {
 		}
 	}
 	return env
+}
+
+// dropSnapshots removes the snapshots of a child that crashed or was
+// killed: what it saved, if anything, may be past the last line the
+// parent got, and a resume from there would skip what the parent never
+// saw (a killed stop saves some shards, not all). Its shards start new
+// sessions, or resume from the parent's points (resumeCrashed). The file
+// name is sessions/dir's (shard-N.json).
+func dropSnapshots(folder string, shards []int, log *slog.Logger) {
+	for _, id := range shards {
+		p := filepath.Join(folder, "shard-"+strconv.Itoa(id)+".json")
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.Error("cannot remove a crashed child's snapshot: its shard may resume past what the parent has", "file", p, "err", err)
+		}
+	}
 }
 
 // resumeCrashed writes, into a crashed child's sessions folder, a
