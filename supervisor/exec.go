@@ -44,6 +44,10 @@ type Exec struct {
 	Lines func(child, kind string, line []byte)
 	// Sessions receives each new session a child reports (Tree.Session).
 	Sessions func(child string, shard int, s core.Session, seq int64)
+	// Limits receives the session start limit a child's discovery
+	// learnt (the shared pacer's SetStartLimit, which lowers what
+	// remains, never raises it); nil drops it.
+	Limits func(child string, l core.StartLimit)
 
 	wg sync.WaitGroup
 }
@@ -198,6 +202,10 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 		case "session":
 			if e.Sessions != nil {
 				e.Sessions(p.id, m.Shard, core.Session{ID: m.SID, ResumeURL: m.URL}, m.Seq)
+			}
+		case "limit":
+			if e.Limits != nil {
+				e.Limits(p.id, core.StartLimit{Total: m.Total, Remaining: m.Remaining, ResetAfter: time.Duration(m.ResetAfterMs) * time.Millisecond, MaxConcurrency: m.MaxConc})
 			}
 		case "identify":
 			e.identify(p, m)

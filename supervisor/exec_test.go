@@ -64,6 +64,18 @@ func testChild(mode string) int {
 		}
 		l.w.raw(b)
 		return 0
+	case "limit":
+		// Its discovery found the day's budget spent: the parent's
+		// pacer, which knew nothing, must learn it before the
+		// identify request and hold it.
+		own := core.NewDiscordPacer(nil, 1)
+		own.SetStartLimit(core.StartLimit{Total: 1000, Remaining: 0, ResetAfter: time.Hour, MaxConcurrency: 1})
+		l.LimitsFrom(own)
+		l.Ready("")
+		l.Pacer().Request(0, false, func() { fmt.Fprintln(os.Stderr, "identify granted") })
+		fmt.Fprintln(os.Stderr, "identify asked")
+		<-l.Done()
+		return 0
 	case "flood":
 		line := strings.Repeat("x", 100) + "\n"
 		for range 20000 {
@@ -287,5 +299,45 @@ func TestExecReadsChannelToItsEnd(t *testing.T) {
 	}
 	if j.index(0, "private channel failed") >= 0 {
 		t.Errorf("the exit was taken for a broken channel:\n%s", strings.Join(j.all(), "\n"))
+	}
+}
+
+// TestExecLimitReachesParent: a child's discovery says the budget is
+// spent; the parent's pacer, whose own discovery failed (it knows no
+// budget), learns it from the channel before the child's identify
+// request, and holds the request instead of granting it.
+func TestExecLimitReachesParent(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ParseAssign(1, "limit=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &blockedWriter{release: make(chan struct{})}
+	close(out.release)
+	output := NewOutput(out)
+	pacer := core.NewDiscordPacer(nil, 1)
+	ex := &Exec{
+		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
+		Env: append(os.Environ(), "SUPERVISOR_TEST_CHILD=limit"), Token: testToken,
+		Pacer: pacer, Output: output,
+		Limits: func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) },
+	}
+	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: ex.Launch})
+	s.Start()
+	waitFor(t, "the identify asked", func() bool { return strings.Contains(out.String(), "identify asked") })
+	waitFor(t, "the request waiting at the parent", func() bool { n, _ := pacer.Waiting(); return n == 1 })
+	b := pacer.Budget()
+	s.Close()
+	ex.Wait()
+	output.Close()
+	if b.Total != 1000 || b.Remaining != 0 || b.ResetAt.IsZero() {
+		t.Errorf("the parent's budget = %+v; want the child's: total 1000, none remaining, a reset time", b)
+	}
+	if strings.Contains(out.String(), "identify granted") {
+		t.Error("the parent granted an identify the budget does not allow")
 	}
 }

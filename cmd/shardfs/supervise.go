@@ -145,7 +145,7 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 		case err != nil && *totalFlag == "auto":
 			return fmt.Errorf("--total auto: %w", err)
 		case err != nil:
-			log.Error("discovery before the start failed: the identify budget is unknown until a child's shard discovers", "err", err)
+			log.Error("discovery before the start failed: the identify budget is unknown until a child's shard discovers and reports it", "err", err)
 		default:
 			limit = &disc.StartLimit
 			if *totalFlag == "auto" {
@@ -245,6 +245,11 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 		Logger: log.With("component", "tree"),
 	})
 	ex.Lines, ex.Sessions = tree.Line, tree.Session
+	if flavor == core.Discord {
+		// What the children's discoveries learn reaches the shared
+		// pacer: it lowers what remains, never raises it.
+		ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
+	}
 	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: *maxConns}
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
