@@ -7,11 +7,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -566,4 +571,41 @@ func TestDropSnapshots(t *testing.T) {
 			t.Errorf("shard %d: snapshot still there (%v)", shard, err)
 		}
 	}
+}
+
+// TestSuperviseChildLimit: the parent's discovery fails (the first
+// request to /gateway/bot gets a 502); the child's succeeds, and what it
+// learnt (a budget of 40 starts) reaches the parent's shared pacer, which
+// /identify shows: the parent enforces the budget without having
+// discovered it.
+func TestSuperviseChildLimit(t *testing.T) {
+	const token = "SUPERVISE-TOKEN-limit-4242"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 2, MaxConcurrency: 2, SessionStartLimit: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	target, err := url.Parse(sim.APIURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	forward := httputil.NewSingleHostReverseProxy(target)
+	var failed atomic.Bool
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/gateway/bot") && failed.CompareAndSwap(false, true) {
+			http.Error(w, "the parent's discovery fails", http.StatusBadGateway)
+			return
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	defer api.Close()
+	p := startSupervise(t, sim, token, "--api", api.URL, "--total", "2", "--processes", "1")
+	p.waitReady(t, 2)
+	if !strings.Contains(p.stderr.String(), "discovery before the start failed") {
+		t.Fatalf("the parent's discovery did not fail:\n%s", p.stderr)
+	}
+	eventually(t, "the child's budget in the parent's /identify", func() (bool, string) {
+		s, _ := dotlRead(p.root, "identify")
+		return strings.Contains(s, "total 40\n") && !strings.Contains(s, "remaining unknown"), s
+	})
 }
