@@ -182,24 +182,24 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
 	}
 	link.configure(&cfg)
-	sup, err := node.New(cfg)
+	n, err := node.New(cfg)
 	if err != nil {
 		closeListeners(ls)
 		return err
 	}
-	sup.Server.MaxConns = *maxConns
+	n.Server.MaxConns = *maxConns
 	switch {
 	case flavor != core.Discord:
-	case limit != nil && sup.Fleet != nil && sup.Fleet.Identify != nil:
-		sup.Fleet.Identify.SetStartLimit(*limit)
+	case limit != nil && n.Fleet != nil && n.Fleet.Identify != nil:
+		n.Fleet.Identify.SetStartLimit(*limit)
 	case limit != nil:
-		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
+		n.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
 	case *gatewayURL == "":
 		// The identify budget must be known before the first identify:
 		// until then the pacer enforces nothing. A failure is the
 		// shards' to report, as they discover again when they connect.
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if _, err := sup.Transport.Discover(dctx); err != nil {
+		if _, err := n.Transport.Discover(dctx); err != nil {
 			log.Debug("discovery before the start failed; the shards discover when they connect", "err", err)
 		}
 		cancel()
@@ -208,13 +208,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
 	}
 	tf.logCert(log, time.Now())
-	sup.Start()
+	n.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	link.started(pctx, sup, ls, log)
+	link.started(pctx, n, ls, log)
 	var refused error
-	if sup.Fleet == nil {
-		wg.Go(func() { progress(pctx, sup, log, status) })
+	if n.Fleet == nil {
+		wg.Go(func() { progress(pctx, n, log, status) })
 	} else {
 		// A node etcd refuses (a plan mismatch) stops serving and exits
 		// with the refusal, which names both plans.
@@ -223,13 +223,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		defer cancel()
 		wg.Go(func() {
 			select {
-			case refused = <-sup.Fleet.Refused():
+			case refused = <-n.Fleet.Refused():
 				cancel()
 			case <-pctx.Done():
 			}
 		})
 	}
-	err = runNode(ctx, sup, netListeners(ls), log)
+	err = runNode(ctx, n, netListeners(ls), log)
 	stopProgress()
 	wg.Wait()
 	if refused != nil {
