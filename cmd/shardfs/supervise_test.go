@@ -348,6 +348,12 @@ func TestSuperviseBadInput(t *testing.T) {
 		{[]string{"--total", "4", "--processes", "2", "--restart-max", "-1"}, "--restart-max -1"},
 		{[]string{"--total", "4", "--processes", "2", "--restart-min-delay", "2s", "--restart-max-delay", "1s"}, "min <= max"},
 		{[]string{"--total", "4", "--processes", "2", "--backoff", "nope"}, "--backoff"},
+		{[]string{"--total", "4", "--processes", "2", "--identify-total", "-1"}, "--identify-total -1"},
+		{[]string{"--total", "4", "--processes", "2", "--identify-reserve", "-2"}, "--identify-reserve -2"},
+		{[]string{"--total", "4", "--processes", "2", "--resume-window", "-1s"}, "--resume-window"},
+		{[]string{"--total", "4", "--processes", "2", "--etcd", "http://127.0.0.1:2379", "--bot", "b"}, "supervise with etcd is not supported yet"},
+		{[]string{"--total", "4", "--processes", "2", "--etcd-ttl", "5s"}, "--etcd-ttl: supervise with etcd is not supported yet"},
+		{[]string{"--total", "4", "--processes", "2", "--shards", "0-1"}, "--shards: supervise gives each child its block"},
 	} {
 		var errb strings.Builder
 		args := append([]string{"supervise", "--flavor", "discord"}, tc.args...)
