@@ -18,9 +18,10 @@
 // its channel or closes it while it runs is named in the log and stopped,
 // and the restart policy treats that as a failure; the others are not
 // touched. Children's stdout and stderr reach the parent's stderr line by
-// line, labelled "[child ID]", through a bounded queue: a child that
-// floods loses lines (counted, and said once the queue drains), never
-// blocks itself, the parent or the others.
+// line, labelled "[child ID]", through one bounded queue per child (256
+// lines), which the writer takes in turn: a child that floods loses its own
+// lines (counted, and said once its queue drains), never another child's,
+// and never blocks itself, the parent or the others.
 //
 // # Restart policy
 //

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -253,46 +251,84 @@ func (e *Exec) identify(p *execProc, m msg) {
 }
 
 // Output writes the children's output lines to one writer, each line
-// prefixed "[child ID] ". It never blocks a child nor the parent: lines
-// queue (up to a bound) for one writer goroutine, and when the queue is
-// full a child's lines are dropped and counted, the count said in a line
-// of its own once there is room again.
+// prefixed "[child ID] ". It never blocks a child nor the parent: each
+// child's lines queue (up to a bound, per child) for one writer goroutine,
+// which takes them in turn, one line of each child that has some; when a
+// child's queue is full its lines are dropped and counted, the count said
+// in a line of its own once its queue is empty again. A child that floods
+// thus loses its own lines, never another child's.
 type Output struct {
 	w    io.Writer
-	q    chan []byte
+	wake chan struct{} // a line was queued (buffered: 1)
 	done chan struct{}
 
 	mu      sync.Mutex
-	dropped map[string]int
+	queues  map[string]*outQueue
+	order   []string // the children, in the order of their first line
+	closing bool
 }
 
-// outputQueue bounds the lines waiting for the writer; maxLine bounds a
-// line (a longer one is cut into several).
+type outQueue struct {
+	lines   [][]byte
+	dropped int
+}
+
+// outputQueue bounds the lines waiting for the writer, per child; maxLine
+// bounds a line (a longer one is cut into several).
 const (
-	outputQueue = 1024
+	outputQueue = 256
 	maxLine     = 4096
 )
 
 // NewOutput starts the writer to w; Close stops it.
 func NewOutput(w io.Writer) *Output {
-	o := &Output{w: w, q: make(chan []byte, outputQueue), done: make(chan struct{}), dropped: map[string]int{}}
-	go func() {
-		defer close(o.done)
-		for b := range o.q {
-			o.w.Write(b)
-			if len(o.q) == 0 {
-				o.notes()
+	o := &Output{w: w, wake: make(chan struct{}, 1), done: make(chan struct{}), queues: map[string]*outQueue{}}
+	go o.run()
+	return o
+}
+
+func (o *Output) run() {
+	defer close(o.done)
+	var batch [][]byte
+	for {
+		batch = batch[:0]
+		o.mu.Lock()
+		for _, id := range o.order {
+			q := o.queues[id]
+			switch {
+			case len(q.lines) > 0:
+				batch = append(batch, q.lines[0])
+				q.lines[0] = nil
+				q.lines = q.lines[1:]
+			case q.dropped > 0:
+				batch = append(batch, fmt.Appendf(nil, "[child %s] (%d lines dropped: the child wrote faster than stderr took them)\n", id, q.dropped))
+				q.dropped = 0
 			}
 		}
-		o.notes()
-	}()
-	return o
+		closing := o.closing
+		o.mu.Unlock()
+		for _, b := range batch {
+			o.w.Write(b)
+		}
+		if len(batch) == 0 {
+			if closing {
+				return
+			}
+			<-o.wake
+		}
+	}
 }
 
 // Close writes the lines queued and stops the writer. Call it after every
 // copy ended.
 func (o *Output) Close() {
-	close(o.q)
+	o.mu.Lock()
+	o.closing = true
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
 	<-o.done
 }
 
@@ -316,23 +352,21 @@ func (o *Output) line(id string, line []byte) {
 	if b[len(b)-1] != '\n' {
 		b = append(b, '\n')
 	}
-	select {
-	case o.q <- b:
-	default:
-		o.mu.Lock()
-		o.dropped[id]++
-		o.mu.Unlock()
-	}
-}
-
-// notes writes, once the queue is drained, how many lines of each child
-// were dropped.
-func (o *Output) notes() {
 	o.mu.Lock()
-	dropped := o.dropped
-	o.dropped = map[string]int{}
+	q := o.queues[id]
+	if q == nil {
+		q = &outQueue{}
+		o.queues[id] = q
+		o.order = append(o.order, id)
+	}
+	if len(q.lines) < outputQueue {
+		q.lines = append(q.lines, b)
+	} else {
+		q.dropped++
+	}
 	o.mu.Unlock()
-	for _, id := range slices.Sorted(maps.Keys(dropped)) {
-		fmt.Fprintf(o.w, "[child %s] (%d lines dropped: the child wrote faster than stderr took them)\n", id, dropped[id])
+	select {
+	case o.wake <- struct{}{}:
+	default:
 	}
 }

@@ -76,6 +76,11 @@ func testChild(mode string) int {
 		fmt.Fprintln(os.Stderr, "identify asked")
 		<-l.Done()
 		return 0
+	case "quiet":
+		for i := range quietLines {
+			fmt.Fprintf(os.Stderr, "quiet %d\n", i)
+		}
+		return 0
 	case "flood":
 		line := strings.Repeat("x", 100) + "\n"
 		for range 20000 {
@@ -339,5 +344,57 @@ func TestExecLimitReachesParent(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "identify granted") {
 		t.Error("the parent granted an identify the budget does not allow")
+	}
+}
+
+// quietLines is what the "quiet" child writes on its stderr.
+const quietLines = 100
+
+// TestOutputFloodSharesFairly: a flooding child and a quiet one share the
+// parent's stderr, which nobody reads until both exited. The flood fills
+// its own queue and loses lines (said); every line of the quiet child
+// arrives (one queue for all lost most of them).
+func TestOutputFloodSharesFairly(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ParseAssign(2, "flood=0;quiet=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &blockedWriter{release: make(chan struct{})}
+	output := NewOutput(out)
+	ex := &Exec{
+		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
+		Token: testToken, Pacer: core.NewDiscordPacer(nil, 1), Output: output,
+	}
+	launch := func(l Launch, r *Reports) (Process, error) {
+		ex.Env = append(os.Environ(), "SUPERVISOR_TEST_CHILD="+l.ID)
+		return ex.Launch(l, r)
+	}
+	j := &record{t: t}
+	// No restart within the test: the delay is an hour.
+	pol := Policy{MaxAttempts: 100, MinDelay: time.Hour, MaxDelay: time.Hour, HealthyReset: time.Hour, StartupTimeout: time.Hour, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	waitFor(t, "both children exited", func() bool {
+		return j.index(0, "child exited unexpectedly", "child=flood") >= 0 && j.index(0, "child exited unexpectedly", "child=quiet") >= 0
+	})
+	close(out.release)
+	s.Close()
+	ex.Wait()
+	output.Close()
+	text := out.String()
+	for i := range quietLines {
+		if !strings.Contains(text, fmt.Sprintf("[child quiet] quiet %d\n", i)) {
+			t.Fatalf("the quiet child's line %d was lost to the flood", i)
+		}
+	}
+	if !strings.Contains(text, "[child flood] (") || !strings.Contains(text, "lines dropped") {
+		t.Error("the flood's drop is not said")
+	}
+	if strings.Contains(text, "[child quiet] (") {
+		t.Error("the quiet child lost lines")
 	}
 }
