@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -26,7 +27,6 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/sessions/dir"
-	"github.com/shardfs/shardfs/supervisor"
 )
 
 type superviseProc struct {
@@ -250,24 +250,29 @@ func publishAny(t *testing.T, sim *gatewaysim.Server, shards, count int, prefix 
 	return ids
 }
 
-var paceShards = flag.Int("supervise.shards", 16, "shards of TestSuperviseIdentifyPacing (the issue's figure is 64: about 80 s)")
+var paceShards = flag.Int("supervise.shards", 64, "shards of TestSuperviseIdentifyPacing (the issue's figure, 64, takes about 80 s)")
 
-// TestSuperviseIdentifyPacing: 4 children share the parent's pacer at
-// max_concurrency 4: the simulator refuses no identify, and the start
-// takes no longer than one node needs (a bucket identifies every 5 s, so
-// shards/4 rounds), plus the grant margin per round.
+// TestSuperviseIdentifyPacing is the case: 4 children share the
+// parent's pacer at max_concurrency 4, 64 shards. The simulator refuses
+// no identify, each shard identifies once, and the start takes no longer
+// than one node's would: read from the READY events in the parent's
+// /events (each follows its identify by the gateway's answer), every
+// bucket has 64/4 = 16 rounds, each at most 5 s + 1 s after the one
+// before, and 5 s + 100 ms apart on average (the round's identify goes 5 s
+// after the child took the previous grant; the former fixed margin of
+// 250 ms a round fails this).
 func TestSuperviseIdentifyPacing(t *testing.T) {
 	const token = "PACING-TOKEN-1234"
+	const mc = 4
 	shards := *paceShards
-	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: 4})
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: shards, MaxConcurrency: mc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sim.Close()
-	start := time.Now()
 	p := startSupervise(t, sim, token, "--processes", "4")
-	p.waitReadyWithin(t, shards, time.Duration(shards/4)*6*time.Second+30*time.Second)
-	took := time.Since(start)
+	rounds := (shards + mc - 1) / mc
+	p.waitReadyWithin(t, shards, time.Duration(rounds)*6*time.Second+30*time.Second)
 	tot := sim.Totals()
 	if tot.RefusedIdentifies != 0 {
 		t.Errorf("the simulator refused %d identifies", tot.RefusedIdentifies)
@@ -275,16 +280,56 @@ func TestSuperviseIdentifyPacing(t *testing.T) {
 	if tot.Identifies != int64(shards) {
 		t.Errorf("%d identifies for %d shards", tot.Identifies, shards)
 	}
-	rounds := shards / 4
-	oneNode := time.Duration(rounds-1) * core.DiscordWindow
-	bound := oneNode + time.Duration(rounds)*supervisor.GrantMargin + 5*time.Second // process starts, discovery, a loaded CI machine
-	t.Logf("%d shards in 4 children at max_concurrency 4: READY in %v (one node: at least %v)", shards, took.Round(10*time.Millisecond), oneNode)
-	if took > bound {
-		t.Errorf("the start took %v; want at most %v", took, bound)
+	events, err := dotlRead(p.root, "events")
+	if err != nil {
+		t.Fatal(err)
 	}
+	ready := map[int][]time.Time{} // by bucket
+	for _, l := range strings.Split(events, "\n") {
+		var ts string
+		var shard int
+		if n, _ := fmt.Sscanf(l, "ts=%s shard=%d event=ready", &ts, &shard); n != 2 || !strings.Contains(l, " event=ready ") {
+			continue
+		}
+		at, err := time.Parse("2006-01-02T15:04:05.000Z07:00", ts)
+		if err != nil {
+			t.Fatalf("event line %q: %v", l, err)
+		}
+		ready[shard%mc] = append(ready[shard%mc], at)
+	}
+	var first, last time.Time
+	for bucket := range mc {
+		times := ready[bucket]
+		slices.SortFunc(times, time.Time.Compare)
+		if len(times) != rounds {
+			t.Fatalf("bucket %d: %d READY events; want %d", bucket, len(times), rounds)
+		}
+		for i := 1; i < len(times); i++ {
+			if gap := times[i].Sub(times[i-1]); gap > core.DiscordWindow+time.Second {
+				t.Errorf("bucket %d: round %d came %v after the one before; want at most 6 s", bucket, i+1, gap)
+			}
+		}
+		mean := times[len(times)-1].Sub(times[0]) / time.Duration(rounds-1)
+		t.Logf("bucket %d: %d rounds, %v apart on average", bucket, rounds, mean.Round(time.Millisecond))
+		if mean > core.DiscordWindow+100*time.Millisecond {
+			t.Errorf("bucket %d: rounds %v apart on average; want at most 5.1 s", bucket, mean)
+		}
+		if first.IsZero() || times[0].Before(first) {
+			first = times[0]
+		}
+		last = later(last, times[len(times)-1])
+	}
+	t.Logf("%d shards in 4 children at max_concurrency %d: first READY to last %v (one node's floor: %v)", shards, mc, last.Sub(first).Round(10*time.Millisecond), time.Duration(rounds-1)*core.DiscordWindow)
 	if b, _ := dotlRead(p.root, "identify"); !strings.Contains(b, "max_concurrency 4\n") || !strings.Contains(b, "waiting 0\n") {
 		t.Errorf("/identify = %q", b)
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (p *superviseProc) waitReadyWithin(t *testing.T, shards int, d time.Duration) {
