@@ -15,8 +15,7 @@ import (
 //
 //	child → parent: ready {socket}, status {ready, total}, identify {id, shard, operator}, cancel {id},
 //	                session {shard, sid, url, seq},
-//	                limit {total, remaining, reset_after_ms, max_concurrency},
-//	                taken {id, shard, at}
+//	                limit {total, remaining, reset_after_ms, max_concurrency}
 //	parent → child: grant {id}, shutdown
 //
 // Besides, the child copies its dispatch log's lines ({"shard":...}) and
@@ -41,9 +40,6 @@ type msg struct {
 	Remaining    int   `json:"remaining,omitempty"`
 	ResetAfterMs int64 `json:"reset_after_ms,omitempty"`
 	MaxConc      int   `json:"max_concurrency,omitempty"`
-	// When the child handed grant ID of Shard to its gateway client (T
-	// "taken"), in Unix nanoseconds.
-	At int64 `json:"at,omitempty"`
 	// Raw is a dispatch or event line (T "dispatch" or "event"), newline
 	// included; it is only valid until the next read.
 	Raw []byte `json:"-"`
@@ -53,7 +49,7 @@ type msg struct {
 // take megabytes.
 const maxMsg = 16 << 20
 
-var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true, "limit": true, "taken": true}
+var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true, "limit": true}
 
 // ErrGarbage is wrapped by the reader's errors about what it read.
 var ErrGarbage = errors.New("garbage on the private channel")

@@ -29,7 +29,7 @@ type Link struct {
 
 	mu      sync.Mutex
 	nextID  uint64
-	waiting map[uint64]waiter
+	waiting map[uint64]func()
 	wg      sync.WaitGroup
 
 	limitMu   sync.Mutex
@@ -60,7 +60,7 @@ func LinkFromEnv() (*Link, error) {
 
 // NewLink runs the child's side of the channel f until Close.
 func NewLink(f *os.File) *Link {
-	l := &Link{f: f, w: &msgWriter{w: f}, done: make(chan struct{}), waiting: map[uint64]waiter{}}
+	l := &Link{f: f, w: &msgWriter{w: f}, done: make(chan struct{}), waiting: map[uint64]func(){}}
 	l.wg.Add(1)
 	go l.read()
 	return l
@@ -81,15 +81,11 @@ func (l *Link) read() {
 		switch m.T {
 		case "grant":
 			l.mu.Lock()
-			w, ok := l.waiting[m.ID]
+			grant := l.waiting[m.ID]
 			delete(l.waiting, m.ID)
 			l.mu.Unlock()
-			if ok {
-				// The parent paces the bucket's next grant from
-				// this time, as one node paces from its grant.
-				at := time.Now()
-				w.grant()
-				l.w.send(msg{T: "taken", ID: m.ID, Shard: w.shard, At: at.UnixNano()})
+			if grant != nil {
+				grant()
 			}
 		case "shutdown":
 			// Reading goes on, so that the parent never blocks on
@@ -195,11 +191,6 @@ func (l *Link) sendLimit() {
 	l.w.send(msg{T: "limit", Total: b.Total, Remaining: b.Remaining, ResetAfterMs: after, MaxConc: b.MaxConcurrency})
 }
 
-type waiter struct {
-	shard int
-	grant func()
-}
-
 // Pacer returns the identify pacer that asks the parent for every slot,
 // so that all children share the parent's pacer and budget.
 func (l *Link) Pacer() core.IdentifyPacer { return linkPacer{l} }
@@ -213,7 +204,7 @@ func (p linkPacer) Request(shard int, operator bool, grant func()) (bool, func()
 	l.mu.Lock()
 	l.nextID++
 	id := l.nextID
-	l.waiting[id] = waiter{shard, grant}
+	l.waiting[id] = grant
 	l.mu.Unlock()
 	l.sendLimit() // what the discovery before this identify learnt comes first
 	l.w.send(msg{T: "identify", ID: id, Shard: shard, Operator: operator})

@@ -205,10 +205,6 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 			if e.Limits != nil {
 				e.Limits(p.id, core.StartLimit{Total: m.Total, Remaining: m.Remaining, ResetAfter: time.Duration(m.ResetAfterMs) * time.Millisecond, MaxConcurrency: m.MaxConc})
 			}
-		case "taken":
-			if tp, ok := e.Pacer.(interface{ Taken(int, time.Time) }); ok {
-				tp.Taken(m.Shard, time.Unix(0, m.At))
-			}
 		case "identify":
 			e.identify(p, m)
 		case "cancel":

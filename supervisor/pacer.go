@@ -9,51 +9,39 @@ import (
 )
 
 // GrantMargin is added to Discord's 5 s between two identifies of a
-// bucket when the child has not said yet when it took the previous grant
-// (Taken): a grant crosses a channel and a scheduler before the identify
-// leaves, and two grants 5 s apart can reach the gateway less than 5 s
-// apart when the first crossed more slowly, which the gateway answers with
-// op 9 (the simulator does, strictly). Measured on 2 loaded cores: a few
-// milliseconds at a load of 2, over 100 ms once in 1,000 identifies at a
-// load of 7. A child reports the time it handed each grant to its gateway
-// client milliseconds later, so the next grant of the bucket goes 5 s after
-// that time instead, as one node's would: the margin is only the
-// fallback.
+// bucket when the slots go to children: a grant crosses a channel and a
+// scheduler before the identify leaves, and two grants 5 s apart can
+// reach the gateway less than 5 s apart when the first crossed more
+// slowly, which the gateway answers with op 9 (the simulator does,
+// strictly). Measured on 2 loaded cores: a few milliseconds at a load of
+// 2, over 100 ms once in 1,000 identifies at a load of 7. 250 ms costs 5%
+// of a long start, 200 ms a round more than one node (whose gateway client
+// spaces its own identifies 5 s + 50 ms apart from their writes).
+//
+// Pacing from when the child took the grant instead (reported on the
+// channel) was tried and refused: the identify leaves only once its
+// connection is dialled, upgraded and greeted, which differs between
+// connections by more than the margin, and each child's gateway client
+// spaces only its own writes; the simulator refused identifies of two
+// children in one bucket less than 5 s apart. Pacing from the writes
+// needs the gateway client to report them.
 const GrantMargin = 250 * time.Millisecond
 
 // SpacedPacer is the identify pacer the children share: the core's
 // pacer (its buckets, budget and reserve, as one node), with Discord's
-// grants of one bucket at least DiscordWindow apart from the time the
-// child took the previous one (Taken), or DiscordWindow + GrantMargin
-// apart from the parent's previous grant when the child has not said.
+// grants of one bucket at least DiscordWindow + GrantMargin apart.
 type SpacedPacer struct {
 	*core.Pacer
 	discord bool
 	clock   clock.Clock
 
-	mu    sync.Mutex
-	last  map[int]time.Time // by bucket: the last grant handed out
-	taken map[int]time.Time // by bucket: when the child took it (Taken)
+	mu   sync.Mutex
+	last map[int]time.Time // by bucket: the last grant handed out
 }
 
 // NewSpacedPacer wraps p (discord: whether it paces Discord's buckets).
 func NewSpacedPacer(p *core.Pacer, discord bool, c clock.Clock) *SpacedPacer {
-	return &SpacedPacer{Pacer: p, discord: discord, clock: clock.Or(c), last: map[int]time.Time{}, taken: map[int]time.Time{}}
-}
-
-// Taken records that the child took shard's grant at at (its clock is
-// the parent's: the same machine's). A report older than the bucket's
-// last grant is stale and ignored.
-func (s *SpacedPacer) Taken(shard int, at time.Time) {
-	if !s.discord {
-		return
-	}
-	key := shard % s.Pacer.MaxConcurrency()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if last, ok := s.last[key]; ok && !at.Before(last) {
-		s.taken[key] = later(s.taken[key], at)
-	}
+	return &SpacedPacer{Pacer: p, discord: discord, clock: clock.Or(c), last: map[int]time.Time{}}
 }
 
 // Request is core.IdentifyPacer's.
@@ -74,11 +62,7 @@ func (s *SpacedPacer) Request(shard int, operator bool, grant func()) (bool, fun
 		defer s.mu.Unlock()
 		at := now
 		if last, ok := s.last[key]; ok {
-			next := last.Add(core.DiscordWindow + GrantMargin)
-			if tk, ok := s.taken[key]; ok && !tk.Before(last) {
-				next = tk.Add(core.DiscordWindow)
-			}
-			at = later(now, next)
+			at = later(now, last.Add(core.DiscordWindow+GrantMargin))
 		}
 		s.last[key] = at
 		return at.Sub(now)
