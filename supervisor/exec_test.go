@@ -227,6 +227,29 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("%s: never happened", what)
 }
 
+// testExec returns an Exec running this test binary as the children of
+// assign (of total shards), each in the mode named by its ID, and the
+// assignment; launch is Exec.Launch with the child's mode set.
+func testExec(t *testing.T, total int, assign string, output *Output, pacer core.IdentifyPacer) (ex *Exec, a Assignment, launch Launcher) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err = ParseAssign(total, assign); err != nil {
+		t.Fatal(err)
+	}
+	ex = &Exec{
+		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
+		Token: testToken, Pacer: pacer, Output: output,
+	}
+	launch = func(l Launch, r *Reports) (Process, error) {
+		ex.Env = append(os.Environ(), "SUPERVISOR_TEST_CHILD="+l.ID)
+		return ex.Launch(l, r)
+	}
+	return ex, a, launch
+}
+
 // linesSent is what the "lines" child writes on its channel before it
 // exits: about 20 KB.
 const linesSent = 1000
@@ -239,14 +262,6 @@ const linesSent = 1000
 // all lost 828 of 20,000 lines at a slow reader when the channel was
 // closed at the exit).
 func TestExecReadsChannelToItsEnd(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := ParseAssign(1, "lines=0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	output := NewOutput(io.Discard)
 	pids := make(chan int, 1)
 	var (
@@ -256,11 +271,7 @@ func TestExecReadsChannelToItsEnd(t *testing.T) {
 		reaped   bool
 		reapedCh = make(chan struct{})
 	)
-	ex := &Exec{
-		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
-		Env: append(os.Environ(), "SUPERVISOR_TEST_CHILD=lines"), Token: testToken,
-		Pacer: core.NewDiscordPacer(nil, 1), Output: output,
-	}
+	ex, a, launchExec := testExec(t, 1, "lines=0", output, core.NewDiscordPacer(nil, 1))
 	ex.Lines = func(child, kind string, line []byte) {
 		mu.Lock()
 		first := !reaped
@@ -278,7 +289,7 @@ func TestExecReadsChannelToItsEnd(t *testing.T) {
 	}
 	j := &record{t: t}
 	launch := func(l Launch, r *Reports) (Process, error) {
-		p, err := ex.Launch(l, r)
+		p, err := launchExec(l, r)
 		if err == nil {
 			pids <- p.Pid()
 		}
@@ -312,26 +323,14 @@ func TestExecReadsChannelToItsEnd(t *testing.T) {
 // budget), learns it from the channel before the child's identify
 // request, and holds the request instead of granting it.
 func TestExecLimitReachesParent(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := ParseAssign(1, "limit=0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := &blockedWriter{release: make(chan struct{})}
 	close(out.release)
 	output := NewOutput(out)
 	pacer := core.NewDiscordPacer(nil, 1)
-	ex := &Exec{
-		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
-		Env: append(os.Environ(), "SUPERVISOR_TEST_CHILD=limit"), Token: testToken,
-		Pacer: pacer, Output: output,
-		Limits: func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) },
-	}
+	ex, a, launch := testExec(t, 1, "limit=0", output, pacer)
+	ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
 	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
-	s := New(Config{Assignment: a, Policy: pol, Launch: ex.Launch})
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch})
 	s.Start()
 	waitFor(t, "the identify asked", func() bool { return strings.Contains(out.String(), "identify asked") })
 	waitFor(t, "the request waiting at the parent", func() bool { n, _ := pacer.Waiting(); return n == 1 })
@@ -355,24 +354,9 @@ const quietLines = 100
 // its own queue and loses lines (said); every line of the quiet child
 // arrives (one queue for all lost most of them).
 func TestOutputFloodSharesFairly(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := ParseAssign(2, "flood=0;quiet=1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := &blockedWriter{release: make(chan struct{})}
 	output := NewOutput(out)
-	ex := &Exec{
-		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
-		Token: testToken, Pacer: core.NewDiscordPacer(nil, 1), Output: output,
-	}
-	launch := func(l Launch, r *Reports) (Process, error) {
-		ex.Env = append(os.Environ(), "SUPERVISOR_TEST_CHILD="+l.ID)
-		return ex.Launch(l, r)
-	}
+	ex, a, launch := testExec(t, 2, "flood=0;quiet=1", output, core.NewDiscordPacer(nil, 1))
 	j := &record{t: t}
 	// No restart within the test: the delay is an hour.
 	pol := Policy{MaxAttempts: 100, MinDelay: time.Hour, MaxDelay: time.Hour, HealthyReset: time.Hour, StartupTimeout: time.Hour, ShutdownTimeout: 3 * time.Second}

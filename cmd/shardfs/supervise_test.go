@@ -432,21 +432,28 @@ func TestSuperviseRestartAllTime(t *testing.T) {
 	p := startSupervise(t, sim, token, "--processes", "4")
 	p.waitReadyWithin(t, shards, time.Duration(shards/16)*6*time.Second+time.Minute)
 	t.Logf("%d shards in 4 children at max_concurrency 16: READY in %v", shards, time.Since(start).Round(10*time.Millisecond))
+	took, identifies := p.restartAll(t, sim)
+	t.Logf("restart all of 4 children, %d shards: %v, %d identifies", shards, took.Round(10*time.Millisecond), identifies)
+	p.waitReady(t, shards)
+}
+
+// restartAll writes restart all to the parent's ctl and waits, at most 5
+// minutes, for the parent to log that it is done (after the last child's
+// shards are READY). It returns how long that took and the identifies
+// the simulator saw meanwhile.
+func (p *superviseProc) restartAll(t *testing.T, sim *gatewaysim.Server) (time.Duration, int64) {
+	t.Helper()
 	identifies := sim.Totals().Identifies
-	start = time.Now()
+	start := time.Now()
 	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Minute); !strings.Contains(p.stderr.String(), "restart all done"); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("restart all did not finish in 5 minutes")
 		}
-		if strings.Contains(p.stderr.String(), "restart all done") {
-			break
-		}
 	}
-	t.Logf("restart all of 4 children, %d shards: %v, %d identifies", shards, time.Since(start).Round(10*time.Millisecond), sim.Totals().Identifies-identifies)
-	p.waitReady(t, shards)
+	return time.Since(start), sim.Totals().Identifies - identifies
 }
 
 // TestSuperviseExamples runs the shell examples against the parent's
@@ -755,17 +762,8 @@ func TestSuperviseOverhead(t *testing.T) {
 		reads, per(viaParent[0], idleP[0]), per(viaParent[1], idleP[1]), idleP[0], idleP[1], tookP.Round(time.Millisecond), per(direct[0], idleN[0]), idleN[0], tookN.Round(time.Millisecond))
 	t.Logf("wall time per read: through the parent %v, straight %v", tookP/reads, tookN/reads)
 
-	identifies := simP.Totals().Identifies
-	start := time.Now()
-	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(5 * time.Minute); !strings.Contains(p.stderr.String(), "restart all done"); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("restart all did not finish in 5 minutes")
-		}
-	}
-	t.Logf("restart all of 4 children, %d shards: %v, %d identifies; parent after it %s", shards, time.Since(start).Round(10*time.Millisecond), simP.Totals().Identifies-identifies, procMem(t, parent))
+	took, identifies := p.restartAll(t, simP)
+	t.Logf("restart all of 4 children, %d shards: %v, %d identifies; parent after it %s", shards, took.Round(10*time.Millisecond), identifies, procMem(t, parent))
 	p.waitReady(t, shards)
 }
 
