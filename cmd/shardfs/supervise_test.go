@@ -238,11 +238,18 @@ func writeFile(root p9.File, path, text string) error {
 // get each message.
 func publishAny(t *testing.T, sim *gatewaysim.Server, shards, count int, prefix string) []string {
 	t.Helper()
+	return publishSized(t, sim, shards, count, prefix, 1)
+}
+
+// publishSized is publishAny with size bytes of content a message.
+func publishSized(t *testing.T, sim *gatewaysim.Server, shards, count int, prefix string, size int) []string {
+	t.Helper()
 	var ids []string
+	content := strings.Repeat("x", size)
 	for sh := range shards {
 		for i := range count {
 			id := fmt.Sprintf("%s-%d-%d", prefix, sh, i)
-			ev := gatewaysim.Event{Name: "MESSAGE_CREATE", Data: json.RawMessage(`{"id":"` + id + `","content":"x"}`)}
+			ev := gatewaysim.Event{Name: "MESSAGE_CREATE", Data: json.RawMessage(`{"id":"` + id + `","content":"` + content + `"}`)}
 			if n, err := sim.Publish(sh, ev); err != nil || n < 1 {
 				t.Fatalf("publish %s reached %d sessions (%v); want at least 1", id, n, err)
 			}
@@ -671,6 +678,10 @@ func TestSuperviseChildLimit(t *testing.T) {
 }
 
 var overheadShards = flag.Int("supervise.overhead", 0, "shards of TestSuperviseOverhead (skipped at 0; bench/RESULTS.md section 12 uses 1024)")
+var (
+	overheadMsgs = flag.Int("supervise.overhead-msgs", 20, "messages a shard in TestSuperviseOverhead")
+	overheadSize = flag.Int("supervise.overhead-size", 1, "bytes of content a message in TestSuperviseOverhead")
+)
 
 // TestSuperviseOverhead measures, in one run, supervise (4 children)
 // against one serve node, each on a simulator of its own with the same
@@ -705,13 +716,39 @@ func TestSuperviseOverhead(t *testing.T) {
 	parent, node := p.cmd.Process.Pid, n.cmd.Process.Pid
 	ch := p.children(t)
 
-	// Traffic: 20 messages a shard on each side, every one in /dispatch.
-	const perShard = 20
-	idsP := publishAny(t, simP, shards, perShard, "p")
-	idsN := publishAny(t, simN, shards, perShard, "n")
-	waitIDs(t, p.root, idsP)
-	waitIDs(t, n.root, idsN)
-	mem := fmt.Sprintf("after %d messages: parent %s, node %s", perShard*shards, procMem(t, parent), procMem(t, node))
+	// Traffic: the same messages on each side, shard after shard, until
+	// the last one of the last shard of each child is in its /N/dispatch
+	// (the node-wide /dispatch keeps 16 MiB only, and reading every
+	// shard's is slow).
+	perShard, size := *overheadMsgs, *overheadSize
+	publishSized(t, simP, shards, perShard, "p", size)
+	publishSized(t, simN, shards, perShard, "n", size)
+	var lastShards []int
+	for _, f := range ch {
+		ids, err := core.ParseShardList(f[4])
+		if err != nil {
+			t.Fatal(err)
+		}
+		lastShards = append(lastShards, ids[len(ids)-1])
+	}
+	for _, sh := range lastShards {
+		for _, side := range []struct {
+			root   p9.File
+			prefix string
+		}{{p.root, "p"}, {n.root, "n"}} {
+			last := fmt.Sprintf(`"%s-%d-%d"`, side.prefix, sh, perShard-1)
+			for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+				d, err := dotlRead(side.root, strconv.Itoa(sh)+"/dispatch")
+				if strings.Contains(d, last) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s never in %d/dispatch (%d bytes, %v)", last, sh, len(d), err)
+				}
+			}
+		}
+	}
+	mem := fmt.Sprintf("after %d messages of %d bytes: parent %s, node %s", perShard*shards, size, procMem(t, parent), procMem(t, node))
 	for _, id := range []string{"c0", "c1", "c2", "c3"} {
 		pid, _ := strconv.Atoi(ch[id][1])
 		mem += fmt.Sprintf(", child %s %s", id, procMem(t, pid))
