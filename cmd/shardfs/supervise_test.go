@@ -183,14 +183,15 @@ func TestSuperviseKillRestart(t *testing.T) {
 		t.Errorf("the restart was not logged:\n%s", p.stderr)
 	}
 
-	// restart all under traffic.
+	// restart all under traffic: 50 messages a shard at each sample, so
+	// that a stopping child still has lines to flush when it exits.
 	identifies = sim.Totals().Identifies
 	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
 		t.Fatalf("restart all: %v", err)
 	}
 	var during []string
 	for i := range 10 {
-		during = append(during, publishAny(t, sim, 4, 1, fmt.Sprintf("b%d", i))...)
+		during = append(during, publishAny(t, sim, 4, 50, fmt.Sprintf("b%d", i))...)
 		c := p.children(t)
 		if c["c0"][0] != "running" && c["c1"][0] != "running" {
 			t.Fatalf("both children down at once: %v", c)
