@@ -619,7 +619,7 @@ func (n *Node) callLease(c Command, ids []int) (grants []LeaseGrant, err error) 
 }
 
 // Send queues an operator command for a READY shard. The payload must be a
-// JSON object with an op the supervisor does not reserve (heartbeat 1,
+// JSON object with an op the node does not reserve (heartbeat 1,
 // identify 2, resume 6), at most MaxPayload bytes. It goes out at once when
 // the shard's budget allows, or waits in a bounded queue. A refused command
 // is logged to the shard's events and the node's.
@@ -651,7 +651,7 @@ func (n *Node) checkAndSend(s *shard, payload []byte) error {
 	case err != nil:
 		return fmt.Errorf("%w: not a JSON object: %v", ErrUsage, err)
 	case env.Op == 1 || env.Op == 2 || env.Op == 6:
-		return fmt.Errorf("%w: op %d is sent by the supervisor only", ErrUsage, env.Op)
+		return fmt.Errorf("%w: op %d is sent by the node only", ErrUsage, env.Op)
 	}
 	return s.sendCommand(payload)
 }

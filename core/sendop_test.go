@@ -52,7 +52,7 @@ func TestSendAmbiguousOp(t *testing.T) {
 
 // FuzzSendOp: whatever the core's check lets through reaches the gateway
 // as it was written, the gateway client's reader (wire.Read) reads an op
-// the supervisor does not reserve, and every other plausible reading of
+// the node does not reserve, and every other plausible reading of
 // the op (encoding/json's case-insensitive last match, an exact first or
 // last match) agrees with it.
 func FuzzSendOp(f *testing.F) {

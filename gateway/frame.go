@@ -22,7 +22,7 @@ const (
 	opGatewayError   = 12 // Fluxer: a refused voice join, informational
 )
 
-// payload is one gateway message as the supervisor needs it: op, s and t
+// payload is one gateway message as the node needs it: op, s and t
 // decoded, d kept as raw bytes into the message buffer.
 type payload struct {
 	op   int

@@ -14,7 +14,8 @@ import (
 // carrying one JSON object a line, each with its type in "t".
 //
 //	child → parent: ready {socket}, status {ready, total}, identify {id, shard, operator}, cancel {id},
-//	                session {shard, sid, url, seq}
+//	                session {shard, sid, url, seq},
+//	                limit {total, remaining, reset_after_ms, max_concurrency}
 //	parent → child: grant {id}, shutdown
 //
 // Besides, the child copies its dispatch log's lines ({"shard":...}) and
@@ -34,6 +35,11 @@ type msg struct {
 	SID string `json:"sid,omitempty"`
 	URL string `json:"url,omitempty"`
 	Seq int64  `json:"seq,omitempty"`
+	// The session start limit a child's discovery learnt (T "limit",
+	// with Total).
+	Remaining    int   `json:"remaining,omitempty"`
+	ResetAfterMs int64 `json:"reset_after_ms,omitempty"`
+	MaxConc      int   `json:"max_concurrency,omitempty"`
 	// Raw is a dispatch or event line (T "dispatch" or "event"), newline
 	// included; it is only valid until the next read.
 	Raw []byte `json:"-"`
@@ -43,10 +49,15 @@ type msg struct {
 // take megabytes.
 const maxMsg = 16 << 20
 
-var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true}
+var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true, "limit": true}
 
 // ErrGarbage is wrapped by the reader's errors about what it read.
 var ErrGarbage = errors.New("garbage on the private channel")
+
+// errCutShort is the reader's error for a last line the end of the
+// channel cut (it wraps ErrGarbage): a child killed in the middle of a
+// write leaves one.
+var errCutShort = fmt.Errorf("%w: a line cut short by the end of the channel", ErrGarbage)
 
 var (
 	dispatchPrefix = []byte(`{"shard":`)
@@ -71,7 +82,7 @@ func (m *msgReader) next() (msg, error) {
 			continue
 		}
 		if err == io.EOF && len(line) > 0 {
-			return msg{}, fmt.Errorf("%w: %q cut short by the end of the channel", ErrGarbage, clip(string(line)))
+			return msg{}, fmt.Errorf("%w: %q", errCutShort, clip(string(line)))
 		}
 		if err != nil {
 			return msg{}, err

@@ -31,6 +31,10 @@ type Link struct {
 	nextID  uint64
 	waiting map[uint64]func()
 	wg      sync.WaitGroup
+
+	limitMu   sync.Mutex
+	limits    *core.Pacer // the node's own pacer: it takes discovery's figures
+	lastLimit core.Budget
 }
 
 // LinkFromEnv returns the link of a child started by a supervisor, or nil
@@ -137,6 +141,7 @@ func (l *Link) Watch(ctx context.Context, n *core.Node) {
 				ready++
 			}
 		}
+		l.sendLimit()
 		if ready != last {
 			if l.w.send(msg{T: "status", Ready: ready, Total: len(diags)}) != nil {
 				return
@@ -150,6 +155,40 @@ func (l *Link) Watch(ctx context.Context, n *core.Node) {
 		case <-tick.C:
 		}
 	}
+}
+
+// LimitsFrom makes the link report p's session start limit (what the
+// child's discoveries learnt: its node's own pacer takes them, and grants
+// nothing) to the parent whenever it changed, before each identify
+// request and as Watch runs, so that the shared pacer enforces the budget
+// even when the parent's own discovery failed.
+func (l *Link) LimitsFrom(p *core.Pacer) {
+	l.limitMu.Lock()
+	l.limits = p
+	l.limitMu.Unlock()
+	l.sendLimit()
+}
+
+func (l *Link) sendLimit() {
+	l.limitMu.Lock()
+	defer l.limitMu.Unlock()
+	if l.limits == nil {
+		return
+	}
+	b := l.limits.Budget()
+	if b.Total == 0 {
+		return // nothing learnt yet
+	}
+	key := core.Budget{Total: b.Total, Remaining: b.Remaining, ResetAt: b.ResetAt, MaxConcurrency: b.MaxConcurrency}
+	if key == l.lastLimit {
+		return
+	}
+	l.lastLimit = key
+	var after int64
+	if !b.ResetAt.IsZero() {
+		after = max(time.Until(b.ResetAt).Milliseconds(), 1)
+	}
+	l.w.send(msg{T: "limit", Total: b.Total, Remaining: b.Remaining, ResetAfterMs: after, MaxConc: b.MaxConcurrency})
 }
 
 // Pacer returns the identify pacer that asks the parent for every slot,
@@ -167,6 +206,7 @@ func (p linkPacer) Request(shard int, operator bool, grant func()) (bool, func()
 	id := l.nextID
 	l.waiting[id] = grant
 	l.mu.Unlock()
+	l.sendLimit() // what the discovery before this identify learnt comes first
 	l.w.send(msg{T: "identify", ID: id, Shard: shard, Operator: operator})
 	return false, func() {
 		l.mu.Lock()

@@ -11,16 +11,23 @@
 // environment, and the channel cannot be reached by anyone else. The
 // channel carries one line per message (channel.go): readiness, the count
 // of READY shards, identify requests and grants, shutdown, each new
-// session, and copies of the child's dispatch and events lines. Children
+// session, the session start limit its discoveries learnt, and copies of
+// the child's dispatch and events lines. When a child exits, the parent
+// reads its channel to the end (bounded: 5 s) before it reports the exit,
+// so that the lines a clean stop flushes after saving its sessions all
+// reach /dispatch. Each child's unix socket is named by its block's index
+// in a private temporary folder, so that the path fits sun_path whatever
+// the ID (up to 128 characters). Children
 // run in their own process group, so a terminal's Ctrl-C reaches the
 // parent alone, which stops them in order; a child whose channel ends
 // (the parent died) shuts down cleanly. A child that writes garbage on
 // its channel or closes it while it runs is named in the log and stopped,
 // and the restart policy treats that as a failure; the others are not
 // touched. Children's stdout and stderr reach the parent's stderr line by
-// line, labelled "[child ID]", through a bounded queue: a child that
-// floods loses lines (counted, and said once the queue drains), never
-// blocks itself, the parent or the others.
+// line, labelled "[child ID]", through one bounded queue per child (256
+// lines), which the writer takes in turn: a child that floods loses its own
+// lines (counted, and said once its queue drains), never another child's,
+// and never blocks itself, the parent or the others.
 //
 // # Restart policy
 //
@@ -30,7 +37,11 @@
 // times in a row; the next such exit fails the supervisor, which logs why
 // and stops every child (with MaxAttempts 0 the first exit does). A child
 // that has been running HealthyReset gets its attempts back. Stopping is
-// SIGTERM (and shutdown on the channel), SIGKILL after ShutdownTimeout.
+// SIGTERM (and shutdown on the channel), SIGKILL after ShutdownTimeout. A
+// stop that needed SIGKILL is not clean: the child may have saved some
+// sessions past the last line the parent got, so its next start is told
+// Crashed (supervise drops its snapshots and, on Discord, writes the
+// parent's resume points instead).
 // Every action is logged before it is taken. "running" means the child
 // serves its tree, not that its shards are READY: with a large block at
 // max_concurrency 1 that takes minutes, far beyond any startup timeout.
@@ -53,7 +64,11 @@
 // two grants of a bucket 5 s apart could reach the gateway a few
 // milliseconds less than 5 s apart, which Discord answers with op 9:
 // SpacedPacer keeps them GrantMargin (250 ms) further apart. A request of
-// a child that exits is cancelled.
+// a child that exits is cancelled. What a child's discovery learns of the
+// session start limit goes to the parent's pacer too (a limit message
+// before the identify request it precedes), which lowers what remains,
+// never raises it: a parent whose own discovery failed still enforces
+// the budget once a child has discovered.
 //
 // # One tree
 //

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -44,6 +42,10 @@ type Exec struct {
 	Lines func(child, kind string, line []byte)
 	// Sessions receives each new session a child reports (Tree.Session).
 	Sessions func(child string, shard int, s core.Session, seq int64)
+	// Limits receives the session start limit a child's discovery
+	// learnt (the shared pacer's SetStartLimit, which lowers what
+	// remains, never raises it); nil drops it.
+	Limits func(child string, l core.StartLimit)
 
 	wg sync.WaitGroup
 }
@@ -57,7 +59,8 @@ type execProc struct {
 	cmd    *exec.Cmd
 	conn   net.Conn
 	w      *msgWriter
-	exited chan struct{}
+	reaped chan struct{} // closed once waitpid returned
+	read   chan struct{} // closed when the channel's reader ended
 
 	mu      sync.Mutex
 	cancels map[uint64]func()
@@ -120,11 +123,14 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 		conn.Close()
 		return nil, fmt.Errorf("child %q: %w", l.ID, err)
 	}
-	p := &execProc{id: l.ID, cmd: cmd, conn: conn, w: &msgWriter{w: conn}, exited: make(chan struct{}), cancels: map[uint64]func(){}}
+	p := &execProc{id: l.ID, cmd: cmd, conn: conn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}}
 	var outs sync.WaitGroup
 	outs.Go(func() { e.Output.copy(l.ID, stdout) })
 	outs.Go(func() { e.Output.copy(l.ID, stderr) })
-	e.wg.Go(func() { e.channel(p, r) })
+	e.wg.Go(func() {
+		defer close(p.read)
+		e.channel(p, r)
+	})
 	e.wg.Go(func() {
 		outs.Wait() // Wait closes the pipes: read them to the end first
 		err := cmd.Wait()
@@ -136,12 +142,28 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 		for _, cancel := range cancels {
 			cancel() // a slot granted to a dead child would be spent for nothing
 		}
-		close(p.exited)
+		close(p.reaped)
+		// The child's last lines (a clean stop flushes its dispatch
+		// lines after saving its sessions) may still be in the socket:
+		// the channel is read to its end, which the child's exit
+		// brings, before the exit is reported. Only a process that
+		// inherited the child's end (none of ours does) could hold it
+		// open: after channelDrain it is cut.
+		select {
+		case <-p.read:
+		case <-time.After(channelDrain):
+			r.Broken(fmt.Errorf("child %q exited, but its private channel did not end within %v", p.id, channelDrain))
+			conn.Close()
+			<-p.read
+		}
 		conn.Close()
 		r.Exited(err)
 	})
 	return p, nil
 }
+
+// channelDrain bounds the reading of a channel after its child's exit.
+const channelDrain = 5 * time.Second
 
 // channel reads the child's messages until the channel ends.
 func (e *Exec) channel(p *execProc, r *Reports) {
@@ -149,20 +171,16 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 	for {
 		m, err := mr.next()
 		if err != nil {
-			select {
-			case <-p.exited:
-				return
-			default:
-			}
-			if errors.Is(err, ErrGarbage) {
+			if errors.Is(err, ErrGarbage) && !errors.Is(err, errCutShort) {
 				r.Broken(fmt.Errorf("child %q: %w", p.id, err))
 				io.Copy(io.Discard, p.conn) // the child must not block on it
 				return
 			}
-			// The end of the channel comes with the child's exit;
-			// alone, it is a child that closed it.
+			// The end of the channel comes with the child's exit
+			// (killed, it may cut its last line); alone, it is a
+			// child that closed it.
 			select {
-			case <-p.exited:
+			case <-p.reaped:
 			case <-time.After(2 * time.Second):
 				r.Broken(fmt.Errorf("child %q closed its private channel", p.id))
 			}
@@ -182,6 +200,10 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 		case "session":
 			if e.Sessions != nil {
 				e.Sessions(p.id, m.Shard, core.Session{ID: m.SID, ResumeURL: m.URL}, m.Seq)
+			}
+		case "limit":
+			if e.Limits != nil {
+				e.Limits(p.id, core.StartLimit{Total: m.Total, Remaining: m.Remaining, ResetAfter: time.Duration(m.ResetAfterMs) * time.Millisecond, MaxConcurrency: m.MaxConc})
 			}
 		case "identify":
 			e.identify(p, m)
@@ -229,46 +251,84 @@ func (e *Exec) identify(p *execProc, m msg) {
 }
 
 // Output writes the children's output lines to one writer, each line
-// prefixed "[child ID] ". It never blocks a child nor the parent: lines
-// queue (up to a bound) for one writer goroutine, and when the queue is
-// full a child's lines are dropped and counted, the count said in a line
-// of its own once there is room again.
+// prefixed "[child ID] ". It never blocks a child nor the parent: each
+// child's lines queue (up to a bound, per child) for one writer goroutine,
+// which takes them in turn, one line of each child that has some; when a
+// child's queue is full its lines are dropped and counted, the count said
+// in a line of its own once its queue is empty again. A child that floods
+// thus loses its own lines, never another child's.
 type Output struct {
 	w    io.Writer
-	q    chan []byte
+	wake chan struct{} // a line was queued (buffered: 1)
 	done chan struct{}
 
 	mu      sync.Mutex
-	dropped map[string]int
+	queues  map[string]*outQueue
+	order   []string // the children, in the order of their first line
+	closing bool
 }
 
-// outputQueue bounds the lines waiting for the writer; maxLine bounds a
-// line (a longer one is cut into several).
+type outQueue struct {
+	lines   [][]byte
+	dropped int
+}
+
+// outputQueue bounds the lines waiting for the writer, per child; maxLine
+// bounds a line (a longer one is cut into several).
 const (
-	outputQueue = 1024
+	outputQueue = 256
 	maxLine     = 4096
 )
 
 // NewOutput starts the writer to w; Close stops it.
 func NewOutput(w io.Writer) *Output {
-	o := &Output{w: w, q: make(chan []byte, outputQueue), done: make(chan struct{}), dropped: map[string]int{}}
-	go func() {
-		defer close(o.done)
-		for b := range o.q {
-			o.w.Write(b)
-			if len(o.q) == 0 {
-				o.notes()
+	o := &Output{w: w, wake: make(chan struct{}, 1), done: make(chan struct{}), queues: map[string]*outQueue{}}
+	go o.run()
+	return o
+}
+
+func (o *Output) run() {
+	defer close(o.done)
+	var batch [][]byte
+	for {
+		batch = batch[:0]
+		o.mu.Lock()
+		for _, id := range o.order {
+			q := o.queues[id]
+			switch {
+			case len(q.lines) > 0:
+				batch = append(batch, q.lines[0])
+				q.lines[0] = nil
+				q.lines = q.lines[1:]
+			case q.dropped > 0:
+				batch = append(batch, fmt.Appendf(nil, "[child %s] (%d lines dropped: the child wrote faster than stderr took them)\n", id, q.dropped))
+				q.dropped = 0
 			}
 		}
-		o.notes()
-	}()
-	return o
+		closing := o.closing
+		o.mu.Unlock()
+		for _, b := range batch {
+			o.w.Write(b)
+		}
+		if len(batch) == 0 {
+			if closing {
+				return
+			}
+			<-o.wake
+		}
+	}
 }
 
 // Close writes the lines queued and stops the writer. Call it after every
 // copy ended.
 func (o *Output) Close() {
-	close(o.q)
+	o.mu.Lock()
+	o.closing = true
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
 	<-o.done
 }
 
@@ -292,23 +352,21 @@ func (o *Output) line(id string, line []byte) {
 	if b[len(b)-1] != '\n' {
 		b = append(b, '\n')
 	}
-	select {
-	case o.q <- b:
-	default:
-		o.mu.Lock()
-		o.dropped[id]++
-		o.mu.Unlock()
-	}
-}
-
-// notes writes, once the queue is drained, how many lines of each child
-// were dropped.
-func (o *Output) notes() {
 	o.mu.Lock()
-	dropped := o.dropped
-	o.dropped = map[string]int{}
+	q := o.queues[id]
+	if q == nil {
+		q = &outQueue{}
+		o.queues[id] = q
+		o.order = append(o.order, id)
+	}
+	if len(q.lines) < outputQueue {
+		q.lines = append(q.lines, b)
+	} else {
+		q.dropped++
+	}
 	o.mu.Unlock()
-	for _, id := range slices.Sorted(maps.Keys(dropped)) {
-		fmt.Fprintf(o.w, "[child %s] (%d lines dropped: the child wrote faster than stderr took them)\n", id, dropped[id])
+	select {
+	case o.wake <- struct{}{}:
+	default:
 	}
 }

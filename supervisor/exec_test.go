@@ -52,6 +52,35 @@ func testChild(mode string) int {
 		l.Ready("")
 		fmt.Fprintln(os.Stderr, "stubborn ready")
 		time.Sleep(time.Hour)
+	case "lines":
+		// Its last lines are in the channel when it exits, as a
+		// clean stop's flush is; well under a socket's buffer, so
+		// that it exits with nobody reading.
+		// One write, as Copy's: small writes each take a socket
+		// buffer's overhead.
+		var b []byte
+		for i := range linesSent {
+			b = fmt.Appendf(b, "{\"shard\":0,\"n\":%d}\n", i)
+		}
+		l.w.raw(b)
+		return 0
+	case "limit":
+		// Its discovery found the day's budget spent: the parent's
+		// pacer, which knew nothing, must learn it before the
+		// identify request and hold it.
+		own := core.NewDiscordPacer(nil, 1)
+		own.SetStartLimit(core.StartLimit{Total: 1000, Remaining: 0, ResetAfter: time.Hour, MaxConcurrency: 1})
+		l.LimitsFrom(own)
+		l.Ready("")
+		l.Pacer().Request(0, false, func() { fmt.Fprintln(os.Stderr, "identify granted") })
+		fmt.Fprintln(os.Stderr, "identify asked")
+		<-l.Done()
+		return 0
+	case "quiet":
+		for i := range quietLines {
+			fmt.Fprintf(os.Stderr, "quiet %d\n", i)
+		}
+		return 0
 	case "flood":
 		line := strings.Repeat("x", 100) + "\n"
 		for range 20000 {
@@ -196,4 +225,160 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("%s: never happened", what)
+}
+
+// testExec returns an Exec running this test binary as the children of
+// assign (of total shards), each in the mode named by its ID, and the
+// assignment; launch is Exec.Launch with the child's mode set.
+func testExec(t *testing.T, total int, assign string, output *Output, pacer core.IdentifyPacer) (ex *Exec, a Assignment, launch Launcher) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err = ParseAssign(total, assign); err != nil {
+		t.Fatal(err)
+	}
+	ex = &Exec{
+		Path: self, Args: func(Launch) []string { return []string{"-test.run=none"} },
+		Token: testToken, Pacer: pacer, Output: output,
+	}
+	launch = func(l Launch, r *Reports) (Process, error) {
+		ex.Env = append(os.Environ(), "SUPERVISOR_TEST_CHILD="+l.ID)
+		return ex.Launch(l, r)
+	}
+	return ex, a, launch
+}
+
+// linesSent is what the "lines" child writes on its channel before it
+// exits: about 20 KB.
+const linesSent = 1000
+
+// TestExecReadsChannelToItsEnd: a child writes its last dispatch lines
+// and exits while the parent is slow to take them (Lines holds the first
+// one until the child is reaped). Every line must still reach Lines, and
+// before the exit is reported: a clean stop saves the sessions at the
+// child's last sequence, so a line dropped here is lost for good (restart
+// all lost 828 of 20,000 lines at a slow reader when the channel was
+// closed at the exit).
+func TestExecReadsChannelToItsEnd(t *testing.T) {
+	output := NewOutput(io.Discard)
+	pids := make(chan int, 1)
+	var (
+		mu       sync.Mutex
+		got      []string
+		atExit   = -1
+		reaped   bool
+		reapedCh = make(chan struct{})
+	)
+	ex, a, launchExec := testExec(t, 1, "lines=0", output, core.NewDiscordPacer(nil, 1))
+	ex.Lines = func(child, kind string, line []byte) {
+		mu.Lock()
+		first := !reaped
+		reaped = true
+		mu.Unlock()
+		if first {
+			// The child is gone before the parent reads on.
+			pid := <-pids
+			waitFor(t, "the child reaped", func() bool { return syscall.Kill(pid, 0) == syscall.ESRCH })
+			close(reapedCh)
+		}
+		mu.Lock()
+		got = append(got, string(line))
+		mu.Unlock()
+	}
+	j := &record{t: t}
+	launch := func(l Launch, r *Reports) (Process, error) {
+		p, err := launchExec(l, r)
+		if err == nil {
+			pids <- p.Pid()
+		}
+		return p, err
+	}
+	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	<-s.Done() // the child exits: --restart-max 0 fails the supervisor
+	mu.Lock()
+	atExit = len(got)
+	mu.Unlock()
+	ex.Wait()
+	output.Close()
+	<-reapedCh
+	if atExit != linesSent {
+		t.Errorf("%d of %d lines had reached Lines when the exit was reported", atExit, linesSent)
+	}
+	for i, l := range got {
+		if want := fmt.Sprintf("{\"shard\":0,\"n\":%d}\n", i); l != want {
+			t.Fatalf("line %d = %q; want %q", i, l, want)
+		}
+	}
+	if j.index(0, "private channel failed") >= 0 {
+		t.Errorf("the exit was taken for a broken channel:\n%s", strings.Join(j.all(), "\n"))
+	}
+}
+
+// TestExecLimitReachesParent: a child's discovery says the budget is
+// spent; the parent's pacer, whose own discovery failed (it knows no
+// budget), learns it from the channel before the child's identify
+// request, and holds the request instead of granting it.
+func TestExecLimitReachesParent(t *testing.T) {
+	out := &blockedWriter{release: make(chan struct{})}
+	close(out.release)
+	output := NewOutput(out)
+	pacer := core.NewDiscordPacer(nil, 1)
+	ex, a, launch := testExec(t, 1, "limit=0", output, pacer)
+	ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
+	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch})
+	s.Start()
+	waitFor(t, "the identify asked", func() bool { return strings.Contains(out.String(), "identify asked") })
+	waitFor(t, "the request waiting at the parent", func() bool { n, _ := pacer.Waiting(); return n == 1 })
+	b := pacer.Budget()
+	s.Close()
+	ex.Wait()
+	output.Close()
+	if b.Total != 1000 || b.Remaining != 0 || b.ResetAt.IsZero() {
+		t.Errorf("the parent's budget = %+v; want the child's: total 1000, none remaining, a reset time", b)
+	}
+	if strings.Contains(out.String(), "identify granted") {
+		t.Error("the parent granted an identify the budget does not allow")
+	}
+}
+
+// quietLines is what the "quiet" child writes on its stderr.
+const quietLines = 100
+
+// TestOutputFloodSharesFairly: a flooding child and a quiet one share the
+// parent's stderr, which nobody reads until both exited. The flood fills
+// its own queue and loses lines (said); every line of the quiet child
+// arrives (one queue for all lost most of them).
+func TestOutputFloodSharesFairly(t *testing.T) {
+	out := &blockedWriter{release: make(chan struct{})}
+	output := NewOutput(out)
+	ex, a, launch := testExec(t, 2, "flood=0;quiet=1", output, core.NewDiscordPacer(nil, 1))
+	j := &record{t: t}
+	// No restart within the test: the delay is an hour.
+	pol := Policy{MaxAttempts: 100, MinDelay: time.Hour, MaxDelay: time.Hour, HealthyReset: time.Hour, StartupTimeout: time.Hour, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	waitFor(t, "both children exited", func() bool {
+		return j.index(0, "child exited unexpectedly", "child=flood") >= 0 && j.index(0, "child exited unexpectedly", "child=quiet") >= 0
+	})
+	close(out.release)
+	s.Close()
+	ex.Wait()
+	output.Close()
+	text := out.String()
+	for i := range quietLines {
+		if !strings.Contains(text, fmt.Sprintf("[child quiet] quiet %d\n", i)) {
+			t.Fatalf("the quiet child's line %d was lost to the flood", i)
+		}
+	}
+	if !strings.Contains(text, "[child flood] (") || !strings.Contains(text, "lines dropped") {
+		t.Error("the flood's drop is not said")
+	}
+	if strings.Contains(text, "[child quiet] (") {
+		t.Error("the quiet child lost lines")
+	}
 }

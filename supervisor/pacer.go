@@ -15,7 +15,16 @@ import (
 // slowly, which the gateway answers with op 9 (the simulator does,
 // strictly). Measured on 2 loaded cores: a few milliseconds at a load of
 // 2, over 100 ms once in 1,000 identifies at a load of 7. 250 ms costs 5%
-// of a long start.
+// of a long start, 200 ms a round more than one node (whose gateway client
+// spaces its own identifies 5 s + 50 ms apart from their writes).
+//
+// Pacing from when the child took the grant instead (reported on the
+// channel) was tried and refused: the identify leaves only once its
+// connection is dialled, upgraded and greeted, which differs between
+// connections by more than the margin, and each child's gateway client
+// spaces only its own writes; the simulator refused identifies of two
+// children in one bucket less than 5 s apart. Pacing from the writes
+// needs the gateway client to report them.
 const GrantMargin = 250 * time.Millisecond
 
 // SpacedPacer is the identify pacer the children share: the core's

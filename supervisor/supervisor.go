@@ -54,7 +54,9 @@ type Launch struct {
 	// restart.
 	Attempt int
 	// Crashed: the previous process of the child ended without a clean
-	// stop, and was reaped.
+	// stop, and was reaped. A stop that needed SIGKILL is not clean: the
+	// child may have saved some sessions past the last line the parent
+	// got, so its snapshots are not to be trusted.
 	Crashed bool
 }
 
@@ -141,6 +143,7 @@ type child struct {
 	attempts int // restart attempts used in the current run of failures
 	lastExit string
 	crashed  bool // the last process ended without a clean stop
+	forced   bool // the current process was sent SIGKILL
 	socket   string
 	settled  bool
 	intent   intent
@@ -323,7 +326,7 @@ func (s *Supervisor) startLocked(c *child, attempt int) {
 		c.restarts++
 	}
 	c.gen++
-	c.state, c.settled, c.socket, c.intent = Starting, false, "", exitFailure
+	c.state, c.settled, c.socket, c.intent, c.forced = Starting, false, "", exitFailure, false
 	p, err := s.cfg.Launch(Launch{ID: c.ID, Shards: c.Shards, Generation: c.gen, Attempt: attempt, Crashed: c.crashed}, &Reports{s: s, c: c, gen: c.gen})
 	if err != nil {
 		s.log.Error("starting child failed", "child", c.ID, "generation", c.gen, "err", err)
@@ -415,6 +418,7 @@ func (s *Supervisor) stopLocked(c *child, why intent) {
 		defer s.mu.Unlock()
 		if c.gen == gen && c.proc != nil {
 			s.log.Error("forced termination: the child did not exit after SIGTERM; sending SIGKILL", "child", c.ID, "pid", p.Pid(), "timeout", s.pol.ShutdownTimeout)
+			c.forced = true
 			if err := p.Signal(syscall.SIGKILL); err != nil {
 				s.log.Warn("signalling child", "child", c.ID, "pid", p.Pid(), "signal", "SIGKILL", "err", err)
 			}
@@ -425,8 +429,9 @@ func (s *Supervisor) stopLocked(c *child, why intent) {
 func (s *Supervisor) exitedLocked(c *child, err error) {
 	c.lastExit = exitText(err)
 	c.proc = nil
-	// Only a stop this supervisor asked for (restart or close) is clean.
-	c.crashed = c.intent == exitFailure
+	// Only a stop this supervisor asked for (restart or close), and that
+	// needed no SIGKILL, is clean.
+	c.crashed = c.intent == exitFailure || c.forced
 	s.stopTimerLocked(c)
 	was := c.state
 	switch {

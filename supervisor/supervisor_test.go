@@ -519,3 +519,42 @@ func TestChildrenLine(t *testing.T) {
 		t.Errorf("String() = %q; want %q", got, want)
 	}
 }
+
+// TestKilledStopIsNotClean: a restart whose child obeys SIGTERM is clean
+// (the next start trusts its saved sessions); one that needed SIGKILL is
+// not: the child may have saved sessions past the parent's last line, so
+// the next start is told Crashed, and the parent's resume points replace
+// its snapshots.
+func TestKilledStopIsNotClean(t *testing.T) {
+	h := newHarness(t, twoChildren(t), DefaultPolicy)
+	h.s.Start()
+	h.last("a").reports.Ready("")
+	if err := h.s.Restart("a"); err != nil {
+		t.Fatal(err)
+	}
+	h.last("a").reports.Exited(nil) // obeys SIGTERM
+	if l := h.launchesOf("a"); len(l) != 2 || l[1].Crashed {
+		t.Fatalf("launches after a clean restart: %+v; want a second one, not crashed", l)
+	}
+	h.last("a").reports.Ready("")
+	if err := h.s.Restart("a"); err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Advance(DefaultPolicy.ShutdownTimeout)
+	if got := h.last("a").got(); !slices.Equal(got, []os.Signal{syscall.SIGTERM, syscall.SIGKILL}) {
+		t.Fatalf("a got %v; want SIGTERM then SIGKILL", got)
+	}
+	h.last("a").reports.Exited(errors.New("signal: killed"))
+	if l := h.launchesOf("a"); len(l) != 3 || !l[2].Crashed {
+		t.Fatalf("launches after a restart that needed SIGKILL: %+v; want a third one, crashed", l)
+	}
+	h.last("a").reports.Ready("")
+	if err := h.s.Restart("a"); err != nil {
+		t.Fatal(err)
+	}
+	h.last("a").reports.Exited(nil)
+	if l := h.launchesOf("a"); len(l) != 4 || l[3].Crashed {
+		t.Fatalf("a clean restart after a killed one: %+v; want not crashed", l)
+	}
+	h.s.closeAllForTest()
+}

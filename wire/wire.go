@@ -3,7 +3,7 @@
 //
 // The gateway client reads every frame the gateway sends with it, and the
 // core reads every command an operator writes to /N/send with it before
-// deciding whether the op is one the supervisor owns. One reader for both
+// deciding whether the op is one the node owns. One reader for both
 // is the point: a check that reads a payload differently from the code
 // that acts on it can be walked around (encoding/json matches keys without
 // regard to case and keeps the last duplicate, so {"op":2,"Op":3} read as
@@ -28,7 +28,7 @@ import (
 // hostile payload of ten million '[' cannot exhaust memory in the scanner.
 const MaxDepth = 10000
 
-// Envelope is one gateway payload as the supervisor needs it: op, s and t
+// Envelope is one gateway payload as the node needs it: op, s and t
 // decoded, d kept as raw bytes into the message.
 type Envelope struct {
 	Op   int

@@ -214,11 +214,11 @@ func newLogger(w io.Writer, debug bool) (log *slog.Logger, status func(line stri
 }
 
 // runNode serves the node until ctx ends, then shuts it down cleanly.
-func runNode(ctx context.Context, sup *node.Node, ls []net.Listener, log *slog.Logger) error {
+func runNode(ctx context.Context, n *node.Node, ls []net.Listener, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	served := make(chan error, 1)
-	go func() { served <- sup.Serve(ctx, ls...) }()
+	go func() { served <- n.Serve(ctx, ls...) }()
 	var err error
 	select {
 	case <-ctx.Done():
@@ -226,7 +226,7 @@ func runNode(ctx context.Context, sup *node.Node, ls []net.Listener, log *slog.L
 		cancel()
 	}
 	log.Info("shutting down: closing gateway connections with 4000 so that sessions stay resumable")
-	cerr := sup.Close()
+	cerr := n.Close()
 	if err == nil {
 		err = <-served
 	}
@@ -247,7 +247,7 @@ func isTerminal(w io.Writer) bool {
 // not nil) it redraws one status line; elsewhere it logs every 10 s. It
 // looks again at every lifecycle event and returns once every shard is
 // READY (or FATAL), or ctx ends.
-func progress(ctx context.Context, sup *node.Node, log *slog.Logger, status func(line string, final bool)) {
+func progress(ctx context.Context, n *node.Node, log *slog.Logger, status func(line string, final bool)) {
 	tty := status != nil
 	interval := 10 * time.Second
 	if tty {
@@ -256,11 +256,11 @@ func progress(ctx context.Context, sup *node.Node, log *slog.Logger, status func
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	start := time.Now()
-	diags := make([]core.Diag, 0, len(sup.Node.Plan().Local))
-	events := sup.Node.Events()
+	diags := make([]core.Diag, 0, len(n.Node.Plan().Local))
+	events := n.Node.Events()
 	var line string
 	for {
-		cur, _ := sup.Current() // after a move to a larger plan, the new one
+		cur, _ := n.Current() // after a move to a larger plan, the new one
 		diags = cur.Snapshot(diags[:0])
 		ready, fatal := 0, 0
 		for _, d := range diags {
@@ -271,8 +271,8 @@ func progress(ctx context.Context, sup *node.Node, log *slog.Logger, status func
 				fatal++
 			}
 		}
-		waiting, next := sup.Pacer.Waiting()
-		left := sup.Pacer.DrainTime().Round(time.Second)
+		waiting, next := n.Pacer.Waiting()
+		left := n.Pacer.DrainTime().Round(time.Second)
 		nextIn := "none"
 		if !next.IsZero() {
 			nextIn = time.Until(next).Round(100 * time.Millisecond).String()
@@ -304,7 +304,7 @@ func progress(ctx context.Context, sup *node.Node, log *slog.Logger, status func
 				quiet = false
 			case <-events.Notify():
 				// Check for the end at once; report only on the tick.
-				cur, _ := sup.Current()
+				cur, _ := n.Current()
 				quiet = !allSettled(cur.Snapshot(diags[:0]))
 			}
 		}

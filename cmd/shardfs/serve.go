@@ -28,79 +28,37 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFrom func(file string) (string, error)) error {
 	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	flavorName := fl.String("flavor", "", "gateway flavor: discord or fluxer (required)")
-	api := fl.String("api", "", "HTTP API base for discovery (default: the platform's)")
-	gatewayURL := fl.String("gateway", "", "gateway WebSocket URL; skips discovery")
-	totalFlag := fl.String("total", "", "global shard count, or auto for the platform's recommendation (required)")
-	shards := fl.String("shards", "", "local shard IDs, e.g. 0-3,7 (default: all of the total)")
-	intents := fl.Uint64("intents", 0, "Discord gateway intents bit field")
-	maxConc := fl.Int("max-concurrency", 1, "Discord max_concurrency until discovery says otherwise (with --gateway there is no discovery)")
-	idTotal := fl.Int("identify-total", 0, "Discord session starts per 24 h: with --gateway the total (default 1000), else a cap on what discovery says")
-	idReserve := fl.Int("identify-reserve", -1, "session starts automatic new sessions leave to the operator's identify and retry (-1: 1% of the total, at least 1)")
-	compress := fl.String("compress", "none", "transport compression: none, zlib-stream or zstd-stream")
-	backoffFlag := fl.String("backoff", "default", "reconnect backoff: default or fixed:DURATION")
-	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
-	debug := fl.Bool("debug", false, "log at debug level")
-	var listens listenFlag
-	var tf tlsFlags
-	tf.register(fl)
-	fl.Var(&listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca)")
-	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
-	sessDir := fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
-	resumeWindow := fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
-	var ef etcdFlags
-	ef.register(fl)
+	var f serveFlags
+	f.register(fl)
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if fl.NArg() > 0 {
 		return flagErr(fl, "unexpected argument %q", fl.Arg(0))
 	}
-	flavor, err := core.ParseFlavor(*flavorName)
+	o, err := f.check(fl)
 	if err != nil {
-		return flagErr(fl, "--flavor: %v", err)
+		return err
 	}
-	if *idTotal < 0 {
-		return flagErr(fl, "--identify-total %d: want 0 (from discovery) or more", *idTotal)
-	}
-	if *idReserve < -1 {
-		return flagErr(fl, "--identify-reserve %d: want -1 (the default) or more", *idReserve)
-	}
-	reserve := *idReserve // node.Config: 0 is the default, negative none
+	flavor, comp, backoff, total := o.flavor, o.compression, o.backoff, o.total
+	apiURL, gatewayURL, totalFlag, shards, sessDir := f.api, f.gatewayURL, f.total, f.shards, f.sessions
+	reserve := *f.idReserve // node.Config: 0 is the default, negative none
 	switch reserve {
 	case -1:
 		reserve = 0
 	case 0:
 		reserve = -1
 	}
-	if *resumeWindow < 0 {
-		return flagErr(fl, "--resume-window %v: want 0 (the flavor's) or more", *resumeWindow)
-	}
-	comp, err := gateway.ParseCompression(*compress)
-	if err != nil {
-		return flagErr(fl, "--compress: %v", err)
-	}
-	backoff, err := core.ParseBackoff(*backoffFlag)
-	if err != nil {
-		return flagErr(fl, "--backoff: %v", err)
-	}
-	total := 0
-	if *totalFlag == "" {
-		return flagErr(fl, "--total is required: a shard count or auto")
-	}
 	if *totalFlag != "auto" {
-		if total, err = strconv.Atoi(*totalFlag); err != nil || total < 1 || total > core.MaxTotal {
-			return flagErr(fl, "--total %q: want a count from 1 to %d, or auto", *totalFlag, core.MaxTotal)
-		}
 		if _, err := planFor(total, *shards); err != nil {
 			return flagErr(fl, "%v", err)
 		}
 	}
-	etcdCfg, err := ef.config(*sessDir != "")
+	etcdCfg, err := f.etcd.config(*sessDir != "")
 	if err != nil {
 		return flagErr(fl, "%v", err)
 	}
-	token, err := tokenFrom(*tokenFile)
+	token, err := tokenFrom(*f.tokenFile)
 	if err != nil {
 		return err
 	}
@@ -111,11 +69,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	defer link.Close()
 	// Listeners open first, so that a refused one fails serve before
 	// discovery spends a request.
-	ls, err := listen(listens, serveListeners(), &tf)
+	ls, err := listen(f.listens, serveListeners(), &f.tls)
 	if err != nil {
 		return err
 	}
-	log, status, stopLog := newLogger(stderr, *debug)
+	log, status, stopLog := newLogger(stderr, *f.debug)
 	defer stopLog()
 
 	// The folder is locked before anything is spent on the gateway: a
@@ -143,7 +101,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	fluxerResume := flavor == core.Fluxer && store != nil && *gatewayURL == ""
 	if *totalFlag == "auto" || fluxerResume {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		disc, err := gateway.Discover(dctx, nil, flavor, *api, token)
+		disc, err := gateway.Discover(dctx, nil, flavor, *apiURL, token)
 		cancel()
 		switch {
 		case err != nil && *totalFlag == "auto":
@@ -170,10 +128,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	}
 
 	cfg := node.Config{
-		Flavor: flavor, Token: token, API: *api, GatewayURL: *gatewayURL,
-		Plan: plan, Intents: *intents, Compression: comp, Backoff: backoff, Logger: log,
-		MaxConcurrency: *maxConc, IdentifyTotal: *idTotal, IdentifyReserve: reserve,
-		ResumeWindow: *resumeWindow, Gateway: endpoint, Etcd: etcdCfg,
+		Flavor: flavor, Token: token, API: *apiURL, GatewayURL: *gatewayURL,
+		Plan: plan, Intents: *f.intents, Compression: comp, Backoff: backoff, Logger: log,
+		MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal, IdentifyReserve: reserve,
+		ResumeWindow: *f.resumeWindow, Gateway: endpoint, Etcd: etcdCfg,
 		// A 4011 moves to a larger plan only when the plan is the
 		// platform's and this node runs all of it, alone (DESIGN 7.5).
 		Reshard: *totalFlag == "auto" && *shards == "" && etcdCfg == nil && link == nil,
@@ -182,25 +140,25 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
 	}
 	link.configure(&cfg)
-	sup, err := node.New(cfg)
+	n, err := node.New(cfg)
 	if err != nil {
 		closeListeners(ls)
 		return err
 	}
-	sup.Server.MaxConns = *maxConns
-	link.refuseMoves(sup)
+	n.Server.MaxConns = *f.maxConns
+	link.refuseMoves(n)
 	switch {
 	case flavor != core.Discord:
-	case limit != nil && sup.Fleet != nil && sup.Fleet.Identify != nil:
-		sup.Fleet.Identify.SetStartLimit(*limit)
+	case limit != nil && n.Fleet != nil && n.Fleet.Identify != nil:
+		n.Fleet.Identify.SetStartLimit(*limit)
 	case limit != nil:
-		sup.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
+		n.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
 	case *gatewayURL == "":
 		// The identify budget must be known before the first identify:
 		// until then the pacer enforces nothing. A failure is the
 		// shards' to report, as they discover again when they connect.
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if _, err := sup.Transport.Discover(dctx); err != nil {
+		if _, err := n.Transport.Discover(dctx); err != nil {
 			log.Debug("discovery before the start failed; the shards discover when they connect", "err", err)
 		}
 		cancel()
@@ -208,14 +166,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
 	}
-	tf.logCert(log, time.Now())
-	sup.Start()
+	f.tls.logCert(log, time.Now())
+	n.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	link.started(pctx, sup, ls, log)
+	link.started(pctx, n, ls, log)
 	var refused error
-	if sup.Fleet == nil {
-		wg.Go(func() { progress(pctx, sup, log, status) })
+	if n.Fleet == nil {
+		wg.Go(func() { progress(pctx, n, log, status) })
 	} else {
 		// A node etcd refuses (a plan mismatch) stops serving and exits
 		// with the refusal, which names both plans.
@@ -224,13 +182,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		defer cancel()
 		wg.Go(func() {
 			select {
-			case refused = <-sup.Fleet.Refused():
+			case refused = <-n.Fleet.Refused():
 				cancel()
 			case <-pctx.Done():
 			}
 		})
 	}
-	err = runNode(ctx, sup, netListeners(ls), log)
+	err = runNode(ctx, n, netListeners(ls), log)
 	stopProgress()
 	wg.Wait()
 	if refused != nil {
@@ -258,4 +216,84 @@ func planFor(total int, shards string) (core.Plan, error) {
 		return plan, fmt.Errorf("plan: %w", err)
 	}
 	return plan, nil
+}
+
+// serveFlags are serve's flags, which supervise takes too (one definition
+// for both: supervise passes the children's on, and refuses those it
+// cannot honour yet).
+type serveFlags struct {
+	flavor, api, gatewayURL, total, shards *string
+	intents                                *uint64
+	maxConc, idTotal, idReserve            *int
+	compress, backoff, tokenFile           *string
+	debug                                  *bool
+	listens                                listenFlag
+	tls                                    tlsFlags
+	maxConns                               *int
+	sessions                               *string
+	resumeWindow                           *time.Duration
+	etcd                                   etcdFlags
+}
+
+func (f *serveFlags) register(fl *flag.FlagSet) {
+	f.flavor = fl.String("flavor", "", "gateway flavor: discord or fluxer (required)")
+	f.api = fl.String("api", "", "HTTP API base for discovery (default: the platform's)")
+	f.gatewayURL = fl.String("gateway", "", "gateway WebSocket URL; skips discovery")
+	f.total = fl.String("total", "", "global shard count, or auto for the platform's recommendation (required)")
+	f.shards = fl.String("shards", "", "local shard IDs, e.g. 0-3,7 (default: all of the total)")
+	f.intents = fl.Uint64("intents", 0, "Discord gateway intents bit field")
+	f.maxConc = fl.Int("max-concurrency", 1, "Discord max_concurrency until discovery says otherwise (with --gateway there is no discovery)")
+	f.idTotal = fl.Int("identify-total", 0, "Discord session starts per 24 h: with --gateway the total (default 1000), else a cap on what discovery says")
+	f.idReserve = fl.Int("identify-reserve", -1, "session starts automatic new sessions leave to the operator's identify and retry (-1: 1% of the total, at least 1)")
+	f.compress = fl.String("compress", "none", "transport compression: none, zlib-stream or zstd-stream")
+	f.backoff = fl.String("backoff", "default", "reconnect backoff: default or fixed:DURATION")
+	f.tokenFile = fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
+	f.debug = fl.Bool("debug", false, "log at debug level")
+	f.tls.register(fl)
+	fl.Var(&f.listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca)")
+	f.maxConns = fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
+	f.sessions = fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
+	f.resumeWindow = fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
+	f.etcd.register(fl)
+}
+
+// serveOpts are the checked values of serveFlags.
+type serveOpts struct {
+	flavor      core.Flavor
+	compression gateway.Compression
+	backoff     core.BackoffPolicy
+	total       int // 0 for auto
+}
+
+// check refuses bad values with an error naming the flag.
+func (f *serveFlags) check(fl *flag.FlagSet) (serveOpts, error) {
+	var o serveOpts
+	var err error
+	if o.flavor, err = core.ParseFlavor(*f.flavor); err != nil {
+		return o, flagErr(fl, "--flavor: %v", err)
+	}
+	if *f.idTotal < 0 {
+		return o, flagErr(fl, "--identify-total %d: want 0 (from discovery) or more", *f.idTotal)
+	}
+	if *f.idReserve < -1 {
+		return o, flagErr(fl, "--identify-reserve %d: want -1 (the default) or more", *f.idReserve)
+	}
+	if *f.resumeWindow < 0 {
+		return o, flagErr(fl, "--resume-window %v: want 0 (the flavor's) or more", *f.resumeWindow)
+	}
+	if o.compression, err = gateway.ParseCompression(*f.compress); err != nil {
+		return o, flagErr(fl, "--compress: %v", err)
+	}
+	if o.backoff, err = core.ParseBackoff(*f.backoff); err != nil {
+		return o, flagErr(fl, "--backoff: %v", err)
+	}
+	if *f.total == "" {
+		return o, flagErr(fl, "--total is required: a shard count or auto")
+	}
+	if *f.total != "auto" {
+		if o.total, err = strconv.Atoi(*f.total); err != nil || o.total < 1 || o.total > core.MaxTotal {
+			return o, flagErr(fl, "--total %q: want a count from 1 to %d, or auto", *f.total, core.MaxTotal)
+		}
+	}
+	return o, nil
 }

@@ -32,26 +32,13 @@ import (
 func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	fl := flag.NewFlagSet("supervise", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	flavorName := fl.String("flavor", "", "gateway flavor: discord or fluxer (required)")
-	api := fl.String("api", "", "HTTP API base for discovery (default: the platform's)")
-	gatewayURL := fl.String("gateway", "", "gateway WebSocket URL; skips discovery")
-	totalFlag := fl.String("total", "", "global shard count, or auto for the platform's recommendation (required)")
-	maxConc := fl.Int("max-concurrency", 1, "Discord max_concurrency until discovery says otherwise")
-	idTotal := fl.Int("identify-total", 0, "Discord session starts per 24 h: with --gateway the total (default 1000), else a cap on what discovery says")
-	idReserve := fl.Int("identify-reserve", -1, "session starts automatic new sessions leave to the operator (-1: 1% of the total, at least 1)")
-	tokenFile := fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
-	debug := fl.Bool("debug", false, "log at debug level")
-	var listens listenFlag
-	fl.Var(&listens, "listen", "9P listener of the parent's tree (as serve's; default: serve's)")
-	var tf tlsFlags // the parent's tls!HOST!PORT listeners, as serve's
-	tf.register(fl)
-	maxConns := fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once by the parent")
-	sessDir := fl.String("sessions", "", "folder of session snapshots; child ID uses DIR/ID (default: a private temporary folder)")
-	// Passed to every child as they are.
-	intents := fl.String("intents", "", "Discord gateway intents bit field")
-	compress := fl.String("compress", "", "transport compression: none, zlib-stream or zstd-stream")
-	backoffFlag := fl.String("backoff", "", "reconnect backoff: default or fixed:DURATION")
-	resumeWindow := fl.String("resume-window", "", "age beyond which a saved session is not resumed")
+	// serve's flags, one definition: --listen, --tls-*, --max-conns and
+	// --token-file are the parent's; --sessions DIR gives child ID the
+	// folder DIR/ID (default: a private temporary folder); the identify
+	// flags set the shared pacer; the gateway's flags go on to every child
+	// as given. --shards and the etcd flags are refused.
+	var f serveFlags
+	f.register(fl)
 	// The children.
 	processes := fl.Int("processes", 0, "run N children with contiguous blocks of shards")
 	perProcess := fl.Int("shards-per-process", 0, "run children of K shards each")
@@ -69,10 +56,25 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	if fl.NArg() > 0 {
 		return flagErr(fl, "unexpected argument %q", fl.Arg(0))
 	}
-	flavor, err := core.ParseFlavor(*flavorName)
-	if err != nil {
-		return flagErr(fl, "--flavor: %v", err)
+	var refused string
+	fl.Visit(func(v *flag.Flag) {
+		switch {
+		case refused != "":
+		case v.Name == "shards":
+			refused = "--shards: supervise gives each child its block: use --processes, --shards-per-process or --assign"
+		case v.Name == "etcd" || v.Name == "bot" || v.Name == "node" || strings.HasPrefix(v.Name, "etcd-"):
+			refused = fmt.Sprintf("--%s: supervise with etcd is not supported yet (the children would each join the fleet as a node of their own); run serve --etcd on each node instead", v.Name)
+		}
+	})
+	if refused != "" {
+		return flagErr(fl, "%s", refused)
 	}
+	o, err := f.check(fl)
+	if err != nil {
+		return err
+	}
+	flavor, total := o.flavor, o.total
+	api, gatewayURL, totalFlag, sessDir, debug := f.api, f.gatewayURL, f.total, f.sessions, f.debug
 	ways := 0
 	for _, set := range []bool{*processes != 0, *perProcess != 0, *assign != ""} {
 		if set {
@@ -90,45 +92,26 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	case pol.HealthyReset <= 0 || pol.StartupTimeout <= 0 || pol.ShutdownTimeout <= 0:
 		return flagErr(fl, "--healthy-reset, --startup-timeout and --shutdown-timeout must be positive")
 	}
-	// The flags the children take as they are are checked here, so that a
-	// bad one fails the parent, not every child in turn.
-	if *intents != "" {
-		if _, err := strconv.ParseUint(*intents, 10, 64); err != nil {
-			return flagErr(fl, "--intents %q: want a decimal bit field", *intents)
-		}
-	}
-	if *compress != "" {
-		if _, err := gateway.ParseCompression(*compress); err != nil {
-			return flagErr(fl, "--compress: %v", err)
-		}
-	}
-	if *backoffFlag != "" {
-		if _, err := core.ParseBackoff(*backoffFlag); err != nil {
-			return flagErr(fl, "--backoff: %v", err)
-		}
-	}
-	if *resumeWindow != "" {
-		if d, err := time.ParseDuration(*resumeWindow); err != nil || d < 0 {
-			return flagErr(fl, "--resume-window %q: want a duration, 0 for the flavor's", *resumeWindow)
-		}
-	}
-	total := 0
-	if *totalFlag == "" {
-		return flagErr(fl, "--total is required: a shard count or auto")
-	}
 	if *totalFlag != "auto" {
-		if total, err = strconv.Atoi(*totalFlag); err != nil || total < 1 || total > core.MaxTotal {
-			return flagErr(fl, "--total %q: want a count from 1 to %d, or auto", *totalFlag, core.MaxTotal)
-		}
 		if _, err := assignment(total, *processes, *perProcess, *assign); err != nil {
 			return flagErr(fl, "%v", err)
 		}
 	}
-	token, err := readToken(*tokenFile)
+	// The gateway's flags go on to every child as the operator gave them
+	// (checked above, so that a bad one fails the parent, not every
+	// child in turn).
+	var passed [][2]string
+	fl.Visit(func(v *flag.Flag) {
+		switch v.Name {
+		case "api", "gateway", "intents", "compress", "backoff", "resume-window", "debug":
+			passed = append(passed, [2]string{v.Name, v.Value.String()})
+		}
+	})
+	token, err := readToken(*f.tokenFile)
 	if err != nil {
 		return err
 	}
-	ls, err := listen(listens, serveListeners(), &tf)
+	ls, err := listen(f.listens, serveListeners(), &f.tls)
 	if err != nil {
 		return err
 	}
@@ -145,7 +128,7 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 		case err != nil && *totalFlag == "auto":
 			return fmt.Errorf("--total auto: %w", err)
 		case err != nil:
-			log.Error("discovery before the start failed: the identify budget is unknown until a child's shard discovers", "err", err)
+			log.Error("discovery before the start failed: the identify budget is unknown until a child's shard discovers and reports it", "err", err)
 		default:
 			limit = &disc.StartLimit
 			if *totalFlag == "auto" {
@@ -167,13 +150,11 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	if flavor == core.Fluxer {
 		pacer = core.NewFluxerPacer(nil, core.DefaultFluxerPacing)
 	} else {
-		pacer = core.NewDiscordPacer(nil, *maxConc)
-		switch *idReserve {
-		case -1:
-		default:
-			pacer.SetReserve(*idReserve)
+		pacer = core.NewDiscordPacer(nil, *f.maxConc)
+		if *f.idReserve != -1 {
+			pacer.SetReserve(*f.idReserve)
 		}
-		lt := *idTotal
+		lt := *f.idTotal
 		if lt == 0 && *gatewayURL != "" {
 			lt = core.DiscordStartTotal
 		}
@@ -199,20 +180,22 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// A child's socket is named by its block's index, not its ID: the
+	// parent dials the full path, which must fit sun_path (108 bytes)
+	// whatever the ID (up to 128 characters) and the temporary folder.
+	index := map[string]int{}
+	for i, b := range a.Blocks {
+		index[b.ID] = i
+	}
 	childArgs := func(l supervisor.Launch) []string {
 		args := []string{"serve", "--flavor", flavor.String(), "--total", strconv.Itoa(total),
 			"--shards", supervisor.FormatShards(l.Shards),
-			"--listen", "unix!" + filepath.Join(run, l.ID+".sock"),
+			"--listen", "unix!" + filepath.Join(run, strconv.Itoa(index[l.ID])+".sock"),
 			"--sessions", filepath.Join(sessions, l.ID),
 			"--max-concurrency", strconv.Itoa(pacer.MaxConcurrency()),
 		}
-		for _, kv := range [][2]string{{"api", *api}, {"gateway", *gatewayURL}, {"intents", *intents}, {"compress", *compress}, {"backoff", *backoffFlag}, {"resume-window", *resumeWindow}} {
-			if kv[1] != "" {
-				args = append(args, "--"+kv[0], kv[1])
-			}
-		}
-		if *debug {
-			args = append(args, "--debug")
+		for _, kv := range passed {
+			args = append(args, "--"+kv[0]+"="+kv[1])
 		}
 		return args
 	}
@@ -220,8 +203,12 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	ex := &supervisor.Exec{Path: self, Args: childArgs, Env: childEnv(), Token: token, Pacer: supervisor.NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out}
 	var tree *supervisor.Tree // set below, before the first launch
 	launch := func(l supervisor.Launch, r *supervisor.Reports) (supervisor.Process, error) {
-		if l.Crashed && flavor == core.Discord {
-			resumeCrashed(tree, l.ID, filepath.Join(sessions, l.ID), flavor, total, log)
+		if l.Crashed {
+			folder := filepath.Join(sessions, l.ID)
+			dropSnapshots(folder, l.Shards, log)
+			if flavor == core.Discord {
+				resumeCrashed(tree, l.ID, folder, flavor, total, log)
+			}
 		}
 		return ex.Launch(l, r)
 	}
@@ -234,7 +221,12 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 		Logger: log.With("component", "tree"),
 	})
 	ex.Lines, ex.Sessions = tree.Line, tree.Session
-	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: *maxConns}
+	if flavor == core.Discord {
+		// What the children's discoveries learn reaches the shared
+		// pacer: it lowers what remains, never raises it.
+		ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
+	}
+	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: *f.maxConns}
 	for _, l := range ls {
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
 	}
@@ -289,6 +281,21 @@ func childEnv() []string {
 		}
 	}
 	return env
+}
+
+// dropSnapshots removes the snapshots of a child that crashed or was
+// killed: what it saved, if anything, may be past the last line the
+// parent got, and a resume from there would skip what the parent never
+// saw (a killed stop saves some shards, not all). Its shards start new
+// sessions, or resume from the parent's points (resumeCrashed). The file
+// name is sessions/dir's (shard-N.json).
+func dropSnapshots(folder string, shards []int, log *slog.Logger) {
+	for _, id := range shards {
+		p := filepath.Join(folder, "shard-"+strconv.Itoa(id)+".json")
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.Error("cannot remove a crashed child's snapshot: its shard may resume past what the parent has", "file", p, "err", err)
+		}
+	}
 }
 
 // resumeCrashed writes, into a crashed child's sessions folder, a

@@ -82,6 +82,9 @@ func (c *childLink) started(ctx context.Context, n *node.Node, ls []listener, lo
 	if err := c.Ready(socket); err != nil {
 		log.Error("telling the supervisor this child is ready", "err", err)
 	}
+	if n.Pacer != nil {
+		c.LimitsFrom(n.Pacer) // the children's discoveries reach the shared pacer
+	}
 	c.wg.Go(func() { c.Watch(ctx, n.Node) })
 	c.wg.Go(func() { c.Copy(c.copying, n.Tree.NodeDispatchLog()) })
 	c.wg.Go(func() { c.Copy(c.copying, n.Node.Events()) })

@@ -904,7 +904,7 @@ func TestDuplicateSessions(t *testing.T) {
 	if got := srv.Totals().MaxLiveSessions; got != 2 {
 		t.Fatalf("Totals().MaxLiveSessions = %d; want 2", got)
 	}
-	// Both sessions receive every event: the duplicate a supervisor must
+	// Both sessions receive every event: the duplicate a node must
 	// prevent.
 	publish(t, srv, 0, 1)
 	a.expect(opDispatch, "MESSAGE_CREATE")
