@@ -32,8 +32,9 @@ import (
 //   - The operator's lease ("lease DURATION" on /ctl) is the node's, not a
 //     shard's: while it is armed the node renews its etcd lease only
 //     before its deadline, so a health script that stops renewing hands
-//     the node's shards to the others within the etcd TTL. "lease off"
-//     disarms it. A shard's own "lease" command is refused under etcd.
+//     the node's shards to the others within the etcd TTL, and the node
+//     stays out (/lease: state held, operator_lease expired) until the
+//     operator's lease is renewed. "lease off" disarms it. A shard's own "lease" command is refused under etcd.
 //   - "drain" on /ctl returns at once; /lease shows state draining, then
 //     left. A drained node serves its tree and owns nothing until it is
 //     restarted.
