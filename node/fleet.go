@@ -146,7 +146,7 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 	if cfg.Flavor == core.Discord {
 		f.Identify, err = identify.New(identify.Config{
 			Client: f.client, Prefix: o.Prefix(), Node: node, MaxConcurrency: mc,
-			Total: cfg.IdentifyTotal, KeyTTL: e.IdentifyKeyTTL, Clock: cfg.Clock, Logger: f.log,
+			Total: cfg.IdentifyTotal, Ceiling: cfg.IdentifyTotal, KeyTTL: e.IdentifyKeyTTL, Clock: cfg.Clock, Logger: f.log,
 		})
 		if err != nil {
 			f.close()

@@ -45,18 +45,26 @@
 // counter, guarded by the counter's ModRevision (or its absence), so two
 // nodes never both spend the last start. A start is counted when the key
 // is created, whether or not the slot is then handed out (a slot lost
-// after its hold still counts). Until SetStartLimit says otherwise the
-// total is Config.Total (default Discord's documented 1000), enforced from
-// the first slot, unlike core.Pacer, which only counts until it knows the
-// figure: N nodes cannot each assume the budget is theirs. Automatic
+// after its hold still counts). The total is discovery's (SetStartLimit),
+// capped by Config.Ceiling (--identify-total) when set, as core.Pacer's.
+// Until the first answer it is Config.Total (default Discord's documented
+// 1000, which also stays when there is no discovery, --gateway), enforced
+// from the first slot, unlike core.Pacer, which only counts until it knows
+// the figure: N nodes cannot each assume the budget is theirs. Automatic
 // requests never take the counter past Total - Reserve (default 1% of the
 // total, at least 1, less than the total); an operator's may go to Total.
-// SetStartLimit takes Discord's session_start_limit: it may lower the
-// total and raise the used count (total - remaining, until now +
+// SetStartLimit takes Discord's session_start_limit: it sets the total
+// (capped) and may raise the used count (total - remaining, until now +
 // reset_after), never lower it nor move a counter's reset: a lagging
-// answer counts nothing back. A new counter starts at that used count, its
-// reset at the answer's reset, or a day and a minute after its first slot
-// when none is known. BudgetWait answers from the counter last seen (read
+// answer counts nothing back. A counter whose RESET has passed by the
+// node's clock counts nothing, even while etcd still holds it (etcd gives
+// a lease its full TTL back when it restarts or changes leader, so the key
+// may outlive its period): the next slot replaces it, guarded by its
+// ModRevision, with a new period on a new lease, and revokes the old
+// lease. A node whose clock runs ahead may so start the period early by
+// its skew; the reset carries a minute's margin. A new counter starts at
+// that used count, its reset at the answer's reset, or a day and a minute
+// after its first slot when none is known. BudgetWait answers from the counter last seen (read
 // or watched), in memory.
 //
 // A changed max_concurrency (SetStartLimit) re-buckets this node's waiting
