@@ -42,7 +42,11 @@ import (
 //     (max_concurrency per 5 s), bounded by DrainTimeout; what is left
 //     when it runs out is released by revoking the lease, and those shards
 //     start new sessions elsewhere.
-//   - Fluxer has no identify buckets: its identify budget stays per node.
+//   - Fluxer has no identify buckets and its budget is not paced through
+//     etcd: each node paces its own share, Etcd.FluxerIdentifyBudget
+//     (--fluxer-identify-budget) identifies per minute, which the operator
+//     sets to Fluxer's 300 / N for N nodes. Without it each node paces the
+//     whole 300 and a line says that N nodes may exceed it.
 type Etcd struct {
 	// Endpoints are etcd's client URLs (--etcd).
 	Endpoints []string
@@ -64,6 +68,23 @@ type Etcd struct {
 	// KeyTTL); zero means its default. Tests shorten it along with the
 	// simulator's identify interval.
 	IdentifyKeyTTL time.Duration
+	// FluxerIdentifyBudget is this node's share of Fluxer's identifies per
+	// window (--fluxer-identify-budget); zero means Fluxer's whole budget.
+	FluxerIdentifyBudget int
+}
+
+// fluxerPacing is the Fluxer identify budget of a node of cfg: the
+// fleet's share when one is given.
+func fluxerPacing(cfg Config) core.FluxerPacing {
+	p := cfg.FluxerPacing
+	if cfg.Etcd == nil || cfg.Etcd.FluxerIdentifyBudget <= 0 {
+		return p
+	}
+	if p.Budget < 1 {
+		p = core.DefaultFluxerPacing
+	}
+	p.Budget = min(p.Budget, cfg.Etcd.FluxerIdentifyBudget)
+	return p
 }
 
 // Fleet is a node's part in a fleet: the ownership loop and what the tree
@@ -142,6 +163,13 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 	if err != nil {
 		f.close()
 		return err
+	}
+	if cfg.Flavor != core.Discord && e.FluxerIdentifyBudget == 0 {
+		f.log.Warn("Fluxer's identify budget is paced per node, not across the fleet: every node may spend all of it, so N nodes together may exceed it; give each --fluxer-identify-budget 300/N", "budget_per_node", fluxerPacing(cfg).Budget)
+	}
+	if cfg.Flavor == core.Discord && e.FluxerIdentifyBudget != 0 {
+		f.close()
+		return errors.New("--fluxer-identify-budget is for --flavor fluxer: Discord's identifies are paced across the nodes through etcd")
 	}
 	if cfg.Flavor == core.Discord {
 		f.Identify, err = identify.New(identify.Config{
