@@ -318,15 +318,7 @@ func TestFleetMetrics(t *testing.T) {
 	t.Cleanup(func() { sim.Close() })
 	a := fleetNode(t, srv.Client(), sim, "a", 4, 4, func(e *Etcd) { e.TTL = 3 * time.Second })
 	within(t, 60*time.Second, "a: 4 shards READY", func() bool { return readyOwned(a) == 4 })
-	if got := metric(t, a, "shardfs_owned_shards"); got != 4 {
-		t.Errorf("shardfs_owned_shards %v, want 4", got)
-	}
-	if got := metric(t, a, "shardfs_shard_moves_total"); got != 0 {
-		t.Errorf("shardfs_shard_moves_total %v before any move", got)
-	}
-	if got := metric(t, a, "shardfs_fencing_stops_total"); got != 0 {
-		t.Errorf("shardfs_fencing_stops_total %v, want 0", got)
-	}
+	metrics(t, a, "before any move", map[string]float64{"shardfs_owned_shards": 4, "shardfs_shard_moves_total": 0, "shardfs_fencing_stops_total": 0})
 	if got := metric(t, a, "shardfs_etcd_lease_remaining_seconds"); got <= 0 || got > 2 {
 		t.Errorf("shardfs_etcd_lease_remaining_seconds %v, want in (0, 2] (TTL 3 s less the 1 s margin)", got)
 	}
@@ -334,14 +326,16 @@ func TestFleetMetrics(t *testing.T) {
 	if err := a.Fleet.Drain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := metric(t, a, "shardfs_shard_moves_total"); got != 4 {
-		t.Errorf("shardfs_shard_moves_total %v after draining 4 shards, want 4", got)
-	}
-	if got := metric(t, a, "shardfs_owned_shards"); got != 0 {
-		t.Errorf("shardfs_owned_shards %v after the drain, want 0", got)
-	}
-	if got := metric(t, a, "shardfs_etcd_lease_remaining_seconds"); got != 0 {
-		t.Errorf("shardfs_etcd_lease_remaining_seconds %v after leaving, want 0", got)
+	metrics(t, a, "after draining 4 shards", map[string]float64{"shardfs_owned_shards": 0, "shardfs_shard_moves_total": 4, "shardfs_fencing_stops_total": 0, "shardfs_etcd_lease_remaining_seconds": 0})
+}
+
+// metrics checks the values of several of s's metrics.
+func metrics(t *testing.T, s *Node, when string, want map[string]float64) {
+	t.Helper()
+	for name, v := range want {
+		if got := metric(t, s, name); got != v {
+			t.Errorf("%s: %s %v, want %v", when, name, got, v)
+		}
 	}
 }
 

@@ -94,6 +94,7 @@ func (f *fakeLease) Revoke(context.Context, clientv3.LeaseID) (*clientv3.LeaseRe
 // fenceRig is a Member whose lease is a fakeLease, on a fake clock.
 type fenceRig struct {
 	t     *testing.T
+	log   *logBuf
 	clk   *clock.Fake
 	lease *fakeLease
 	m     *Member
@@ -101,8 +102,8 @@ type fenceRig struct {
 }
 
 func newFenceRig(t *testing.T, ttl time.Duration) *fenceRig {
-	log, _ := testLog(t)
-	r := &fenceRig{t: t, clk: clock.NewFake(), lease: &fakeLease{calls: make(chan *kaCall, 1)}, after: make(chan error, 1)}
+	log, buf := testLog(t)
+	r := &fenceRig{t: t, log: buf, clk: clock.NewFake(), lease: &fakeLease{calls: make(chan *kaCall, 1)}, after: make(chan error, 1)}
 	r.m = &Member{bot: "b", node: "a", plan: Plan{"discord", 4}, prefix: Prefix("b"), lease: r.lease, clock: r.clk, log: log}
 	r.m.start(1, ttl, clock.Mono(r.clk), func(err error) { r.after <- err })
 	t.Cleanup(func() {
@@ -282,11 +283,8 @@ func TestFenceWallJumpDoesNotMoveDeadline(t *testing.T) {
 // A step of the wall clock is logged at the next renewal, once, with its
 // size; time passing normally logs nothing.
 func TestFenceWallStepLogged(t *testing.T) {
-	log, buf := testLog(t)
-	r := &fenceRig{t: t, clk: clock.NewFake(), lease: &fakeLease{calls: make(chan *kaCall, 1)}, after: make(chan error, 1)}
-	r.m = &Member{bot: "b", node: "a", plan: Plan{"discord", 4}, prefix: Prefix("b"), lease: r.lease, clock: r.clk, log: log}
-	r.m.start(1, 9*time.Second, clock.Mono(r.clk), func(err error) { r.after <- err })
-	t.Cleanup(func() { r.m.Close() })
+	r := newFenceRig(t, 9*time.Second)
+	buf := r.log
 	r.clk.Advance(3 * time.Second)
 	if err := r.answer(r.call(), 9, nil); err != nil {
 		t.Fatal(err)

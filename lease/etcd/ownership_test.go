@@ -81,12 +81,21 @@ type ownRig struct {
 
 func startOwnership(t *testing.T, cli *clientv3.Client, node string, plan Plan, mc int, ttl ...time.Duration) *ownRig {
 	t.Helper()
+	return startOwnershipWith(t, cli, node, plan, mc, func(cfg *OwnershipConfig) {
+		if len(ttl) > 0 {
+			cfg.TTL = ttl[0]
+		}
+	})
+}
+
+// startOwnershipWith is startOwnership with the configuration changed by
+// mod.
+func startOwnershipWith(t *testing.T, cli *clientv3.Client, node string, plan Plan, mc int, mod func(*OwnershipConfig)) *ownRig {
+	t.Helper()
 	log, buf := testLog(t)
 	r := &ownRig{shards: newRecShards(), clk: clock.NewFake(), log: buf, done: make(chan error, 1)}
 	cfg := OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: plan, MaxConcurrency: mc, Shards: r.shards, Clock: r.clk, Logger: log}
-	if len(ttl) > 0 {
-		cfg.TTL = ttl[0]
-	}
+	mod(&cfg)
 	o, err := NewOwnership(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -494,18 +503,8 @@ func TestOwnershipOperatorLeaseHoldsNodeOut(t *testing.T) {
 
 	var may atomic.Bool
 	may.Store(true)
-	log, buf := testLog(t)
-	b := &ownRig{shards: newRecShards(), clk: clock.NewFake(), log: buf, done: make(chan error, 1)}
-	o, err := NewOwnership(OwnershipConfig{Client: cli, Bot: "b", Node: "b", Plan: plan, MaxConcurrency: 16,
-		Shards: b.shards, Clock: b.clk, Logger: log, MayRenew: may.Load})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.o = o
-	ctx, cancel := context.WithCancel(context.Background())
-	b.cancel = cancel
-	go func() { b.done <- o.Run(ctx) }()
-	t.Cleanup(b.stop)
+	b := startOwnershipWith(t, cli, "b", plan, 16, func(cfg *OwnershipConfig) { cfg.MayRenew = may.Load })
+	buf := b.log
 	share := len(Placement("b", []string{"a", "b"}, 16))
 	waitFor(t, "b to own its share", func() bool { return len(b.shards.owned(b.clk.Now())) == share })
 
