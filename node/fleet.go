@@ -34,7 +34,8 @@ import (
 //     before its deadline, so a health script that stops renewing hands
 //     the node's shards to the others within the etcd TTL, and the node
 //     stays out (/lease: state held, operator_lease expired) until the
-//     operator's lease is renewed. "lease off" disarms it. A shard's own "lease" command is refused under etcd.
+//     operator's lease is renewed. "lease off" disarms it. A shard's own
+//     "lease" command is refused under etcd.
 //   - "drain" on /ctl returns at once; /lease shows state draining, then
 //     left. A drained node serves its tree and owns nothing until it is
 //     restarted.
@@ -77,13 +78,12 @@ type Etcd struct {
 // fleet's share when one is given.
 func fluxerPacing(cfg Config) core.FluxerPacing {
 	p := cfg.FluxerPacing
-	if cfg.Etcd == nil || cfg.Etcd.FluxerIdentifyBudget <= 0 {
-		return p
-	}
 	if p.Budget < 1 {
 		p = core.DefaultFluxerPacing
 	}
-	p.Budget = min(p.Budget, cfg.Etcd.FluxerIdentifyBudget)
+	if cfg.Etcd != nil && cfg.Etcd.FluxerIdentifyBudget > 0 {
+		p.Budget = min(p.Budget, cfg.Etcd.FluxerIdentifyBudget)
+	}
 	return p
 }
 

@@ -57,8 +57,8 @@ const acquireConcurrency = 32
 // Ownership keeps one node's share of a bot's shards: it joins (and joins
 // again after a lost membership, but only while the operator's lease,
 // MayRenew, is valid: a node whose lease expired stays out, state held,
-// so its shards stay with the others), watches members/ and shards/, computes
-// the node's placement by rendezvous hashing over the live members,
+// so its shards stay with the others), watches members/ and shards/,
+// computes the node's placement by rendezvous hashing over the live members,
 // acquires its shards by create-if-absent and grants them to the core with
 // the membership's fencing deadline and the key's generation, renews the
 // grants as the membership renews, and hands over, by paced planned moves

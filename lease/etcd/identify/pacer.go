@@ -197,8 +197,8 @@ func (p *Pacer) SetReserve(n int) {
 
 // SetStartLimit applies Discord's session_start_limit from discovery: the
 // total becomes discovery's (capped by Config.Ceiling), and the used count
-// may be raised, never lowered (see the package doc). A changed max_concurrency re-buckets the waiting requests,
-// keeping their order.
+// may be raised, never lowered (see the package doc). A changed
+// max_concurrency re-buckets the waiting requests, keeping their order.
 func (p *Pacer) SetStartLimit(l core.StartLimit) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
