@@ -46,7 +46,12 @@
 // another node took the shard over would make two live sessions of that
 // shard, and MaxLiveSessions (the high-water mark the soak checks after
 // every fault) would say so. The frame itself reaches the simulator too,
-// so the foreign-frame check below sees it as well.
+// so the foreign-frame check below sees it as well. Checked by hand on
+// 2026-12-02 with the gateway's fence disabled (gateway/fence.go): TestSoak
+// failed at its first pause ("two live sessions for one shard", shards 3
+// and 4); with the simulator's former 1.125 s heartbeat timeout, which
+// dropped a paused node's sockets before its lease could expire, the same
+// broken fence passed unnoticed (most live sessions 1).
 //
 // What the soak checks directly besides the detector is
 // everything the node sends after SIGCONT on any connection: the simulator
