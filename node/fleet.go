@@ -32,8 +32,10 @@ import (
 //   - The operator's lease ("lease DURATION" on /ctl) is the node's, not a
 //     shard's: while it is armed the node renews its etcd lease only
 //     before its deadline, so a health script that stops renewing hands
-//     the node's shards to the others within the etcd TTL. "lease off"
-//     disarms it. A shard's own "lease" command is refused under etcd.
+//     the node's shards to the others within the etcd TTL, and the node
+//     stays out (/lease: state held, operator_lease expired) until the
+//     operator's lease is renewed. "lease off" disarms it. A shard's own
+//     "lease" command is refused under etcd.
 //   - "drain" on /ctl returns at once; /lease shows state draining, then
 //     left. A drained node serves its tree and owns nothing until it is
 //     restarted.
@@ -41,7 +43,11 @@ import (
 //     (max_concurrency per 5 s), bounded by DrainTimeout; what is left
 //     when it runs out is released by revoking the lease, and those shards
 //     start new sessions elsewhere.
-//   - Fluxer has no identify buckets: its identify budget stays per node.
+//   - Fluxer has no identify buckets and its budget is not paced through
+//     etcd: each node paces its own share, Etcd.FluxerIdentifyBudget
+//     (--fluxer-identify-budget) identifies per minute, which the operator
+//     sets to Fluxer's 300 / N for N nodes. Without it each node paces the
+//     whole 300 and a line says that N nodes may exceed it.
 type Etcd struct {
 	// Endpoints are etcd's client URLs (--etcd).
 	Endpoints []string
@@ -63,6 +69,22 @@ type Etcd struct {
 	// KeyTTL); zero means its default. Tests shorten it along with the
 	// simulator's identify interval.
 	IdentifyKeyTTL time.Duration
+	// FluxerIdentifyBudget is this node's share of Fluxer's identifies per
+	// window (--fluxer-identify-budget); zero means Fluxer's whole budget.
+	FluxerIdentifyBudget int
+}
+
+// fluxerPacing is the Fluxer identify budget of a node of cfg: the
+// fleet's share when one is given.
+func fluxerPacing(cfg Config) core.FluxerPacing {
+	p := cfg.FluxerPacing
+	if p.Budget < 1 {
+		p = core.DefaultFluxerPacing
+	}
+	if cfg.Etcd != nil && cfg.Etcd.FluxerIdentifyBudget > 0 {
+		p.Budget = min(p.Budget, cfg.Etcd.FluxerIdentifyBudget)
+	}
+	return p
 }
 
 // Fleet is a node's part in a fleet: the ownership loop and what the tree
@@ -142,10 +164,17 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 		f.close()
 		return err
 	}
+	if cfg.Flavor != core.Discord && e.FluxerIdentifyBudget == 0 {
+		f.log.Warn("Fluxer's identify budget is paced per node, not across the fleet: every node may spend all of it, so N nodes together may exceed it; give each --fluxer-identify-budget 300/N", "budget_per_node", fluxerPacing(cfg).Budget)
+	}
+	if cfg.Flavor == core.Discord && e.FluxerIdentifyBudget != 0 {
+		f.close()
+		return errors.New("--fluxer-identify-budget is for --flavor fluxer: Discord's identifies are paced across the nodes through etcd")
+	}
 	if cfg.Flavor == core.Discord {
 		f.Identify, err = identify.New(identify.Config{
 			Client: f.client, Prefix: o.Prefix(), Node: node, MaxConcurrency: mc,
-			Total: cfg.IdentifyTotal, KeyTTL: e.IdentifyKeyTTL, Clock: cfg.Clock, Logger: f.log,
+			Total: cfg.IdentifyTotal, Ceiling: cfg.IdentifyTotal, KeyTTL: e.IdentifyKeyTTL, Clock: cfg.Clock, Logger: f.log,
 		})
 		if err != nil {
 			f.close()

@@ -218,34 +218,38 @@ func file(t *testing.T, s *Node, name string) string {
 	return string(f.Content())
 }
 
-// Two nodes with max_concurrency 1 start 8 shards together: the identify
-// pacer across nodes (one bucket key in etcd) spaces their identifies so
-// that the simulator, which refuses a second identify within its interval,
-// refuses none. The key's lease is shortened to 3 s and the simulator's
-// interval to 1 s so that the test takes about 25 s rather than 8 × 7 s;
-// the spacing argument is the same: two identifies of the bucket are at
-// least the key's lease minus the hold (1.5 s) apart, more than the
-// interval (as 7 s − 1.5 s is more than Discord's 5 s).
-// identifyShards is the size of TestFleetIdentifyAcrossNodes: 8 in CI
-// (40 s of 5 s windows); the 32 by hand with
-// -fleet.identify-shards 32 (160 s).
-var identifyShards = flag.Int("fleet.identify-shards", 8, "shards of TestFleetIdentifyAcrossNodes")
+// Two nodes with max_concurrency 1 start 32 shards together (the issue's
+// case): the identify pacer across nodes (one bucket key in etcd) spaces
+// their identifies so that the simulator, which refuses a second identify
+// of the bucket within Discord's real 5 s interval, refuses none. The
+// pacer runs with its defaults (key lease 7 s, hold 1.5 s: two identifies
+// of the bucket at least 5.5 s apart), so the test takes 32 slots of
+// about 7.5 s (the key's lease plus etcd's expiry check), some 4 minutes;
+// it runs in parallel with the package's other tests.
+// -fleet.identify-shards makes it smaller by hand.
+var identifyShards = flag.Int("fleet.identify-shards", 32, "shards of TestFleetIdentifyAcrossNodes")
 
 func TestFleetIdentifyAcrossNodes(t *testing.T) {
+	t.Parallel()
 	total := *identifyShards
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
-	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 1, IdentifyInterval: time.Second})
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 1})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := sim.Config().IdentifyInterval; got != 5*time.Second {
+		t.Fatalf("simulator identify interval %v; the test is about Discord's 5s", got)
 	}
 	t.Cleanup(func() { sim.Close() }) // after the nodes' Close
 	// The drain at Close is paced at one move per 5 s: bound it, the
 	// test is about the start.
-	short := func(e *Etcd) { e.IdentifyKeyTTL, e.DrainTimeout = 3*time.Second, time.Second }
+	short := func(e *Etcd) { e.DrainTimeout = time.Second }
 	a := fleetNode(t, cli, sim, "a", total, 1, short)
 	b := fleetNode(t, cli, sim, "b", total, 1, short)
-	within(t, time.Duration(total)*5*time.Second+80*time.Second, fmt.Sprintf("%d shards READY across a and b", total), func() bool { return readyOwned(a)+readyOwned(b) == total })
+	start := time.Now()
+	within(t, time.Duration(total)*9*time.Second+60*time.Second, fmt.Sprintf("%d shards READY across a and b", total), func() bool { return readyOwned(a)+readyOwned(b) == total })
+	t.Logf("%d shards READY across two nodes in %v", total, time.Since(start).Round(time.Second))
 	tot := sim.Totals()
 	if tot.RefusedIdentifies != 0 || tot.MaxLiveSessions != 1 {
 		t.Fatalf("simulator: %d identifies refused, at most %d live sessions a shard; want none refused, never 2", tot.RefusedIdentifies, tot.MaxLiveSessions)
@@ -276,4 +280,103 @@ func lastTS(t *testing.T, s *Node, id int, subs ...string) time.Time {
 		}
 	}
 	return at
+}
+
+// metric is the value of the one sample of name in reg.
+func metric(t *testing.T, s *Node, name string) float64 {
+	t.Helper()
+	mfs, err := s.Tree.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		if len(mf.GetMetric()) != 1 {
+			t.Fatalf("%s has %d samples", name, len(mf.GetMetric()))
+		}
+		m := mf.GetMetric()[0]
+		if g := m.GetGauge(); g != nil {
+			return g.GetValue()
+		}
+		return m.GetCounter().GetValue()
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// The fleet's metrics follow the ownership: owned shards, planned moves
+// (a drain hands every shard over), fencing stops, the renewal's latency
+// and the time left on the lease.
+func TestFleetMetrics(t *testing.T) {
+	srv := etcdtest.Start(t)
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: 4, MaxConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	a := fleetNode(t, srv.Client(), sim, "a", 4, 4, func(e *Etcd) { e.TTL = 3 * time.Second })
+	within(t, 60*time.Second, "a: 4 shards READY", func() bool { return readyOwned(a) == 4 })
+	metrics(t, a, "before any move", map[string]float64{"shardfs_owned_shards": 4, "shardfs_shard_moves_total": 0, "shardfs_fencing_stops_total": 0})
+	if got := metric(t, a, "shardfs_etcd_lease_remaining_seconds"); got <= 0 || got > 2 {
+		t.Errorf("shardfs_etcd_lease_remaining_seconds %v, want in (0, 2] (TTL 3 s less the 1 s margin)", got)
+	}
+	within(t, 10*time.Second, "a renewal", func() bool { return metric(t, a, "shardfs_etcd_renew_latency_seconds") > 0 })
+	if err := a.Fleet.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	metrics(t, a, "after draining 4 shards", map[string]float64{"shardfs_owned_shards": 0, "shardfs_shard_moves_total": 4, "shardfs_fencing_stops_total": 0, "shardfs_etcd_lease_remaining_seconds": 0})
+}
+
+// metrics checks the values of several of s's metrics.
+func metrics(t *testing.T, s *Node, when string, want map[string]float64) {
+	t.Helper()
+	for name, v := range want {
+		if got := metric(t, s, name); got != v {
+			t.Errorf("%s: %s %v, want %v", when, name, got, v)
+		}
+	}
+}
+
+// Fluxer's identify budget is not paced through etcd: each node paces its
+// share (--fluxer-identify-budget), and without one a line says that N
+// nodes may exceed the budget. A share given for Discord is refused.
+func TestFleetFluxerShare(t *testing.T) {
+	srv := etcdtest.Start(t)
+	newNode := func(flavor core.Flavor, share int) (*Node, *bytes.Buffer, error) {
+		var log bytes.Buffer
+		s, err := New(Config{
+			Flavor: flavor, Token: "sim-token", GatewayURL: "ws://127.0.0.1:1",
+			Plan: core.Range(4, 0, 3), Logger: slog.New(slog.NewTextHandler(&log, nil)),
+			Etcd: &Etcd{Client: srv.Client(), Bot: "b", Node: "a", FluxerIdentifyBudget: share},
+		})
+		if err == nil {
+			t.Cleanup(func() { s.Close() })
+		}
+		return s, &log, err
+	}
+	s, log, err := newNode(core.Fluxer, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := s.Pacer.Budget(); b.Total != 100 {
+		t.Errorf("Fluxer pacer total %d with a share of 100", b.Total)
+	}
+	if strings.Contains(log.String(), "may exceed") {
+		t.Errorf("warned with a share given:\n%s", log)
+	}
+	s, log, err = newNode(core.Fluxer, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := s.Pacer.Budget(); b.Total != core.DefaultFluxerPacing.Budget {
+		t.Errorf("Fluxer pacer total %d without a share", b.Total)
+	}
+	if !strings.Contains(log.String(), "N nodes together may exceed it") {
+		t.Errorf("no warning without a share:\n%s", log)
+	}
+	if _, _, err := newNode(core.Discord, 100); err == nil || !strings.Contains(err.Error(), "is for --flavor fluxer") {
+		t.Errorf("Discord with a Fluxer share: %v", err)
+	}
 }

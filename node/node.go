@@ -139,7 +139,7 @@ func New(cfg Config) (*Node, error) {
 	s := &Node{cfg: cfg, log: log, clock: clk, events: journal.New(1 << 20)}
 	s.move.limiter = core.NewReshardLimiter(clk)
 	if cfg.Flavor == core.Fluxer {
-		s.Pacer = core.NewFluxerPacer(clk, cfg.FluxerPacing)
+		s.Pacer = core.NewFluxerPacer(clk, fluxerPacing(cfg))
 	} else {
 		s.Pacer = core.NewDiscordPacer(clk, cfg.MaxConcurrency)
 		if cfg.IdentifyReserve != 0 {

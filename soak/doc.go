@@ -31,18 +31,29 @@
 // the zombie and the new session do coexist for a while: that is a real
 // duplicate at the gateway (Discord sends both the same events), harmless
 // only because the paused node cannot act on it and, once woken, its
-// transport checks its fence before every write. The detector of the
-// simulator (MaxLiveSessions) would count it, rightly. The soak therefore
-// gives the simulator a heartbeat interval of TTL/4 (timeout 1.5 × that =
-// 3/8 TTL, below the 2/3 TTL the lease lasts at least), so that the zombie
-// is gone before another node can identify, and a second session is a
-// failure of shardfs's own rules, never the paused node's corpse. It does
-// not weaken the detector: any two sessions attached at once still count.
+// transport checks its fence before every write.
 //
-// This also means the frames a woken node writes on its old sockets cannot
-// reach the simulator (the sockets are closed; the kernel answers with a
-// reset), and they could not reach any gateway that had dropped them
-// either. What can reach it, and what the soak checks directly, is
+// The soak keeps that situation: the simulator's heartbeat timeout is
+// Discord's 62 s, so a paused node's connections stay open through the
+// pause and after SIGCONT until the woken node drops them. What it does not
+// count as a second session is a connection that is silent: the simulator
+// takes a session out of LiveSessions once its client has sent nothing for
+// 1.5 heartbeat intervals (gatewaysim Config.QuietAfter; the interval is
+// TTL/4, so 3/8 TTL, below the 2/3 TTL the lease lasts at least), and
+// counts it again at the next frame on its connection. So the paused
+// node's corpse is not a duplicate while it is silent, but a woken node
+// that wrote a single frame on an old socket (a heartbeat, a resume) after
+// another node took the shard over would make two live sessions of that
+// shard, and MaxLiveSessions (the high-water mark the soak checks after
+// every fault) would say so. The frame itself reaches the simulator too,
+// so the foreign-frame check below sees it as well. Checked by hand on
+// 2026-12-02 with the gateway's fence disabled (gateway/fence.go): TestSoak
+// failed at its first pause ("two live sessions for one shard", shards 3
+// and 4); with the simulator's former 1.125 s heartbeat timeout, which
+// dropped a paused node's sockets before its lease could expire, the same
+// broken fence passed unnoticed (most live sessions 1).
+//
+// What the soak checks directly besides the detector is
 // everything the node sends after SIGCONT on any connection: the simulator
 // reports every client frame (gatewaysim Config.OnFrame), the soak finds
 // which node sent it from the client's port through /proc, and a watch on

@@ -45,6 +45,7 @@ func (r *Report) Table() string {
 		r.MaxLive, r.Identifies, r.RefusedIdentifies, r.Resumes, r.FailedResumes)
 	fmt.Fprintf(&b, "Client frames %d (sender not found %d); after SIGCONT %d; for a shard the sender did not own %d.\n",
 		r.Frames, r.UnknownFrames, r.WakeFrames, len(r.ForeignFrames))
+	fmt.Fprintf(&b, "Paused nodes' sessions still on an open connection at SIGCONT (silent, not counted live; a frame on one would count): %d.\n", r.QuietAtWake)
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "VIOLATION: %s\n", v)
 	}

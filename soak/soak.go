@@ -84,11 +84,21 @@ func (c Config) withDefaults() Config {
 // node: the TTL plus 10 s, issue 12's bound.
 func (c Config) Bound() time.Duration { return c.TTL + 10*time.Second }
 
-// HeartbeatInterval is the simulator's: TTL/4, so that it drops a paused
-// node's connections (1.5 intervals after their last heartbeat) before
-// that node's lease can expire (at least TTL − TTL/3 after the pause) and
-// let another node in; see the package doc.
+// HeartbeatInterval is the simulator's: TTL/4, so that a paused node's
+// sessions turn quiet (QuietAfter, 1.5 intervals after their last frame)
+// before that node's lease can expire (at least TTL − TTL/3 after the
+// pause) and let another node in; see the package doc.
 func (c Config) HeartbeatInterval() time.Duration { return c.TTL / 4 }
+
+// QuietAfter is the simulator's: a session whose client sent nothing for
+// 1.5 heartbeat intervals leaves LiveSessions, and its next frame counts
+// it again.
+func (c Config) QuietAfter() time.Duration { return c.HeartbeatInterval() * 3 / 2 }
+
+// HeartbeatTimeout is the simulator's, Discord's 1.5 × 41.25 s: a paused
+// node's connections stay open past the pause, as they would at Discord,
+// so that a woken node writing on one would reach the simulator.
+const HeartbeatTimeout = 41250 * time.Millisecond * 3 / 2
 
 // token is the simulator's bot token; the soak checks it never reaches a
 // node's log.
@@ -209,6 +219,8 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 		// the budget is not what the soak is about.
 		SessionStartLimit: 1_000_000,
 		HeartbeatInterval: cfg.HeartbeatInterval(),
+		HeartbeatTimeout:  HeartbeatTimeout,
+		QuietAfter:        cfg.QuietAfter(),
 		Traffic:           gatewaysim.Traffic{PerShard: 2, PayloadSize: 200},
 		OnFrame:           c.frames.add,
 	})
@@ -474,6 +486,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 		if rest := ttl + time.Second - time.Since(stopped); rest > 0 {
 			time.Sleep(rest)
 		}
+		rep.QuietAtWake += c.quietSessions()
 		woke := time.Now()
 		repaired = woke
 		if err := n.Signal(syscall.SIGCONT); err != nil {
@@ -604,6 +617,20 @@ func (c *cluster) checkDrained(n *Node) error {
 	return c.checkFenced(n)
 }
 
+// quietSessions counts the sessions attached to a connection that the
+// simulator does not count live: their client has been silent (QuietAfter).
+func (c *cluster) quietSessions() int64 {
+	var attached int64
+	for id := range c.cfg.Shards {
+		for _, s := range c.sim.Sessions(id) {
+			if s.Live {
+				attached++
+			}
+		}
+	}
+	return attached - c.sim.Totals().LiveSessions
+}
+
 // checkWake records the frames a node woken from SIGSTOP at woke sent for
 // a shard it did not own when it sent them. It is stricter than the
 // whole-run check on frames that name no shard (say a resume of a session
@@ -701,9 +728,14 @@ type Report struct {
 	Identifies, Resumes              int64
 	RefusedIdentifies, FailedResumes int64
 
-	Frames        int      // client frames the gateway received
-	UnknownFrames int      // whose sender the soak could not find
-	WakeFrames    int      // sent by nodes after SIGCONT
+	Frames        int // client frames the gateway received
+	UnknownFrames int // whose sender the soak could not find
+	WakeFrames    int // sent by nodes after SIGCONT
+	// QuietAtWake counts the sessions attached to an open but silent
+	// connection when a paused node was woken: the paused node's
+	// connections, still open at the gateway as at Discord (see the
+	// package doc).
+	QuietAtWake   int64
 	ForeignFrames []string // sent by a node for a shard it did not own
 	Violations    []string
 }

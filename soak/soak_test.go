@@ -64,6 +64,9 @@ func TestSoak(t *testing.T) {
 	if rep.WakeFrames == 0 {
 		t.Error("no node sent a frame after SIGCONT: the paused nodes never came back to work, so the wake check saw nothing")
 	}
+	if rep.QuietAtWake == 0 {
+		t.Error("no paused node's connection was still open at SIGCONT: the simulator dropped them, so a frame a woken node wrote on an old socket could not have been seen")
+	}
 	if rep.UnknownFrames*100 > rep.Frames {
 		t.Errorf("%d of %d frames with no known sender; want under 1%%", rep.UnknownFrames, rep.Frames)
 	}

@@ -18,6 +18,7 @@ type etcdFlags struct {
 	endpoints, bot, node *string
 	ttl                  *time.Duration
 	ca, cert, key        *string
+	fluxerBudget         *int
 }
 
 func (e *etcdFlags) register(fl *flag.FlagSet) {
@@ -28,6 +29,7 @@ func (e *etcdFlags) register(fl *flag.FlagSet) {
 	e.ca = fl.String("etcd-ca", "", "with --etcd: CA certificate file of etcd's TLS")
 	e.cert = fl.String("etcd-cert", "", "with --etcd: client certificate file")
 	e.key = fl.String("etcd-key", "", "with --etcd: client key file")
+	e.fluxerBudget = fl.Int("fluxer-identify-budget", 0, "with --etcd and --flavor fluxer: this node's share of Fluxer's identify budget per minute; give each of N nodes 300/N (default: all 300, which N nodes together may exceed)")
 }
 
 // config returns the node's etcd configuration, or nil without --etcd.
@@ -40,6 +42,9 @@ func (e *etcdFlags) config(sessions bool) (*node.Etcd, error) {
 		}
 		if *e.ttl != 0 {
 			return nil, errors.New("--etcd-ttl needs --etcd")
+		}
+		if *e.fluxerBudget != 0 {
+			return nil, errors.New("--fluxer-identify-budget needs --etcd (a lone node paces Fluxer's whole budget)")
 		}
 		return nil, nil
 	}
@@ -60,7 +65,10 @@ func (e *etcdFlags) config(sessions bool) (*node.Etcd, error) {
 		}
 		name = h
 	}
-	cfg := &node.Etcd{Bot: *e.bot, Node: name, TTL: *e.ttl}
+	if *e.fluxerBudget < 0 {
+		return nil, fmt.Errorf("--fluxer-identify-budget %d: want a count of identifies per minute, 1 or more", *e.fluxerBudget)
+	}
+	cfg := &node.Etcd{Bot: *e.bot, Node: name, TTL: *e.ttl, FluxerIdentifyBudget: *e.fluxerBudget}
 	for _, u := range strings.Split(*e.endpoints, ",") {
 		if u = strings.TrimSpace(u); u != "" {
 			cfg.Endpoints = append(cfg.Endpoints, u)

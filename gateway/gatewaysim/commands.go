@@ -56,6 +56,7 @@ func (c *conn) command(data []byte, rec *Frame) error {
 	defer s.mu.Unlock()
 	defer s.changes.notify()
 	now := s.clock.Now()
+	c.heardLocked()
 	if rec != nil {
 		rec.Op, rec.At = cmd.Op, now
 		// The shard as the server knew it on receipt: the session's, or

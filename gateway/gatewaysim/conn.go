@@ -72,7 +72,10 @@ type conn struct {
 	hbDue       time.Time
 	hbRequested bool
 	noAcks      bool
-	reconnectBy time.Time // op 7 sent; closed 4000 if still open then
+	reconnectBy time.Time   // op 7 sent; closed 4000 if still open then
+	heardAt     time.Time   // the client's last frame (Config.QuietAfter)
+	quiet       bool        // the session is out of LiveSessions, see quiet.go
+	quietT      clock.Timer // nil unless Config.QuietAfter
 
 	// Owned by the reader goroutine.
 	sends []int64 // clock times of recent commands, for the send budget
@@ -206,6 +209,9 @@ func (s *Server) finishLocked(c *conn, clientCode int) {
 	c.finished = true
 	if c.hb != nil {
 		c.hb.Stop()
+	}
+	if c.quietT != nil {
+		c.quietT.Stop()
 	}
 	delete(s.conns, c)
 	shardID := -1

@@ -92,6 +92,14 @@ type Config struct {
 	// time; default interval×1.5 (Discord) or 45 s scaled with the interval
 	// (Fluxer).
 	HeartbeatTimeout time.Duration
+	// QuietAfter, when positive, takes a session out of LiveSessions while
+	// its connection has sent nothing for that long; the connection stays
+	// open (until HeartbeatTimeout), and the next frame on it counts the
+	// session live again, in MaxLiveSessions too. A paused client's
+	// sockets so stay open, as at Discord, without counting as a second
+	// session, while a woken client writing on one does. Zero: a session
+	// is live while attached.
+	QuietAfter time.Duration
 	// HeartbeatRequestAfter makes the server send op 1 after that long
 	// without a heartbeat; default never (Discord) or 0.9×interval (Fluxer);
 	// negative means never.
@@ -474,6 +482,9 @@ func (s *Server) Close() error {
 	for c := range s.conns {
 		if c.hb != nil {
 			c.hb.Stop()
+		}
+		if c.quietT != nil {
+			c.quietT.Stop()
 		}
 	}
 	s.mu.Unlock()

@@ -301,10 +301,9 @@ func (s *Server) attachLocked(sess *session, c *conn) {
 	sess.conn = c
 	c.sess = sess
 	c.applyFaultsLocked()
-	live := sess.sh.live.Add(1)
-	if live > sess.sh.maxLive.Load() {
-		sess.sh.maxLive.Store(live)
-	}
+	c.quiet = false
+	liveLocked(sess.sh)
+	c.armQuietLocked()
 	s.changes.notify()
 }
 
@@ -314,9 +313,12 @@ func (s *Server) detachLocked(sess *session) {
 	if sess.conn == nil {
 		return
 	}
+	if !sess.conn.quiet {
+		sess.sh.live.Add(-1)
+	}
+	sess.conn.quiet = false
 	sess.conn.sess = nil
 	sess.conn = nil
-	sess.sh.live.Add(-1)
 	if sess.ended {
 		return
 	}

@@ -94,6 +94,7 @@ func (f *fakeLease) Revoke(context.Context, clientv3.LeaseID) (*clientv3.LeaseRe
 // fenceRig is a Member whose lease is a fakeLease, on a fake clock.
 type fenceRig struct {
 	t     *testing.T
+	log   *logBuf
 	clk   *clock.Fake
 	lease *fakeLease
 	m     *Member
@@ -101,8 +102,8 @@ type fenceRig struct {
 }
 
 func newFenceRig(t *testing.T, ttl time.Duration) *fenceRig {
-	log, _ := testLog(t)
-	r := &fenceRig{t: t, clk: clock.NewFake(), lease: &fakeLease{calls: make(chan *kaCall, 1)}, after: make(chan error, 1)}
+	log, buf := testLog(t)
+	r := &fenceRig{t: t, log: buf, clk: clock.NewFake(), lease: &fakeLease{calls: make(chan *kaCall, 1)}, after: make(chan error, 1)}
 	r.m = &Member{bot: "b", node: "a", plan: Plan{"discord", 4}, prefix: Prefix("b"), lease: r.lease, clock: r.clk, log: log}
 	r.m.start(1, ttl, clock.Mono(r.clk), func(err error) { r.after <- err })
 	t.Cleanup(func() {
@@ -277,6 +278,35 @@ func TestFenceWallJumpDoesNotMoveDeadline(t *testing.T) {
 		t.Fatal("renewal in flight not cancelled by the loss")
 	}
 	_ = c
+}
+
+// A step of the wall clock is logged at the next renewal, once, with its
+// size; time passing normally logs nothing.
+func TestFenceWallStepLogged(t *testing.T) {
+	r := newFenceRig(t, 9*time.Second)
+	buf := r.log
+	r.clk.Advance(3 * time.Second)
+	if err := r.answer(r.call(), 9, nil); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "wall clock stepped") {
+		t.Fatalf("logged a step without one:\n%s", buf)
+	}
+	r.clk.JumpWall(-90 * time.Minute)
+	r.clk.Advance(3 * time.Second)
+	if err := r.answer(r.call(), 9, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "wall clock stepped") || !strings.Contains(buf.String(), "step=-1h30m0s") {
+		t.Fatalf("no line for a wall step of -1h30m:\n%s", buf)
+	}
+	r.clk.Advance(3 * time.Second)
+	if err := r.answer(r.call(), 9, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(buf.String(), "wall clock stepped"); n != 1 {
+		t.Fatalf("%d lines for one step:\n%s", n, buf)
+	}
 }
 
 func TestFenceErrorsRetryUntilDeadline(t *testing.T) {

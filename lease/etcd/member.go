@@ -75,6 +75,8 @@ type Member struct {
 	lossT    clock.Timer
 	renewals int
 	rtt      time.Duration    // of the last answered renewal
+	wallAt   time.Time        // wall reading (no monotonic part) at monoAt
+	monoAt   time.Duration    // for noticing a step of the wall clock
 	logged   map[string]int64 // malformed keys already logged, by key: mod revision
 }
 
@@ -178,6 +180,7 @@ func (m *Member) start(id clientv3.LeaseID, ttl, sent time.Duration, hook func(e
 	m.callCtx, m.callCancel = context.WithCancel(context.Background())
 	m.mu.Lock()
 	now := clock.Mono(m.clock)
+	m.wallAt, m.monoAt = m.clock.Now().Round(0), now
 	m.deadline = sent + ttl - fenceMargin
 	m.lossT = m.clock.AfterFunc(m.deadline-now, m.expire)
 	m.renewT = m.clock.AfterFunc(sent+ttl/3-now, m.wake)
@@ -256,6 +259,7 @@ func (m *Member) renew() error {
 		return errNotRenewing
 	}
 	sent := clock.Mono(m.clock)
+	m.noteWallStep(sent)
 	// KeepAliveOnce retries transient errors by itself until its context
 	// ends: bound each try by a third of the TTL of real time, and by the
 	// loss of the membership.
@@ -297,6 +301,24 @@ func (m *Member) renew() error {
 	m.lossT.Reset(m.deadline - now)
 	m.renewT.Reset(sent + m.ttl/3 - now)
 	return nil
+}
+
+// wallStepLogged is the smallest step of the wall clock noteWallStep logs.
+const wallStepLogged = time.Second
+
+// noteWallStep logs a line when the wall clock moved by more than
+// wallStepLogged against the monotonic clock since the last renewal: an
+// operator then sees that the clock jumped, and that the fencing deadline
+// (monotonic) did not move with it.
+func (m *Member) noteWallStep(mono time.Duration) {
+	wall := m.clock.Now().Round(0) // Round(0) drops the monotonic reading
+	m.mu.Lock()
+	step := wall.Sub(m.wallAt) - (mono - m.monoAt)
+	m.wallAt, m.monoAt = wall, mono
+	m.mu.Unlock()
+	if step > wallStepLogged || step < -wallStepLogged {
+		m.log.Warn("etcd: the wall clock stepped; the fencing deadline runs on the monotonic clock and did not move", "node", m.node, "step", step.Round(time.Millisecond))
+	}
 }
 
 // errNotRenewing: MayRenew said no.

@@ -55,8 +55,10 @@ const callTimeout = 5 * time.Second
 const acquireConcurrency = 32
 
 // Ownership keeps one node's share of a bot's shards: it joins (and joins
-// again after a lost membership), watches members/ and shards/, computes
-// the node's placement by rendezvous hashing over the live members,
+// again after a lost membership, but only while the operator's lease,
+// MayRenew, is valid: a node whose lease expired stays out, state held,
+// so its shards stay with the others), watches members/ and shards/,
+// computes the node's placement by rendezvous hashing over the live members,
 // acquires its shards by create-if-absent and grants them to the core with
 // the membership's fencing deadline and the key's generation, renews the
 // grants as the membership renews, and hands over, by paced planned moves
@@ -100,7 +102,16 @@ const (
 	StateDraining = "draining"
 	StateLeft     = "left"
 	StateRefused  = "refused" // plan mismatch or bad names
+	// StateHeld: the operator's lease (MayRenew) is not valid, so the
+	// node stays out of the bot and owns nothing until it is again.
+	StateHeld = "held"
 )
+
+// ErrOperatorLease is the /lease error of StateHeld.
+var ErrOperatorLease = errors.New("etcd: the operator's lease has expired: this node stays out of the bot (owns nothing) until it is renewed")
+
+// heldPoll is how often a held node asks MayRenew again.
+const heldPoll = time.Second
 
 // NewOwnership returns the ownership of cfg; Run runs it.
 func NewOwnership(cfg OwnershipConfig) (*Ownership, error) {
@@ -182,6 +193,9 @@ func (o *Ownership) Run(ctx context.Context) error {
 			<-ctx.Done()
 			return nil
 		}
+		if !o.mayJoin(ctx) {
+			return nil
+		}
 		m, err := o.join(ctx)
 		if ctx.Err() != nil {
 			if m != nil {
@@ -212,6 +226,26 @@ func (o *Ownership) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// mayJoin waits while the operator's lease is not valid (MayRenew false):
+// a node whose health script stopped renewing must stay out, not join
+// again, take its rendezvous share back by planned moves and lose it at
+// the next deadline, every TTL. One line is logged when it starts waiting
+// and one when it may join again. False when ctx ended.
+func (o *Ownership) mayJoin(ctx context.Context) bool {
+	if o.cfg.MayRenew == nil || o.cfg.MayRenew() {
+		return true
+	}
+	o.setState(StateHeld, ErrOperatorLease)
+	o.log.Warn("etcd: the operator's lease has expired; staying out of the bot until it is renewed", "node", o.cfg.Node)
+	for !o.cfg.MayRenew() {
+		if !o.sleep(ctx, heldPoll) {
+			return false
+		}
+	}
+	o.log.Info("etcd: the operator's lease is valid again; joining", "node", o.cfg.Node)
+	return true
 }
 
 // sleep waits d on the clock, or until ctx ends (false).

@@ -81,12 +81,21 @@ type ownRig struct {
 
 func startOwnership(t *testing.T, cli *clientv3.Client, node string, plan Plan, mc int, ttl ...time.Duration) *ownRig {
 	t.Helper()
+	return startOwnershipWith(t, cli, node, plan, mc, func(cfg *OwnershipConfig) {
+		if len(ttl) > 0 {
+			cfg.TTL = ttl[0]
+		}
+	})
+}
+
+// startOwnershipWith is startOwnership with the configuration changed by
+// mod.
+func startOwnershipWith(t *testing.T, cli *clientv3.Client, node string, plan Plan, mc int, mod func(*OwnershipConfig)) *ownRig {
+	t.Helper()
 	log, buf := testLog(t)
 	r := &ownRig{shards: newRecShards(), clk: clock.NewFake(), log: buf, done: make(chan error, 1)}
 	cfg := OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: plan, MaxConcurrency: mc, Shards: r.shards, Clock: r.clk, Logger: log}
-	if len(ttl) > 0 {
-		cfg.TTL = ttl[0]
-	}
+	mod(&cfg)
 	o, err := NewOwnership(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -477,4 +486,71 @@ func TestOwnershipEtcdBlackHole(t *testing.T) {
 	if d := time.Since(start); d > callTimeout+time.Second {
 		t.Fatalf("stopping took %v", d)
 	}
+}
+
+// The operator's lease composes without flapping (DESIGN 7.3): once it
+// expires (MayRenew false) the node's membership runs out at its deadline,
+// its shards go to the others, and the node stays out, state held, until
+// the operator's lease is valid again. Before the fix the node joined
+// again at once, was handed its share back by planned moves, and lost it
+// at the next deadline, every TTL (8 joins and 48 moves in 15 s).
+func TestOwnershipOperatorLeaseHoldsNodeOut(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	plan := Plan{Flavor: "discord", Total: 16}
+	a := startOwnership(t, cli, "a", plan, 16)
+	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
+
+	var may atomic.Bool
+	may.Store(true)
+	b := startOwnershipWith(t, cli, "b", plan, 16, func(cfg *OwnershipConfig) { cfg.MayRenew = may.Load })
+	buf := b.log
+	share := len(Placement("b", []string{"a", "b"}, 16))
+	waitFor(t, "b to own its share", func() bool { return len(b.shards.owned(b.clk.Now())) == share })
+
+	// The health script stops renewing: b's membership runs out at its
+	// deadline on b's clock.
+	may.Store(false)
+	b.clk.Advance(DefaultTTL)
+	waitFor(t, "b held out", func() bool { return b.o.Status().State == StateHeld })
+	waitFor(t, "a to own all 16 again", func() bool {
+		return len(a.shards.owned(a.clk.Now())) == 16 && string(a.o.MembersText()) == "a 16\n"
+	})
+	movesBefore := a.o.Status().Moves
+	// Time passes on b while it is held: it asks MayRenew every second
+	// and never joins.
+	for range 30 {
+		b.clk.Advance(heldPoll)
+	}
+	st := b.o.Status()
+	if st.State != StateHeld || st.Joins != 1 || st.Owned != 0 {
+		t.Fatalf("b while its operator lease is expired: %+v; want held, 1 join, nothing owned", st)
+	}
+	if r, _ := cli.Get(etcdtest.Ctx(t, 5*time.Second), "/shardfs/b/members/b"); len(r.Kvs) != 0 {
+		t.Fatal("b's member key is back while its operator lease is expired")
+	}
+	if n := len(b.shards.owned(b.clk.Now())); n != 0 {
+		t.Fatalf("held b owns %d shards", n)
+	}
+	if m := a.o.Status().Moves; m != movesBefore {
+		t.Fatalf("a made %d more planned moves while b was held", m-movesBefore)
+	}
+	txt := string(b.o.LeaseText(b.clk.Now()))
+	if !strings.Contains(txt, "state held\n") || !strings.Contains(txt, "operator's lease has expired") {
+		t.Fatalf("/lease of a held node:\n%s", txt)
+	}
+	if n := strings.Count(buf.String(), "staying out of the bot"); n != 1 {
+		t.Fatalf("%d 'staying out' lines; want 1:\n%s", n, buf.String())
+	}
+
+	// Renewed: b joins again at the next poll and takes its share back.
+	may.Store(true)
+	waitFor(t, "b to join again", func() bool {
+		b.clk.Advance(heldPoll)
+		return b.o.Status().Joins == 2
+	})
+	waitFor(t, "b's share back", func() bool {
+		a.clk.Advance(MoveWindow)
+		return len(b.shards.owned(b.clk.Now())) == share
+	})
 }

@@ -18,14 +18,32 @@
 // operator's first), or, if every waiter was cancelled meanwhile, answers
 // the next Request of that bucket with now = true. After Hold the slot is
 // lost for this node; the key stays until it expires, so nobody else uses
-// it either. The next slot of the bucket, on any node, starts no earlier
-// than KeyTTL after this one started, so an identify sent within
-// KeyTTL - 5 s of its slot's start (2 s with the defaults; the grant itself
-// comes a few round trips after the start, within Hold) keeps the 5 s. If
-// the core identifies later, nothing here notices or breaks, but the gap
-// shrinks by the lateness: the pacer cannot see the identify, so that part
-// of the contract is the core's (today it dials after the grant, then
-// identifies after Hello).
+// it either.
+//
+// Spacing, and what "identify within 1.5 s of the slot" (DESIGN 7.3)
+// means here. The pacer bounds when the grant is handed out (within Hold
+// of the slot's start), not when the identify reaches the gateway: after
+// the grant the core dials, waits for Hello and sends the identify (or
+// sends it at once on a socket already open), and the pacer cannot see
+// that. The next slot of the bucket, on any node, starts no earlier than
+// KeyTTL after this one started (the key's lease is granted at the start
+// and etcd never expires a lease early). So with g the grant's delay after
+// its slot's start (at most Hold, in practice a few etcd round trips) and c
+// the time from the grant to the identify on the wire, two identifies of
+// one bucket are at least KeyTTL − (g₁ + c₁) + (g₂ + c₂) apart: at least
+// 7 − 1.5 − c₁ + c₂ ≥ 5 s with the defaults whenever c₁ − c₂ ≤ 0.5 s, and
+// ≥ 5 s whenever c₁ − c₂ ≤ about 2 s when the grants come promptly (the
+// usual case). It is the difference of two dial-and-Hello times that
+// matters, not their size: both identifies pay one. It can break when one
+// identify's dial is slow by seconds and the next one's is fast (or goes
+// on an open socket); the gateway then refuses the second (op 9) and that
+// shard waits for another slot: one start spent, no duplicate session.
+// Not sending on a slot whose identify would go out after grant + Hold
+// (and asking again) would close that gap, but the identify is sent by the
+// core and the gateway client, outside this package; it is left to them.
+// Measured: two nodes, max_concurrency 1, 32 shards against a simulator
+// refusing an identify within 5 s (node TestFleetIdentifyAcrossNodes):
+// none refused.
 //
 // Waiting. Requests wait in one FIFO per bucket on each node (operators'
 // requests ahead of the automatic ones) and a worker per bucket tries to
@@ -45,18 +63,26 @@
 // counter, guarded by the counter's ModRevision (or its absence), so two
 // nodes never both spend the last start. A start is counted when the key
 // is created, whether or not the slot is then handed out (a slot lost
-// after its hold still counts). Until SetStartLimit says otherwise the
-// total is Config.Total (default Discord's documented 1000), enforced from
-// the first slot, unlike core.Pacer, which only counts until it knows the
-// figure: N nodes cannot each assume the budget is theirs. Automatic
+// after its hold still counts). The total is discovery's (SetStartLimit),
+// capped by Config.Ceiling (--identify-total) when set, as core.Pacer's.
+// Until the first answer it is Config.Total (default Discord's documented
+// 1000, which also stays when there is no discovery, --gateway), enforced
+// from the first slot, unlike core.Pacer, which only counts until it knows
+// the figure: N nodes cannot each assume the budget is theirs. Automatic
 // requests never take the counter past Total - Reserve (default 1% of the
 // total, at least 1, less than the total); an operator's may go to Total.
-// SetStartLimit takes Discord's session_start_limit: it may lower the
-// total and raise the used count (total - remaining, until now +
+// SetStartLimit takes Discord's session_start_limit: it sets the total
+// (capped) and may raise the used count (total - remaining, until now +
 // reset_after), never lower it nor move a counter's reset: a lagging
-// answer counts nothing back. A new counter starts at that used count, its
-// reset at the answer's reset, or a day and a minute after its first slot
-// when none is known. BudgetWait answers from the counter last seen (read
+// answer counts nothing back. A counter whose RESET has passed by the
+// node's clock counts nothing, even while etcd still holds it (etcd gives
+// a lease its full TTL back when it restarts or changes leader, so the key
+// may outlive its period): the next slot replaces it, guarded by its
+// ModRevision, with a new period on a new lease, and revokes the old
+// lease. A node whose clock runs ahead may so start the period early by
+// its skew; the reset carries a minute's margin. A new counter starts at
+// that used count, its reset at the answer's reset, or a day and a minute
+// after its first slot when none is known. BudgetWait answers from the counter last seen (read
 // or watched), in memory.
 //
 // A changed max_concurrency (SetStartLimit) re-buckets this node's waiting

@@ -44,9 +44,12 @@ type Config struct {
 	// holds a bucket.
 	Node           string
 	MaxConcurrency int // at least 1
-	// Total caps the session starts per period (0 = core.DiscordStartTotal);
-	// SetStartLimit may lower it.
+	// Total is the session starts per period until discovery's answer
+	// (SetStartLimit) says (0 = core.DiscordStartTotal); without discovery
+	// (--gateway) it stays.
 	Total int
+	// Ceiling caps what discovery says (--identify-total); 0 = none.
+	Ceiling int
 	// KeyTTL is the bucket key's lease, whole seconds, at least 2 s (etcd's
 	// minimum); 0 = DefaultKeyTTL. It must exceed Hold.
 	KeyTTL time.Duration
@@ -97,7 +100,17 @@ type counterView struct {
 	used    int
 	reset   time.Time
 	modRev  int64
+	lease   clientv3.LeaseID
 	rev     int64 // the revision at which it was seen
+}
+
+// live reports whether the counter counts at now: present and its period
+// not over by the node's clock. etcd restores a lease's full TTL when it
+// restarts or changes leader, so the key may outlive its reset; a counter
+// past its reset is treated as absent and replaced, guarded by its
+// ModRevision, at the next slot.
+func (c counterView) live(now time.Time) bool {
+	return c.present && now.Before(c.reset)
 }
 
 type queue struct {
@@ -144,7 +157,7 @@ func New(cfg Config) (*Pacer, error) {
 		dir: cfg.Prefix + "identify/", node: cfg.Node,
 		keySecs: secs, hold: hold, retry: cmpOr(cfg.Retry, DefaultRetry),
 		clock: clock.Or(cfg.Clock), log: cfg.Logger,
-		mc: max(cfg.MaxConcurrency, 1), ceiling: total, total: total, reserve: -1,
+		mc: max(cfg.MaxConcurrency, 1), ceiling: max(cfg.Ceiling, 0), total: total, reserve: -1,
 		queues: map[int]*queue{},
 	}
 	p.counterKey = p.dir + "starts"
@@ -182,16 +195,19 @@ func (p *Pacer) SetReserve(n int) {
 	p.mu.Unlock()
 }
 
-// SetStartLimit applies Discord's session_start_limit from discovery: it
-// may lower the total and raise the used count, never lower it (see the
-// package doc). A changed max_concurrency re-buckets the waiting requests,
-// keeping their order.
+// SetStartLimit applies Discord's session_start_limit from discovery: the
+// total becomes discovery's (capped by Config.Ceiling), and the used count
+// may be raised, never lowered (see the package doc). A changed
+// max_concurrency re-buckets the waiting requests, keeping their order.
 func (p *Pacer) SetStartLimit(l core.StartLimit) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.clock.Now()
 	if l.Total > 0 {
-		p.total = min(l.Total, p.ceiling)
+		p.total = l.Total
+		if p.ceiling > 0 {
+			p.total = min(p.total, p.ceiling)
+		}
 		used := l.Total - max(min(l.Remaining, l.Total), 0)
 		if !now.Before(p.floorUntil) {
 			p.floorUsed, p.floorUntil = 0, time.Time{}
@@ -241,7 +257,7 @@ func (p *Pacer) limitLocked(operator bool) int {
 // discovery's when higher.
 func (p *Pacer) usedLocked(c counterView, now time.Time) int {
 	used := 0
-	if c.present {
+	if c.live(now) {
 		used = c.used
 	}
 	if now.Before(p.floorUntil) {
@@ -316,7 +332,7 @@ func (p *Pacer) BudgetWait(operator bool) time.Time {
 		return time.Time{}
 	}
 	var at time.Time
-	if p.counter.present && p.counter.used >= p.limitLocked(operator) {
+	if p.counter.live(now) && p.counter.used >= p.limitLocked(operator) {
 		at = p.counter.reset
 	}
 	if now.Before(p.floorUntil) && p.floorUsed >= p.limitLocked(operator) {
@@ -413,8 +429,9 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	p.seeLocked(c)
 	started := p.clock.Now()
 	used, limit := p.usedLocked(c, started), p.limitLocked(operator)
+	live := c.live(started)
 	base, reset := 0, time.Time{}
-	if !c.present && started.Before(p.floorUntil) {
+	if !live && started.Before(p.floorUntil) {
 		base, reset = p.floorUsed, p.floorUntil
 	}
 	p.mu.Unlock()
@@ -433,7 +450,7 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	var cmps []clientv3.Cmp
 	var put clientv3.Op
 	var pl *clientv3.LeaseGrantResponse
-	if c.present {
+	if live {
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)}
 		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, c.reset), clientv3.WithIgnoreLease())
 	} else {
@@ -447,6 +464,10 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 			return false, fmt.Errorf("grant the lease of %s: %w", p.counterKey, err)
 		}
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(p.counterKey), "=", 0)}
+		if c.present {
+			// Past its reset but still in etcd: replace this very version.
+			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)}
+		}
 		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithLease(pl.ID))
 	}
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(bkey), "=", 0))
@@ -465,6 +486,13 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 			return true, nil
 		}
 		return false, fmt.Errorf("create %s: %w", bkey, err)
+	}
+	if c.present && !live {
+		p.log.Info("identify: the budget counter outlived its period (etcd restores lease TTLs on restart or leader change); started a new one", "reset_was", c.reset.UTC().Format(time.RFC3339))
+		if c.lease != clientv3.NoLease {
+			// Attached to nothing now; off the grant's path.
+			p.wg.Go(func() { p.revoke(c.lease) })
+		}
 	}
 	p.mu.Lock()
 	if now := p.clock.Now(); now.After(deadline) {
@@ -508,7 +536,7 @@ func (p *Pacer) parseCounter(kvs []*mvccpb.KeyValue, rev int64) (counterView, er
 		// handed out until an operator deletes the key.
 		return counterView{}, fmt.Errorf("%s holds %q, want \"USED RESET_UNIX_MS\"; no slot until it is fixed or deleted", p.counterKey, clipValue(kv.Value))
 	}
-	return counterView{present: true, used: used, reset: time.UnixMilli(ms), modRev: kv.ModRevision, rev: rev}, nil
+	return counterView{present: true, used: used, reset: time.UnixMilli(ms), modRev: kv.ModRevision, lease: clientv3.LeaseID(kv.Lease), rev: rev}, nil
 }
 
 func clipValue(v []byte) string {
@@ -591,7 +619,7 @@ func (p *Pacer) Budget() core.Budget {
 	now := p.clock.Now()
 	b := core.Budget{Total: p.total, Reserve: p.reserveLocked(), MaxConcurrency: p.mc}
 	b.Remaining = max(p.total-p.usedLocked(p.counter, now), 0)
-	if p.counter.present {
+	if p.counter.live(now) {
 		b.ResetAt = p.counter.reset
 	} else if now.Before(p.floorUntil) {
 		b.ResetAt = p.floorUntil

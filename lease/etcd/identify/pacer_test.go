@@ -541,3 +541,98 @@ func waitLog(t *testing.T, log *logBuf, want string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// The budget counter outlives its period when etcd gives its lease the
+// full TTL back (a restart or a leader change does). A counter whose
+// stored reset has passed on the node's clock counts nothing: a full one
+// refuses no slot, the next slot replaces it (guarded by its ModRevision)
+// with a new period on a new lease, and the old lease is revoked. Before
+// the fix the count carried on for good and no automatic slot came.
+func TestCounterPastResetIsAbsent(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client()
+	clk := clock.NewFake()
+	log := &logBuf{}
+	p, err := New(Config{Client: c, Prefix: prefix, Node: "a", MaxConcurrency: 1, KeyTTL: testTTL, Hold: testHold, Retry: testRetry,
+		Clock: clk, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 10, MaxConcurrency: 1})
+	ctx := etcdtest.Ctx(t, 10*time.Second)
+	// Yesterday's counter, full (9 of 10, reserve 1), its lease still
+	// running in etcd.
+	old, err := c.Grant(ctx, 86400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, prefix+"identify/starts", encodeCounter(9, clk.Now().Add(-time.Minute)), clientv3.WithLease(old.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if w := p.BudgetWait(false); !w.IsZero() {
+		t.Errorf("BudgetWait with yesterday's counter = %v, want zero", w)
+	}
+	r := newRecorder()
+	r.request(p, "a", 0, false)
+	r.waitN(t, 1, 10*time.Second)
+	g, err := c.Get(ctx, prefix+"identify/starts")
+	if err != nil || len(g.Kvs) != 1 {
+		t.Fatalf("counter after the slot: %v, %v", g, err)
+	}
+	if want := encodeCounter(1, clk.Now().Add(core.DiscordStartPeriod+startMargin)); string(g.Kvs[0].Value) != want {
+		t.Errorf("counter %q, want a new period %q", g.Kvs[0].Value, want)
+	}
+	if clientv3.LeaseID(g.Kvs[0].Lease) == old.ID {
+		t.Error("the new period's counter is still on the old lease")
+	}
+	if b := p.Budget(); b.Remaining != 9 {
+		t.Errorf("budget remaining %d, want 9", b.Remaining)
+	}
+	waitLog(t, log, "outlived its period")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		tr, err := c.TimeToLive(ctx, old.ID)
+		if err == nil && tr.TTL == -1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the old counter lease was not revoked: %v %v", tr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The total comes from discovery, as core.Pacer's does: Discord's 1000
+// only until the first answer (and for good without discovery), capped
+// only by Config.Ceiling (--identify-total). Before, a fleet's total was
+// capped at 1000 whatever discovery said.
+func TestTotalFromDiscovery(t *testing.T) {
+	srv := etcdtest.Start(t)
+	for _, tc := range []struct {
+		name           string
+		total, ceiling int
+		answers        []int
+		want           int
+	}{
+		{"no discovery", 0, 0, nil, core.DiscordStartTotal},
+		{"discovery says more", 0, 0, []int{5000}, 5000},
+		{"discovery says less", 0, 0, []int{500}, 500},
+		{"discovery follows the latest answer", 0, 0, []int{5000, 2000}, 2000},
+		{"--identify-total caps", 2000, 2000, []int{5000}, 2000},
+		{"--identify-total above discovery", 9000, 9000, []int{5000}, 5000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := New(Config{Client: srv.Client(), Prefix: prefix, Node: "a", MaxConcurrency: 16, Total: tc.total, Ceiling: tc.ceiling})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			for _, n := range tc.answers {
+				p.SetStartLimit(core.StartLimit{Total: n, Remaining: n, MaxConcurrency: 16})
+			}
+			if b := p.Budget(); b.Total != tc.want || b.Remaining != tc.want {
+				t.Fatalf("total %d remaining %d, want %d", b.Total, b.Remaining, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"crypto/x509"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// parseEtcd parses serve's etcd flags from args.
+func parseEtcd(t *testing.T, args ...string) *etcdFlags {
+	t.Helper()
+	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fl.SetOutput(io.Discard)
+	var e etcdFlags
+	e.register(fl)
+	if err := fl.Parse(args); err != nil {
+		t.Fatalf("parse %v: %v", args, err)
+	}
+	return &e
+}
+
+// The etcd flags: what needs --etcd, what goes together, and the TLS
+// files (CA pool, client key pair) each refused with a line naming the
+// flag and the problem.
+func TestEtcdFlagsRefused(t *testing.T) {
+	pki := testPKI(t)
+	f := func(name string) string { return filepath.Join(pki, name) }
+	base := []string{"--etcd", "127.0.0.1:2379", "--bot", "b", "--node", "n"}
+	for _, tc := range []struct {
+		args     []string
+		sessions bool
+		says     string
+	}{
+		{[]string{"--bot", "b"}, false, "--bot needs --etcd"},
+		{[]string{"--etcd-ca", f("ca.crt")}, false, "--etcd-ca needs --etcd"},
+		{[]string{"--etcd-ttl", "5s"}, false, "--etcd-ttl needs --etcd"},
+		{[]string{"--fluxer-identify-budget", "100"}, false, "--fluxer-identify-budget needs --etcd"},
+		{[]string{"--etcd", "127.0.0.1:2379"}, false, "--etcd needs --bot"},
+		{base, true, "--sessions and --etcd are exclusive"},
+		{append(slices.Clone(base), "--etcd-ttl", "1s"), false, "want at least 2s"},
+		{append(slices.Clone(base), "--fluxer-identify-budget", "-1"), false, "--fluxer-identify-budget -1"},
+		{append(slices.Clone(base), "--etcd-cert", f("client.crt")), false, "--etcd-cert and --etcd-key go together"},
+		{append(slices.Clone(base), "--etcd-key", f("client.key")), false, "--etcd-cert and --etcd-key go together"},
+		{append(slices.Clone(base), "--etcd-ca", f("gone.crt")), false, "--etcd-ca: open " + f("gone.crt")},
+		{append(slices.Clone(base), "--etcd-ca", f("client.key")), false, "no PEM certificate"},
+		{append(slices.Clone(base), "--etcd-cert", f("client.crt"), "--etcd-key", f("stranger.key")), false, "--etcd-cert/--etcd-key"},
+		{append(slices.Clone(base), "--etcd-cert", f("client.crt"), "--etcd-key", f("gone.key")), false, "gone.key"},
+	} {
+		cfg, err := parseEtcd(t, tc.args...).config(tc.sessions)
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%v: config = %+v, %v; want an error containing %q", tc.args, cfg, err, tc.says)
+		}
+	}
+}
+
+// Good etcd flags: endpoints split and trimmed, the TLS configuration
+// carries the CA and the client's key pair, and no --etcd means no fleet.
+func TestEtcdFlagsConfig(t *testing.T) {
+	if cfg, err := parseEtcd(t).config(true); cfg != nil || err != nil {
+		t.Fatalf("no --etcd: %+v, %v; want nil, nil", cfg, err)
+	}
+	pki := testPKI(t)
+	cfg, err := parseEtcd(t, "--etcd", " https://10.0.0.1:2379, https://10.0.0.2:2379,,", "--bot", "b", "--node", "n1",
+		"--etcd-ttl", "4s", "--fluxer-identify-budget", "100",
+		"--etcd-ca", filepath.Join(pki, "ca.crt"), "--etcd-cert", filepath.Join(pki, "client.crt"), "--etcd-key", filepath.Join(pki, "client.key")).config(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"https://10.0.0.1:2379", "https://10.0.0.2:2379"}; !slices.Equal(cfg.Endpoints, want) {
+		t.Errorf("endpoints %q, want %q", cfg.Endpoints, want)
+	}
+	if cfg.Bot != "b" || cfg.Node != "n1" || cfg.TTL != 4*time.Second || cfg.FluxerIdentifyBudget != 100 {
+		t.Errorf("config %+v", cfg)
+	}
+	if cfg.TLS == nil || cfg.TLS.RootCAs == nil || len(cfg.TLS.Certificates) != 1 {
+		t.Fatalf("TLS %+v; want the CA pool and one client certificate", cfg.TLS)
+	}
+	leaf, err := x509.ParseCertificate(cfg.TLS.Certificates[0].Certificate[0])
+	if err != nil || leaf.Subject.CommonName != "client" {
+		t.Fatalf("client certificate %v, %v; want client", leaf.Subject, err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: cfg.TLS.RootCAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("the client certificate does not verify against --etcd-ca's pool: %v", err)
+	}
+	// CA only: server authentication without a client certificate.
+	cfg, err = parseEtcd(t, "--etcd", "https://10.0.0.1:2379", "--bot", "b", "--node", "n1", "--etcd-ca", filepath.Join(pki, "ca.crt")).config(false)
+	if err != nil || cfg.TLS == nil || cfg.TLS.RootCAs == nil || len(cfg.TLS.Certificates) != 0 {
+		t.Fatalf("CA only: %+v, %v", cfg, err)
+	}
+	// No --node: the host name.
+	host, _ := os.Hostname()
+	if cfg, err := parseEtcd(t, "--etcd", "127.0.0.1:2379", "--bot", "b").config(false); err != nil || cfg.Node != host || cfg.TLS != nil {
+		t.Fatalf("no --node: %+v, %v; want node %q, no TLS", cfg, err, host)
+	}
+}
