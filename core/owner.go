@@ -1,6 +1,9 @@
 package core
 
-import "log/slog"
+import (
+	"log/slog"
+	"time"
+)
 
 // Ownership across nodes (lease/etcd) reaches the core as lease grants
 // with Owner set; see LeaseGrant. The core keeps a shard context for every
@@ -88,24 +91,58 @@ func (s *shard) takeOwnership(g LeaseGrant) bool {
 
 // Handover is the planned move of shard id to another node: it stops the
 // shard with close code 4000 (reason "moved"), saves its snapshot when the
-// session stays resumable, and returns once the save has ended, reporting
-// whether a snapshot was saved. The shard's lease counts as expired from
-// then on, and its connections' fence no longer moves: only a grant of a
-// new generation starts it again.
+// session stays resumable, and returns once the save has ended and the
+// old connection has stopped writing (see Ender), reporting whether a
+// snapshot was saved. The shard's lease counts as expired from then on,
+// and its connections' fence no longer moves: only a grant of a new
+// generation starts it again.
 func (n *Node) Handover(id int) (saved bool, err error) {
 	s, err := n.shard(id)
 	if err != nil {
 		return false, err
 	}
+	s.mu.Lock()
+	old := s.conn
+	s.mu.Unlock()
 	if n.sessions == nil {
 		s.handover()
-		return false, nil
+	} else {
+		n.stopAndSave([]*shard{s}, (*shard).handover)
+		s.mu.Lock()
+		saved = s.stored
+		s.mu.Unlock()
 	}
-	n.stopAndSave([]*shard{s}, (*shard).handover)
-	s.mu.Lock()
-	saved = s.stored
-	s.mu.Unlock()
+	s.awaitEnded(old)
 	return saved, nil
+}
+
+// HandoverWait bounds how long Handover waits for the old connection to
+// stop writing: the gateway client's close handshake (its close frame, then
+// up to 2 s for the gateway's answer) fits in it.
+const HandoverWait = 5 * time.Second
+
+// awaitEnded waits until c, the shard's connection before a handover, can
+// write no more, so that the caller releases the shard's key only then:
+// a heartbeat or close frame that was on its way when the connection was
+// closed must not reach the gateway after the new owner has started
+// (seen in the failover soak under load: a heartbeat read 1 s after the
+// release). A connection that is not an Ender, or one that takes longer
+// than HandoverWait, is waited for no longer; the second case is logged.
+func (s *shard) awaitEnded(c Conn) {
+	e, ok := c.(Ender)
+	if !ok {
+		return
+	}
+	late := make(chan struct{})
+	t := s.node.clock.AfterFunc(HandoverWait, func() { close(late) })
+	defer t.Stop()
+	select {
+	case <-e.Ended():
+	case <-late:
+		s.mu.Lock()
+		s.emit(s.line(s.node.clock.Now(), "handover-slow", slog.LevelWarn).str("reason", "the old connection was still open after "+HandoverWait.String()))
+		s.unlock()
+	}
 }
 
 func (s *shard) handover() {

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,55 @@ func TestHandover(t *testing.T) {
 	}
 	if _, err := e.node.Handover(99); err == nil {
 		t.Fatal("Handover of an unknown shard succeeded")
+	}
+}
+
+// Handover returns only once the old connection can write no more, so that
+// the caller releases the shard's key after its last frame (the failover
+// soak saw a heartbeat reach the gateway a second after the release); a
+// connection that does not end is waited for HandoverWait, and said.
+func TestHandoverWaitsForTheOldConnection(t *testing.T) {
+	for _, ends := range []bool{true, false} {
+		t.Run(map[bool]string{true: "ends", false: "hangs"}[ends], func(t *testing.T) {
+			e := ownerEnv(t, nil)
+			e.tr.Enders = true
+			e.grant(2, 4, 10*time.Second)
+			e.ready(2, 1)
+			c := e.conn(2)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if _, err := e.node.Handover(2); err != nil {
+					t.Error(err)
+				}
+			}()
+			// Until Handover has armed its bound it must not return.
+			for bound := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
+				if d, ok := e.clk.Next(); ok && d == core.HandoverWait {
+					break
+				}
+				select {
+				case <-done:
+					t.Fatal("Handover returned before the old connection ended")
+				default:
+				}
+				if time.Now().After(bound) {
+					t.Fatal("Handover neither returned nor waited")
+				}
+			}
+			if got := c.Closed(); len(got) != 1 || got[0] != 4000 {
+				t.Fatalf("close codes %v; want [4000] before the wait", got)
+			}
+			if ends {
+				c.End()
+			} else {
+				e.clk.Advance(core.HandoverWait)
+			}
+			<-done
+			slow := strings.Contains(e.events(2), "event=handover-slow")
+			if slow == ends {
+				t.Fatalf("handover-slow line %v; want %v:\n%s", slow, !ends, e.events(2))
+			}
+		})
 	}
 }

@@ -29,6 +29,14 @@ type Conn interface {
 	Identify()
 }
 
+// Ender is a Conn that says when it has stopped writing for good: the
+// channel closes once no frame of the connection can reach the gateway any
+// more (its socket is closed). Handover waits for it before the shard's
+// key may be released to another node.
+type Ender interface {
+	Ended() <-chan struct{}
+}
+
 // Attempt says how a connection should start.
 type Attempt struct {
 	Shard, Total int

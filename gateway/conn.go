@@ -47,6 +47,10 @@ type conn struct {
 	a    core.Attempt
 	rec  *shardRecord
 
+	// ended closes once the connection can write nothing more (see Ended).
+	ended     chan struct{}
+	endedOnce sync.Once
+
 	// Owned by the reader goroutine.
 	inf  *inflater
 	sid  string // session id this connection serves, "" before READY
@@ -148,7 +152,7 @@ func (c *conn) setPhaseLocked(from, to phase) bool {
 }
 
 func newConn(t *Transport, l *core.Link, a core.Attempt) *conn {
-	c := &conn{t: t, link: l, a: a, rec: t.record(a.Shard)}
+	c := &conn{t: t, link: l, a: a, rec: t.record(a.Shard), ended: make(chan struct{})}
 	c.seq.Store(-1)
 	if a.Resume {
 		c.seq.Store(a.Sequence)
@@ -262,7 +266,14 @@ func (c *conn) finish() {
 		c.inf.close()
 	}
 	c.t.untrack(c)
+	c.markEnded()
 }
+
+// Ended implements core.Ender: the channel closes once the connection's
+// socket is closed, or when it never opened.
+func (c *conn) Ended() <-chan struct{} { return c.ended }
+
+func (c *conn) markEnded() { c.endedOnce.Do(func() { close(c.ended) }) }
 
 // Close implements core.Conn: it records the code and wakes the reader,
 // which sends the close frame and waits for the gateway's answer. It never

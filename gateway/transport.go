@@ -233,6 +233,7 @@ func (t *Transport) Connect(l *core.Link, a core.Attempt) core.Conn {
 		c.mu.Lock()
 		c.endLocked() // closed transport: a connection that never opens
 		c.mu.Unlock()
+		c.markEnded()
 		return c
 	}
 	t.dialMu.Lock()
@@ -269,6 +270,7 @@ func (t *Transport) start(c *conn) {
 		c.endLocked()
 		c.mu.Unlock()
 		t.untrack(c)
+		c.markEnded()
 		c = t.nextDial()
 	}
 }

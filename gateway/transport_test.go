@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -524,5 +525,31 @@ func TestIdentifyPayload(t *testing.T) {
 			t.Errorf("%v resume = %s; want %s", f, p, want)
 		}
 		tr.Close()
+	}
+}
+
+// TestHandoverAfterTheLastFrame: the core's Handover returns once the
+// connection's socket is closed (core.Ender), so every frame of the old
+// connection, its close included, has reached the gateway before the
+// caller releases the shard to another node.
+func TestHandoverAfterTheLastFrame(t *testing.T) {
+	var mu sync.Mutex
+	var closes []gatewaysim.Frame
+	e := newEnv(t, envConfig{sim: gatewaysim.Config{OnFrame: func(f gatewaysim.Frame) {
+		if f.Op == gatewaysim.OpClose && f.Shard == 0 {
+			mu.Lock()
+			closes = append(closes, f)
+			mu.Unlock()
+		}
+	}}})
+	e.start()
+	e.synced(0)
+	if _, err := e.node.Handover(0); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(closes) != 1 || closes[0].Code != 4000 || closes[0].Reply {
+		t.Fatalf("close frames the gateway had read when Handover returned: %+v; want the client's 4000", closes)
 	}
 }

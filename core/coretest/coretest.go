@@ -21,6 +21,9 @@ type Transport struct {
 	// Probe, when set, is called inside Connect, while the core holds the
 	// shard: it may look at logs and clocks but not call the core.
 	Probe func(core.Attempt)
+	// Enders, when set, makes every new connection a core.Ender whose
+	// Ended channel closes when the test calls its End.
+	Enders bool
 }
 
 var _ core.Transport = (*Transport)(nil)
@@ -32,6 +35,9 @@ func (t *Transport) Connect(l *core.Link, a core.Attempt) core.Conn {
 		t.Probe(a)
 	}
 	t.mu.Lock()
+	if t.Enders {
+		c.ended = make(chan struct{})
+	}
 	t.conns = append(t.conns, c)
 	if t.last == nil {
 		t.last = map[int]*Conn{}
@@ -44,8 +50,20 @@ func (t *Transport) Connect(l *core.Link, a core.Attempt) core.Conn {
 		// the core has released the shard.
 		go hook(c)
 	}
+	if c.ended != nil {
+		return enderConn{c}
+	}
 	return c
 }
+
+// enderConn is a Conn that is also a core.Ender (Transport.Enders).
+type enderConn struct{ *Conn }
+
+func (c enderConn) Ended() <-chan struct{} { return c.ended }
+
+// End closes the Ended channel of a connection made with Transport.Enders:
+// the connection writes no more.
+func (c *Conn) End() { close(c.ended) }
 
 // Conns returns every connection made so far, oldest first.
 func (t *Transport) Conns() []*Conn {
@@ -65,6 +83,8 @@ func (t *Transport) Last(shard int) *Conn {
 type Conn struct {
 	Link    *core.Link
 	Attempt core.Attempt
+
+	ended chan struct{} // Transport.Enders
 
 	mu         sync.Mutex
 	closeCodes []int
