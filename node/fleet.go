@@ -43,11 +43,13 @@ import (
 //     (max_concurrency per 5 s), bounded by DrainTimeout; what is left
 //     when it runs out is released by revoking the lease, and those shards
 //     start new sessions elsewhere.
-//   - Fluxer has no identify buckets and its budget is not paced through
-//     etcd: each node paces its own share, Etcd.FluxerIdentifyBudget
-//     (--fluxer-identify-budget) identifies per minute, which the operator
-//     sets to Fluxer's 300 / N for N nodes. Without it each node paces the
-//     whole 300 and a line says that N nodes may exceed it.
+//   - Fluxer has no identify buckets and its budget is per source address
+//     (DESIGN section 2), so it is not paced through etcd: each node paces
+//     its own, which is right for nodes on separate machines. Nodes that
+//     share an address split it: Etcd.FluxerIdentifyBudget
+//     (--fluxer-identify-budget) identifies per minute, 300 / N for N such
+//     nodes. Without it each node paces the whole 300 and a line says that
+//     nodes sharing an address may exceed it.
 type Etcd struct {
 	// Endpoints are etcd's client URLs (--etcd).
 	Endpoints []string
@@ -165,7 +167,7 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 		return err
 	}
 	if cfg.Flavor != core.Discord && e.FluxerIdentifyBudget == 0 {
-		f.log.Warn("Fluxer's identify budget is paced per node, not across the fleet: every node may spend all of it, so N nodes together may exceed it; give each --fluxer-identify-budget 300/N", "budget_per_node", fluxerPacing(cfg).Budget)
+		f.log.Warn("Fluxer's identify budget is per source address and paced per node: N nodes sharing one address may together exceed it; give each of them --fluxer-identify-budget 300/N", "budget_per_node", fluxerPacing(cfg).Budget)
 	}
 	if cfg.Flavor == core.Discord && e.FluxerIdentifyBudget != 0 {
 		f.close()

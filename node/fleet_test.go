@@ -373,7 +373,7 @@ func TestFleetFluxerShare(t *testing.T) {
 	if b := s.Pacer.Budget(); b.Total != core.DefaultFluxerPacing.Budget {
 		t.Errorf("Fluxer pacer total %d without a share", b.Total)
 	}
-	if !strings.Contains(log.String(), "N nodes together may exceed it") {
+	if !strings.Contains(log.String(), "N nodes sharing one address may together exceed it") {
 		t.Errorf("no warning without a share:\n%s", log)
 	}
 	if _, _, err := newNode(core.Discord, 100); err == nil || !strings.Contains(err.Error(), "is for --flavor fluxer") {

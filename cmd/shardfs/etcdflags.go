@@ -29,7 +29,7 @@ func (e *etcdFlags) register(fl *flag.FlagSet) {
 	e.ca = fl.String("etcd-ca", "", "with --etcd: CA certificate file of etcd's TLS")
 	e.cert = fl.String("etcd-cert", "", "with --etcd: client certificate file")
 	e.key = fl.String("etcd-key", "", "with --etcd: client key file")
-	e.fluxerBudget = fl.Int("fluxer-identify-budget", 0, "with --etcd and --flavor fluxer: this node's share of Fluxer's identify budget per minute; give each of N nodes 300/N (default: all 300, which N nodes together may exceed)")
+	e.fluxerBudget = fl.Int("fluxer-identify-budget", 0, "with --etcd and --flavor fluxer: this node's share of Fluxer's identify budget per minute, which is per source address; give each of N nodes sharing one address 300/N (default: all 300)")
 }
 
 // config returns the node's etcd configuration, or nil without --etcd.
