@@ -101,9 +101,6 @@ func (n *Node) Handover(id int) (saved bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	s.mu.Lock()
-	old := s.conn
-	s.mu.Unlock()
 	if n.sessions == nil {
 		s.handover()
 	} else {
@@ -112,6 +109,11 @@ func (n *Node) Handover(id int) (saved bool, err error) {
 		saved = s.stored
 		s.mu.Unlock()
 	}
+	// The connection handover closed, or the one an earlier stop, fence or
+	// failure closed and which may still be sending its close frame.
+	s.mu.Lock()
+	old := s.closed
+	s.mu.Unlock()
 	s.awaitEnded(old)
 	return saved, nil
 }

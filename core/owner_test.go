@@ -191,13 +191,23 @@ func TestHandover(t *testing.T) {
 // soak saw a heartbeat reach the gateway a second after the release); a
 // connection that does not end is waited for HandoverWait, and said.
 func TestHandoverWaitsForTheOldConnection(t *testing.T) {
-	for _, ends := range []bool{true, false} {
-		t.Run(map[bool]string{true: "ends", false: "hangs"}[ends], func(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		ends, stopped bool
+	}{{"ends", true, false}, {"hangs", false, false}, {"stopped-before", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ends := tc.ends
 			e := ownerEnv(t, nil)
 			e.tr.Enders = true
 			e.grant(2, 4, 10*time.Second)
 			e.ready(2, 1)
 			c := e.conn(2)
+			if tc.stopped {
+				// stop closed it; it may still be sending its close frame.
+				if err := e.node.ExecShard(2, "stop"); err != nil {
+					t.Fatal(err)
+				}
+			}
 			done := make(chan struct{})
 			go func() {
 				defer close(done)

@@ -29,6 +29,7 @@ type shard struct {
 
 	// Transport state: what a reset wipes.
 	conn      Conn
+	closed    Conn  // the latest connection closed; Handover waits for it to end
 	link      *Link // events from any other link are stale
 	connState ConnState
 	phase     Phase
@@ -500,7 +501,7 @@ func (s *shard) connectLocked(resume bool) {
 func (s *shard) closeConnLocked(code int) {
 	s.link = nil
 	if c := s.conn; c != nil {
-		s.conn = nil
+		s.conn, s.closed = nil, c
 		// A Close that panics still leaves the connection dropped.
 		s.callout(func() { c.Close(code) })
 	}

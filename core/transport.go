@@ -30,9 +30,11 @@ type Conn interface {
 }
 
 // Ender is a Conn that says when it has stopped writing for good: the
-// channel closes once no frame of the connection can reach the gateway any
-// more (its socket is closed). Handover waits for it before the shard's
-// key may be released to another node.
+// channel closes once the connection can write no more (its socket is
+// closed, or it never opened). Bytes already in the kernel's send buffer
+// may still be on their way, as with any closed socket; the gateway client
+// closes only after its close handshake or its 2 s bound. Handover waits
+// for it before the shard's key may be released to another node.
 type Ender interface {
 	Ended() <-chan struct{}
 }

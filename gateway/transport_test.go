@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -529,17 +528,16 @@ func TestIdentifyPayload(t *testing.T) {
 }
 
 // TestHandoverAfterTheLastFrame: the core's Handover returns once the
-// connection's socket is closed (core.Ender), so every frame of the old
-// connection, its close included, has reached the gateway before the
-// caller releases the shard to another node.
+// connection's socket is closed (core.Ender): the transport holds no
+// connection of the shard any more, so no frame of it can be written after
+// the caller releases the shard to another node. Its last frame is the
+// client's close 4000, which the gateway reads (the simulator reports the
+// frame after answering it, so the test waits for the report).
 func TestHandoverAfterTheLastFrame(t *testing.T) {
-	var mu sync.Mutex
-	var closes []gatewaysim.Frame
+	closes := make(chan gatewaysim.Frame, 4)
 	e := newEnv(t, envConfig{sim: gatewaysim.Config{OnFrame: func(f gatewaysim.Frame) {
 		if f.Op == gatewaysim.OpClose && f.Shard == 0 {
-			mu.Lock()
-			closes = append(closes, f)
-			mu.Unlock()
+			closes <- f
 		}
 	}}})
 	e.start()
@@ -547,9 +545,19 @@ func TestHandoverAfterTheLastFrame(t *testing.T) {
 	if _, err := e.node.Handover(0); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(closes) != 1 || closes[0].Code != 4000 || closes[0].Reply {
-		t.Fatalf("close frames the gateway had read when Handover returned: %+v; want the client's 4000", closes)
+	e.tr.mu.Lock()
+	for c := range e.tr.conns {
+		if c.a.Shard == 0 {
+			t.Errorf("Handover returned while shard 0's connection (phase %v) was still open", c.phase())
+		}
+	}
+	e.tr.mu.Unlock()
+	select {
+	case f := <-closes:
+		if f.Code != 4000 || f.Reply {
+			t.Fatalf("the gateway read %+v; want the client's close 4000", f)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway never read shard 0's close frame")
 	}
 }
