@@ -189,7 +189,9 @@ func (o *Ownership) wake() {
 func (o *Ownership) Run(ctx context.Context) error {
 	delay := time.Second
 	for {
-		if o.hasLeft() {
+		if o.leaving() {
+			// Drained (or draining with its membership gone): never join
+			// again, or the others would hand this node shards.
 			<-ctx.Done()
 			return nil
 		}
@@ -204,6 +206,8 @@ func (o *Ownership) Run(ctx context.Context) error {
 			return nil
 		}
 		switch {
+		case errors.Is(err, errLeaving):
+			continue
 		case errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrBadPlan), errors.Is(err, ErrBadName):
 			o.setState(StateRefused, err)
 			o.log.Error("etcd: this node cannot join the bot", "err", err)
@@ -240,6 +244,9 @@ func (o *Ownership) mayJoin(ctx context.Context) bool {
 	o.setState(StateHeld, ErrOperatorLease)
 	o.log.Warn("etcd: the operator's lease has expired; staying out of the bot until it is renewed", "node", o.cfg.Node)
 	for !o.cfg.MayRenew() {
+		if o.leaving() {
+			return true // Run stays out
+		}
 		if !o.sleep(ctx, heldPoll) {
 			return false
 		}
@@ -272,6 +279,13 @@ func (o *Ownership) join(ctx context.Context) (*Member, error) {
 		return nil, err
 	}
 	o.mu.Lock()
+	if o.draining || o.left {
+		// A drain began while Join was on its way: a member key now would
+		// draw shards to a node that is leaving.
+		o.mu.Unlock()
+		o.endMembership(m, "left")
+		return nil, errLeaving
+	}
 	o.member = m
 	o.joins++
 	st := StateMember
@@ -414,6 +428,7 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	if err := m.Close(); err != nil {
 		o.log.Warn("etcd: closing the membership", "err", err)
 	}
+	o.checkDrained() // a drain whose membership ended has nothing left to hand over
 }
 
 // reconcile reads members and shard keys at one revision and acts: stop
@@ -637,11 +652,16 @@ func (o *Ownership) leaveIfDrained(m *Member) bool {
 	return o.left
 }
 
-func (o *Ownership) hasLeft() bool {
+// leaving reports whether the node drains or has drained and left, with
+// no membership: it must not join again.
+func (o *Ownership) leaving() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.left
+	return o.left || o.draining && o.member == nil
 }
+
+// errLeaving is join's answer when a drain began during the Join.
+var errLeaving = errors.New("etcd: the node is leaving")
 
 func (o *Ownership) setState(st string, err error) {
 	o.mu.Lock()

@@ -554,3 +554,46 @@ func TestOwnershipOperatorLeaseHoldsNodeOut(t *testing.T) {
 		return len(b.shards.owned(b.clk.Now())) == share
 	})
 }
+
+// A node drained while its operator's lease had expired (held, no
+// membership) stays out when the lease is renewed: it left, and a member
+// key would draw shards to it.
+func TestOwnershipDrainedWhileHeldStaysOut(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	plan := Plan{Flavor: "discord", Total: 16}
+	a := startOwnership(t, cli, "a", plan, 16)
+	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
+	var may atomic.Bool
+	may.Store(true)
+	b := startOwnershipWith(t, cli, "b", plan, 16, func(cfg *OwnershipConfig) { cfg.MayRenew = may.Load })
+	share := len(Placement("b", []string{"a", "b"}, 16))
+	waitFor(t, "b to own its share", func() bool { return len(b.shards.owned(b.clk.Now())) == share })
+
+	may.Store(false)
+	b.clk.Advance(DefaultTTL)
+	waitFor(t, "b held out", func() bool { return b.o.Status().State == StateHeld })
+	if err := b.o.Drain(etcdtest.Ctx(t, 10*time.Second)); err != nil {
+		t.Fatalf("drain of a held node: %v", err)
+	}
+	may.Store(true)
+	// A join is a real etcd call: watch for one over a bounded window of
+	// real time while b's clock moves (the old code joined at the first
+	// poll, within milliseconds).
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		b.clk.Advance(heldPoll)
+		if st := b.o.Status(); st.Joins != 1 {
+			t.Fatalf("a drained node joined again when its operator lease was renewed: %+v", st)
+		}
+	}
+	if st := b.o.Status(); st.State != StateLeft || st.Joins != 1 {
+		t.Fatalf("b after a drain while held and a renewal: %+v; want left, 1 join", st)
+	}
+	if r, _ := cli.Get(etcdtest.Ctx(t, 5*time.Second), "/shardfs/b/members/b"); len(r.Kvs) != 0 {
+		t.Fatal("a drained node's member key came back when its operator lease was renewed")
+	}
+	waitFor(t, "a to keep all 16", func() bool {
+		a.clk.Advance(MoveWindow)
+		return len(a.shards.owned(a.clk.Now())) == 16 && string(a.o.MembersText()) == "a 16\n"
+	})
+}
