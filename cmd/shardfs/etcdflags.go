@@ -32,6 +32,16 @@ func (e *etcdFlags) register(fl *flag.FlagSet) {
 	e.fluxerBudget = fl.Int("fluxer-identify-budget", 0, "with --etcd and --flavor fluxer: this node's share of Fluxer's identify budget per minute, which is per source address; give each of N nodes sharing one address 300/N (default: all 300)")
 }
 
+// etcdFlagNames is the set of the etcd flags' names, for the commands
+// that take serve's flags but refuse these (supervise).
+func etcdFlagNames() map[string]bool {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	new(etcdFlags).register(fs)
+	names := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+}
+
 // config returns the node's etcd configuration, or nil without --etcd.
 func (e *etcdFlags) config(sessions bool) (*node.Etcd, error) {
 	if *e.endpoints == "" {

@@ -62,7 +62,7 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 		case refused != "":
 		case v.Name == "shards":
 			refused = "--shards: supervise gives each child its block: use --processes, --shards-per-process or --assign"
-		case v.Name == "etcd" || v.Name == "bot" || v.Name == "node" || strings.HasPrefix(v.Name, "etcd-"):
+		case etcdFlagNames()[v.Name]:
 			refused = fmt.Sprintf("--%s: supervise with etcd is not supported yet (the children would each join the fleet as a node of their own); run serve --etcd on each node instead", v.Name)
 		}
 	})

@@ -408,6 +408,7 @@ func TestSuperviseBadInput(t *testing.T) {
 		{[]string{"--total", "4", "--processes", "2", "--resume-window", "-1s"}, "--resume-window"},
 		{[]string{"--total", "4", "--processes", "2", "--etcd", "http://127.0.0.1:2379", "--bot", "b"}, "supervise with etcd is not supported yet"},
 		{[]string{"--total", "4", "--processes", "2", "--etcd-ttl", "5s"}, "--etcd-ttl: supervise with etcd is not supported yet"},
+		{[]string{"--total", "4", "--processes", "2", "--flavor", "fluxer", "--fluxer-identify-budget", "100"}, "--fluxer-identify-budget: supervise with etcd is not supported yet"},
 		{[]string{"--total", "4", "--processes", "2", "--shards", "0-1"}, "--shards: supervise gives each child its block"},
 	} {
 		var errb strings.Builder
