@@ -131,7 +131,11 @@ func runNode(ctx context.Context, clk clock.Clock, con *console, run func(contex
 		return refuse(ctx, clk, con)
 	}
 	return retry(ctx, clk, con, "the node", func() error {
-		con.printf("starting the node: shardfs serve %s", strings.Join(settings.Args(), " "))
+		if token == "" {
+			con.printf("starting the node without a token: its tree only, every shard FATAL, no etcd")
+		} else {
+			con.printf("starting the node: shardfs serve %s", strings.Join(settings.Args(), " "))
+		}
 		err := run(ctx, settings, token)
 		if err == nil && ctx.Err() == nil {
 			err = errors.New("the node stopped")

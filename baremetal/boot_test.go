@@ -304,9 +304,12 @@ func TestRunNodeWithoutSecrets(t *testing.T) {
 		console = append(console, <-out)
 	}
 	text := strings.Join(console, "\n")
-	for _, want := range []string{`every shard is FATAL with "no token"`, "listening on " + DefaultListen + " (the default: tls.cpio.gz brought the TLS files)", `this node is "pxe-52-54-00-12-34-56"`, "--etcd http://10.0.2.2:2379 --bot b --node pxe-52-54-00-12-34-56"} {
+	for _, want := range []string{`every shard is FATAL with "no token"`, "listening on " + DefaultListen + " (the default: tls.cpio.gz brought the TLS files)", `this node is "pxe-52-54-00-12-34-56"`, "without a token: its tree only, every shard FATAL, no etcd"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("console =\n%s\nwant %q", text, want)
 		}
+	}
+	if strings.Contains(text, "shardfs serve --etcd") {
+		t.Errorf("console =\n%s\nsays the tokenless node starts serve --etcd", text)
 	}
 }
