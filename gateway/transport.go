@@ -98,7 +98,8 @@ type Config struct {
 	IdentifyNotBefore func(shard int) time.Time
 	// IdentifyWritten, when set, receives the moment (on Clock) each
 	// Discord identify was written, once the write returned; a supervised child
-	// reports it to its parent. It must not block.
+	// reports it to its parent. It runs on the connection's goroutine:
+	// keep it short.
 	// With ShareIdentifyGate, both hooks are those of the transport that
 	// made the gate.
 	IdentifyWritten func(shard int, at time.Time)

@@ -11,12 +11,15 @@ import (
 )
 
 func TestMsgReader(t *testing.T) {
-	r := newMsgReader(strings.NewReader(`{"t":"ready","socket":"/s","shard":0}` + "\n" + `{"t":"grant","id":7,"shard":0}` + "\n"))
+	r := newMsgReader(strings.NewReader(`{"t":"ready","socket":"/s","shard":0}` + "\n" + `{"t":"grant","id":7,"shard":0,"not_before":1700000000000000000}` + "\n" + `{"t":"written","shard":5,"at":1700000000000000001}` + "\n"))
 	m, err := r.next()
 	if err != nil || m.T != "ready" || m.Socket != "/s" {
 		t.Fatalf("next() = %+v, %v", m, err)
 	}
-	if m, err = r.next(); err != nil || m.T != "grant" || m.ID != 7 {
+	if m, err = r.next(); err != nil || m.T != "grant" || m.ID != 7 || m.NotBefore != 1700000000000000000 {
+		t.Fatalf("next() = %+v, %v", m, err)
+	}
+	if m, err = r.next(); err != nil || m.T != "written" || m.Shard != 5 || m.At != 1700000000000000001 {
 		t.Fatalf("next() = %+v, %v", m, err)
 	}
 	r = newMsgReader(strings.NewReader(`{"shard":3,"s":7,"t":"X","d":{}}` + "\nts=2026 shard=3 event=ready\n"))
@@ -40,6 +43,8 @@ func TestMsgReaderGarbage(t *testing.T) {
 		{strings.Repeat("x", maxMsg+1) + "\n", "over 16777216 bytes"},
 		{"\x00\x01\x02\n", `\x00\x01\x02`},
 		{`{"t":"session","sid":"SECRET-SESSION","bad":1}` + "\n", "names a session"},
+		{`{"t":"written","shard":3}` + "\n", "written message without its shard or time"},
+		{`{"t":"written","shard":-1,"at":5}` + "\n", "written message without its shard or time"},
 	} {
 		_, err := newMsgReader(strings.NewReader(tc.in)).next()
 		if !errors.Is(err, ErrGarbage) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SECRET") {
