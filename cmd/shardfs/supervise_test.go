@@ -435,6 +435,9 @@ func TestSuperviseRestartAllTime(t *testing.T) {
 	p := startSupervise(t, sim, token, "--processes", "4")
 	p.waitReadyWithin(t, shards, time.Duration(shards/16)*6*time.Second+time.Minute)
 	t.Logf("%d shards in 4 children at max_concurrency 16: READY in %v", shards, time.Since(start).Round(10*time.Millisecond))
+	if n := sim.Totals().RefusedIdentifies; n != 0 {
+		t.Errorf("the simulator refused %d identifies", n)
+	}
 	took, identifies := p.restartAll(t, sim)
 	t.Logf("restart all of 4 children, %d shards: %v, %d identifies", shards, took.Round(10*time.Millisecond), identifies)
 	p.waitReady(t, shards)
