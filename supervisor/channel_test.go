@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -102,5 +103,42 @@ func TestLinkEndsWithParent(t *testing.T) {
 				t.Fatalf("Err() = %v; want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestLinkFloorsAndWrites: a grant's floor is the shard's
+// IdentifyNotBefore by the time the grant runs, a grant without one
+// clears it, and IdentifyWritten reaches the parent as a written message.
+func TestLinkFloorsAndWrites(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
+	defer parent.Close()
+	l := NewLink(child)
+	defer l.Close()
+	r := newMsgReader(parent)
+	floor := time.Unix(1700000000, 123456789)
+	for _, want := range []time.Time{floor, {}} {
+		seen := make(chan time.Time, 1)
+		l.Pacer().Request(7, false, func() { seen <- l.IdentifyNotBefore(7) })
+		m, err := r.next()
+		if err != nil || m.T != "identify" || m.Shard != 7 {
+			t.Fatalf("parent read %+v, %v; want the identify of shard 7", m, err)
+		}
+		g := msg{T: "grant", ID: m.ID}
+		if !want.IsZero() {
+			g.NotBefore = want.UnixNano()
+		}
+		(&msgWriter{w: parent}).send(g)
+		if got := <-seen; !got.Equal(want) {
+			t.Errorf("floor at the grant: %v; want %v", got, want)
+		}
+	}
+	l.IdentifyWritten(7, floor)
+	m, err := r.next()
+	if err != nil || m.T != "written" || m.Shard != 7 || m.At != floor.UnixNano() {
+		t.Fatalf("parent read %+v, %v; want shard 7 written at %d", m, err, floor.UnixNano())
 	}
 }

@@ -142,10 +142,15 @@ func (s *SpacedPacer) RequestFloor(shard int, operator bool, grant func(notBefor
 	}
 }
 
-// Written is FloorPacer's: a child wrote shard's identify at at.
+// Written is FloorPacer's: a child wrote shard's identify at at. A time
+// ahead of the parent's clock is taken as now: a child's report must not
+// hold the others' identifies beyond what a real write would.
 func (s *SpacedPacer) Written(shard int, at time.Time) {
 	if !s.discord {
 		return
+	}
+	if now := s.clock.Now(); at.After(now) {
+		at = now
 	}
 	s.mu.Lock()
 	b := s.bucketLocked(shard)
