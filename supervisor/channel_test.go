@@ -86,14 +86,7 @@ func TestLinkEndsWithParent(t *testing.T) {
 		{"shutdown", func(p *os.File) { p.WriteString(`{"t":"shutdown","shard":0}` + "\n") }, "asked for a shutdown"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
-			defer parent.Close()
-			l := NewLink(child)
-			defer l.Close()
+			parent, l := linkPair(t)
 			if l.Err() != nil {
 				t.Fatalf("Err() = %v before the end", l.Err())
 			}
@@ -110,14 +103,7 @@ func TestLinkEndsWithParent(t *testing.T) {
 // IdentifyNotBefore by the time the grant runs, a grant without one
 // clears it, and IdentifyWritten reaches the parent as a written message.
 func TestLinkFloorsAndWrites(t *testing.T) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
-	defer parent.Close()
-	l := NewLink(child)
-	defer l.Close()
+	parent, l := linkPair(t)
 	r := newMsgReader(parent)
 	floor := time.Unix(1700000000, 123456789)
 	for _, want := range []time.Time{floor, {}} {
@@ -141,4 +127,21 @@ func TestLinkFloorsAndWrites(t *testing.T) {
 	if err != nil || m.T != "written" || m.Shard != 7 || m.At != floor.UnixNano() {
 		t.Fatalf("parent read %+v, %v; want shard 7 written at %d", m, err, floor.UnixNano())
 	}
+}
+
+// linkPair returns the parent's end of a socketpair and a Link on the
+// child's end, both closed when the test ends.
+func linkPair(t *testing.T) (*os.File, *Link) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
+	l := NewLink(child)
+	t.Cleanup(func() {
+		l.Close()
+		parent.Close()
+	})
+	return parent, l
 }
