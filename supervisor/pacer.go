@@ -48,9 +48,12 @@ type FloorPacer interface {
 // that a bucket's next grant waits until the previous grant's write is
 // reported (or WriteReportWait passed): a floor computed before that
 // report would not see the write. Normally the report is back long
-// before the core's next grant; when the writes fall behind the grants
-// (each write is 50 ms later than a grant's rhythm, one round in a
-// hundred), the wait keeps a bucket at one round in flight.
+// before the core's next grant; when the writes fall a round behind the
+// grants (writes 5.05 s apart against grants 5 s apart: after about a
+// hundred rounds), the wait keeps a bucket at one round in flight, as one
+// node's gateway client holds its identifies. A grant held
+// so has left the core pacer's queue: /identify's waiting does not count
+// it.
 type SpacedPacer struct {
 	*core.Pacer
 	discord bool
