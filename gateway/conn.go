@@ -798,6 +798,9 @@ func (c *conn) hello(d []byte) error {
 	if err := c.write(ws, pl); err != nil {
 		return &connError{class: core.Transient, fault: faultIO, err: fmt.Errorf("write: %w", err)}
 	}
+	if next == phaseIdentifying && c.t.cfg.Flavor == core.Discord {
+		c.t.gate.wrote(c.a.Shard, c.t.clock.Now())
+	}
 	return nil
 }
 
@@ -1103,6 +1106,8 @@ func (c *conn) tick() {
 	if identify != nil {
 		if err := c.write(ws, identify); err != nil {
 			c.writeFailed(err)
+		} else {
+			c.t.gate.wrote(c.a.Shard, c.t.clock.Now())
 		}
 	}
 }

@@ -31,10 +31,19 @@ const DefaultIdentifyMargin = 50 * time.Millisecond
 // The gate knows max_concurrency only from discovery: with a configured
 // gateway URL, or on Fluxer (no buckets; its pacer spaces identifies), it
 // lets every identify through at once.
+//
+// Across processes (supervise's children share one bucket layout), each
+// gate sees only its own writes: notBefore (Config.IdentifyNotBefore)
+// gives a floor for a shard's next identify, which reserve honours on top
+// of its own spacing, gated or not, and written (Config.IdentifyWritten)
+// hears each identify's write, so that whoever grants the slots can
+// space them from the writes as this gate does.
 type identifyGate struct {
 	window, margin time.Duration
 	off            bool
 	clock          clock.Clock
+	notBefore      func(shard int) time.Time
+	written        func(shard int, at time.Time)
 
 	mu      sync.Mutex
 	users   int               // transports sharing the gate (see Config.ShareIdentifyGate)
@@ -65,27 +74,41 @@ type gateTicket struct {
 	held     bool
 }
 
-// reserve returns when an identify of shard may be written: now, or the
-// moment its bucket's previous identify is a window and a margin old.
+// reserve returns when an identify of shard may be written: the latest of
+// now, the shard's floor (notBefore) and the moment its bucket's previous
+// identify is a window and a margin old.
 func (g *identifyGate) reserve(shard int, now time.Time) gateTicket {
+	at := now
+	if g.notBefore != nil {
+		if floor := g.notBefore(shard); floor.After(at) {
+			at = floor
+		}
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.off || g.mc <= 0 {
-		return gateTicket{at: now}
+		return gateTicket{at: at}
 	}
-	t := gateTicket{key: shard % g.mc, at: now, held: true}
+	t := gateTicket{key: shard % g.mc, at: at, held: true}
 	if g.last == nil {
 		g.last = make(map[int]time.Time)
 	}
 	if prev, ok := g.last[t.key]; ok {
 		t.prev = prev
-		if next := prev.Add(g.window + g.margin); next.After(now) {
+		if next := prev.Add(g.window + g.margin); next.After(t.at) {
 			t.at = next
 		}
 	}
 	g.last[t.key] = t.at
 	g.armLocked(t.at.Add(g.window + g.margin).Sub(now))
 	return t
+}
+
+// wrote reports an identify of shard written at at (Config.IdentifyWritten).
+func (g *identifyGate) wrote(shard int, at time.Time) {
+	if g.written != nil {
+		g.written(shard, at)
+	}
 }
 
 // armLocked points the forget timer d from now; after Transport.Close it

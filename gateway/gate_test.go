@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -119,4 +120,109 @@ func (e *env) held(c *conn) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.pendingID != nil
+}
+
+// TestIdentifyGateFloor: a shard's floor (Config.IdentifyNotBefore) holds
+// its identify on top of the gate's own spacing, also before discovery
+// and with the spacing off, and later identifies are spaced from the
+// floor they waited for.
+func TestIdentifyGateFloor(t *testing.T) {
+	clk := clock.NewFake()
+	t0 := clk.Now()
+	win := core.DiscordWindow + 50*time.Millisecond
+	floors := map[int]time.Time{}
+	g := newIdentifyGate(clk, 50*time.Millisecond)
+	g.notBefore = func(shard int) time.Time { return floors[shard] }
+	floors[0] = t0.Add(time.Second)
+	if tk := g.reserve(0, t0); !tk.at.Equal(floors[0]) {
+		t.Errorf("before discovery: at +%v; want the floor, +1s", tk.at.Sub(t0))
+	}
+	g.setMaxConcurrency(2)
+	for _, c := range []struct {
+		shard int
+		floor time.Duration // from t0; 0: none
+		want  time.Duration
+	}{
+		{0, 2 * time.Second, 2 * time.Second},   // floor later than now
+		{1, 0, 0},                               // other bucket, no floor
+		{2, time.Second, 2*time.Second + win},   // the spacing is later than the floor
+		{4, 20 * time.Second, 20 * time.Second}, // the floor is later than the spacing
+		{6, 0, 20*time.Second + win},            // spaced from the floor's identify
+		{3, -time.Second, win},                  // a past floor changes nothing
+	} {
+		floors[c.shard] = time.Time{}
+		if c.floor != 0 {
+			floors[c.shard] = t0.Add(c.floor)
+		}
+		if tk := g.reserve(c.shard, t0); !tk.at.Equal(t0.Add(c.want)) {
+			t.Errorf("reserve(%d) with floor +%v: at +%v; want +%v", c.shard, c.floor, tk.at.Sub(t0), c.want)
+		}
+	}
+	off := newIdentifyGate(clk, -1)
+	off.notBefore = func(int) time.Time { return t0.Add(3 * time.Second) }
+	off.setMaxConcurrency(1)
+	if tk := off.reserve(0, t0); !tk.at.Equal(t0.Add(3 * time.Second)) {
+		t.Errorf("spacing off: at +%v; want the floor, +3s", tk.at.Sub(t0))
+	}
+}
+
+// TestIdentifyGateHooks: through a transport, an identify whose floor is
+// ahead waits for it, and each identify's write is reported with its
+// moment, whether the gate held it or not.
+func TestIdentifyGateHooks(t *testing.T) {
+	type report struct {
+		shard int
+		at    time.Time
+	}
+	var (
+		mu      sync.Mutex
+		reports []report
+		floor   time.Time
+	)
+	e := newEnv(t, envConfig{shards: 2, pacer: alwaysGrant{}, sim: gatewaysim.Config{MaxConcurrency: 2},
+		tr: func(c *Config, _ *gatewaysim.Server) {
+			c.IdentifyNotBefore = func(shard int) time.Time {
+				mu.Lock()
+				defer mu.Unlock()
+				if shard == 1 {
+					return floor
+				}
+				return time.Time{}
+			}
+			c.IdentifyWritten = func(shard int, at time.Time) {
+				mu.Lock()
+				defer mu.Unlock()
+				reports = append(reports, report{shard, at})
+			}
+		}})
+	t0 := e.clk.Now()
+	mu.Lock()
+	floor = t0.Add(2 * time.Second)
+	mu.Unlock()
+	e.node.Start()
+	held := e.waitHeld()
+	if held.a.Shard != 1 {
+		t.Fatalf("shard %d held; want shard 1 (its floor)", held.a.Shard)
+	}
+	e.waitEvent(0, 0, "ready")
+	e.clk.Advance(2*time.Second - time.Millisecond)
+	if !e.held(held) {
+		t.Fatal("shard 1 identified before its floor")
+	}
+	e.clk.Advance(time.Millisecond)
+	e.waitEvent(1, 0, "ready")
+	mu.Lock()
+	defer mu.Unlock()
+	want := []report{{0, t0}, {1, floor}}
+	if len(reports) != len(want) {
+		t.Fatalf("reports %v; want %v", reports, want)
+	}
+	for i, r := range reports {
+		if r.shard != want[i].shard || !r.at.Equal(want[i].at) {
+			t.Errorf("report %d: shard %d at +%v; want shard %d at +%v", i, r.shard, r.at.Sub(t0), want[i].shard, want[i].at.Sub(t0))
+		}
+	}
+	if st := e.sim.Totals(); st.RefusedIdentifies != 0 || st.Identifies != 2 {
+		t.Errorf("simulator: %d identifies, %d refused; want 2 and none", st.Identifies, st.RefusedIdentifies)
+	}
 }

@@ -89,6 +89,20 @@ type Config struct {
 	// by side (a move to a larger plan) never send two identifies of one
 	// bucket closer than the window. The gate lives until both are closed.
 	ShareIdentifyGate *Transport
+	// IdentifyNotBefore, when set, gives the earliest moment a Discord
+	// identify of shard may be written; the gate holds the identify until then, on
+	// top of its own spacing (also with that spacing off). A supervised
+	// child passes the floor its parent's grant carried: the parent spaces
+	// a bucket's identifies across children from their writes. The time
+	// is read on Clock (real time: the wall clock the processes share).
+	IdentifyNotBefore func(shard int) time.Time
+	// IdentifyWritten, when set, receives the moment (on Clock) each
+	// Discord identify was written, once the write returned; a supervised child
+	// reports it to its parent. It runs on the connection's goroutine:
+	// keep it short.
+	// With ShareIdentifyGate, both hooks are those of the transport that
+	// made the gate.
+	IdentifyWritten func(shard int, at time.Time)
 }
 
 // Format hides the token from every fmt verb.
@@ -211,6 +225,7 @@ func New(cfg Config) (*Transport, error) {
 		t.gate = cfg.ShareIdentifyGate.gate.share()
 	} else {
 		t.gate = newIdentifyGate(cfg.Clock, cfg.IdentifyMargin)
+		t.gate.notBefore, t.gate.written = cfg.IdentifyNotBefore, cfg.IdentifyWritten
 	}
 	t.names.init()
 	t.idler = newIdler(t)

@@ -79,6 +79,11 @@ type Config struct {
 	// OnSession receives each new session of a shard (see
 	// gateway.Config.OnSession); the session ID is a secret.
 	OnSession func(shard int, s core.Session, seq int64)
+	// IdentifyNotBefore and IdentifyWritten are the transport's (see
+	// gateway.Config): a supervised child takes each identify's floor from
+	// its parent's grant and reports each write to it.
+	IdentifyNotBefore func(shard int) time.Time
+	IdentifyWritten   func(shard int, at time.Time)
 	// Gateway is the endpoint Fluxer snapshots must resume on: what the
 	// caller discovered before New, as the transport will find it; empty
 	// means GatewayURL. With neither, no Fluxer snapshot is resumed.

@@ -595,10 +595,11 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	gc := gateway.Config{
 		Flavor: cfg.Flavor, Token: cfg.Token, Intents: cfg.Intents,
 		API: cfg.API, GatewayURL: cfg.GatewayURL, Compression: cfg.Compression,
-		Sink:         p.dispatch,
-		OnStartLimit: onStartLimit,
-		OnSession:    cfg.OnSession,
-		Clock:        cfg.Clock, Logger: s.log.With("component", "gateway", "total", plan.Total),
+		Sink:              p.dispatch,
+		OnStartLimit:      onStartLimit,
+		OnSession:         cfg.OnSession,
+		IdentifyNotBefore: cfg.IdentifyNotBefore, IdentifyWritten: cfg.IdentifyWritten,
+		Clock: cfg.Clock, Logger: s.log.With("component", "gateway", "total", plan.Total),
 	}
 	var dispatch *journal.Merged
 	if prev != nil {

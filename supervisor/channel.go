@@ -15,8 +15,12 @@ import (
 //
 //	child → parent: ready {socket}, status {ready, total}, identify {id, shard, operator}, cancel {id},
 //	                session {shard, sid, url, seq},
-//	                limit {total, remaining, reset_after_ms, max_concurrency}
-//	parent → child: grant {id}, shutdown
+//	                limit {total, remaining, reset_after_ms, max_concurrency},
+//	                written {shard, at}
+//	parent → child: grant {id, not_before}, shutdown
+//
+// Times (at, not_before) are wall-clock Unix nanoseconds: parent and
+// children run on one host and share its clock.
 //
 // Besides, the child copies its dispatch log's lines ({"shard":...}) and
 // its events log's lines (ts=...) as they are, unquoted: the parent's
@@ -40,6 +44,11 @@ type msg struct {
 	Remaining    int   `json:"remaining,omitempty"`
 	ResetAfterMs int64 `json:"reset_after_ms,omitempty"`
 	MaxConc      int   `json:"max_concurrency,omitempty"`
+	// NotBefore is a grant's floor: its identify must not be written
+	// before (T "grant"; zero: none). At is when an identify of Shard was
+	// written (T "written"). See SpacedPacer.
+	NotBefore int64 `json:"not_before,omitempty"`
+	At        int64 `json:"at,omitempty"`
 	// Raw is a dispatch or event line (T "dispatch" or "event"), newline
 	// included; it is only valid until the next read.
 	Raw []byte `json:"-"`
@@ -49,7 +58,7 @@ type msg struct {
 // take megabytes.
 const maxMsg = 16 << 20
 
-var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true, "limit": true}
+var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true, "limit": true, "written": true}
 
 // ErrGarbage is wrapped by the reader's errors about what it read.
 var ErrGarbage = errors.New("garbage on the private channel")
@@ -104,6 +113,9 @@ func (m *msgReader) next() (msg, error) {
 			return msg{}, fmt.Errorf("%w: a malformed %d-byte line that names a session", ErrGarbage, len(line))
 		}
 		return msg{}, fmt.Errorf("%w: %q", ErrGarbage, clip(string(bytes.TrimSpace(line))))
+	}
+	if v.T == "written" && (v.At <= 0 || v.Shard < 0) {
+		return msg{}, fmt.Errorf("%w: a written message without its shard or time: %q", ErrGarbage, clip(string(bytes.TrimSpace(line))))
 	}
 	return v, nil
 }

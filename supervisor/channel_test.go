@@ -6,17 +6,21 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 func TestMsgReader(t *testing.T) {
-	r := newMsgReader(strings.NewReader(`{"t":"ready","socket":"/s","shard":0}` + "\n" + `{"t":"grant","id":7,"shard":0}` + "\n"))
+	r := newMsgReader(strings.NewReader(`{"t":"ready","socket":"/s","shard":0}` + "\n" + `{"t":"grant","id":7,"shard":0,"not_before":1700000000000000000}` + "\n" + `{"t":"written","shard":5,"at":1700000000000000001}` + "\n"))
 	m, err := r.next()
 	if err != nil || m.T != "ready" || m.Socket != "/s" {
 		t.Fatalf("next() = %+v, %v", m, err)
 	}
-	if m, err = r.next(); err != nil || m.T != "grant" || m.ID != 7 {
+	if m, err = r.next(); err != nil || m.T != "grant" || m.ID != 7 || m.NotBefore != 1700000000000000000 {
+		t.Fatalf("next() = %+v, %v", m, err)
+	}
+	if m, err = r.next(); err != nil || m.T != "written" || m.Shard != 5 || m.At != 1700000000000000001 {
 		t.Fatalf("next() = %+v, %v", m, err)
 	}
 	r = newMsgReader(strings.NewReader(`{"shard":3,"s":7,"t":"X","d":{}}` + "\nts=2026 shard=3 event=ready\n"))
@@ -40,6 +44,8 @@ func TestMsgReaderGarbage(t *testing.T) {
 		{strings.Repeat("x", maxMsg+1) + "\n", "over 16777216 bytes"},
 		{"\x00\x01\x02\n", `\x00\x01\x02`},
 		{`{"t":"session","sid":"SECRET-SESSION","bad":1}` + "\n", "names a session"},
+		{`{"t":"written","shard":3}` + "\n", "written message without its shard or time"},
+		{`{"t":"written","shard":-1,"at":5}` + "\n", "written message without its shard or time"},
 	} {
 		_, err := newMsgReader(strings.NewReader(tc.in)).next()
 		if !errors.Is(err, ErrGarbage) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SECRET") {
@@ -80,14 +86,7 @@ func TestLinkEndsWithParent(t *testing.T) {
 		{"shutdown", func(p *os.File) { p.WriteString(`{"t":"shutdown","shard":0}` + "\n") }, "asked for a shutdown"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
-			defer parent.Close()
-			l := NewLink(child)
-			defer l.Close()
+			parent, l := linkPair(t)
 			if l.Err() != nil {
 				t.Fatalf("Err() = %v before the end", l.Err())
 			}
@@ -98,4 +97,51 @@ func TestLinkEndsWithParent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLinkFloorsAndWrites: a grant's floor is the shard's
+// IdentifyNotBefore by the time the grant runs, a grant without one
+// clears it, and IdentifyWritten reaches the parent as a written message.
+func TestLinkFloorsAndWrites(t *testing.T) {
+	parent, l := linkPair(t)
+	r := newMsgReader(parent)
+	floor := time.Unix(1700000000, 123456789)
+	for _, want := range []time.Time{floor, {}} {
+		seen := make(chan time.Time, 1)
+		l.Pacer().Request(7, false, func() { seen <- l.IdentifyNotBefore(7) })
+		m, err := r.next()
+		if err != nil || m.T != "identify" || m.Shard != 7 {
+			t.Fatalf("parent read %+v, %v; want the identify of shard 7", m, err)
+		}
+		g := msg{T: "grant", ID: m.ID}
+		if !want.IsZero() {
+			g.NotBefore = want.UnixNano()
+		}
+		(&msgWriter{w: parent}).send(g)
+		if got := <-seen; !got.Equal(want) {
+			t.Errorf("floor at the grant: %v; want %v", got, want)
+		}
+	}
+	l.IdentifyWritten(7, floor)
+	m, err := r.next()
+	if err != nil || m.T != "written" || m.Shard != 7 || m.At != floor.UnixNano() {
+		t.Fatalf("parent read %+v, %v; want shard 7 written at %d", m, err, floor.UnixNano())
+	}
+}
+
+// linkPair returns the parent's end of a socketpair and a Link on the
+// child's end, both closed when the test ends.
+func linkPair(t *testing.T) (*os.File, *Link) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
+	l := NewLink(child)
+	t.Cleanup(func() {
+		l.Close()
+		parent.Close()
+	})
+	return parent, l
 }

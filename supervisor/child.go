@@ -29,7 +29,8 @@ type Link struct {
 
 	mu      sync.Mutex
 	nextID  uint64
-	waiting map[uint64]func()
+	waiting map[uint64]waiter
+	floors  map[int]time.Time // shard → its last grant's floor (IdentifyNotBefore)
 	wg      sync.WaitGroup
 
 	limitMu   sync.Mutex
@@ -60,7 +61,7 @@ func LinkFromEnv() (*Link, error) {
 
 // NewLink runs the child's side of the channel f until Close.
 func NewLink(f *os.File) *Link {
-	l := &Link{f: f, w: &msgWriter{w: f}, done: make(chan struct{}), waiting: map[uint64]func(){}}
+	l := &Link{f: f, w: &msgWriter{w: f}, done: make(chan struct{}), waiting: map[uint64]waiter{}, floors: map[int]time.Time{}}
 	l.wg.Add(1)
 	go l.read()
 	return l
@@ -81,11 +82,20 @@ func (l *Link) read() {
 		switch m.T {
 		case "grant":
 			l.mu.Lock()
-			grant := l.waiting[m.ID]
+			w, ok := l.waiting[m.ID]
 			delete(l.waiting, m.ID)
+			if ok {
+				// Before the grant: the identify it lets through
+				// asks for its floor.
+				if m.NotBefore > 0 {
+					l.floors[w.shard] = time.Unix(0, m.NotBefore)
+				} else {
+					delete(l.floors, w.shard)
+				}
+			}
 			l.mu.Unlock()
-			if grant != nil {
-				grant()
+			if ok {
+				w.grant()
 			}
 		case "shutdown":
 			// Reading goes on, so that the parent never blocks on
@@ -191,11 +201,31 @@ func (l *Link) sendLimit() {
 	l.w.send(msg{T: "limit", Total: b.Total, Remaining: b.Remaining, ResetAfterMs: after, MaxConc: b.MaxConcurrency})
 }
 
+// IdentifyNotBefore is gateway.Config.IdentifyNotBefore: the floor the
+// parent's last grant for shard carried (see SpacedPacer).
+func (l *Link) IdentifyNotBefore(shard int) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.floors[shard]
+}
+
+// IdentifyWritten is gateway.Config.IdentifyWritten: it tells the parent
+// when an identify of shard was written, so that the next grant of its
+// bucket, in any child, is spaced from it.
+func (l *Link) IdentifyWritten(shard int, at time.Time) {
+	l.w.send(msg{T: "written", Shard: shard, At: at.UnixNano()})
+}
+
 // Pacer returns the identify pacer that asks the parent for every slot,
 // so that all children share the parent's pacer and budget.
 func (l *Link) Pacer() core.IdentifyPacer { return linkPacer{l} }
 
 type linkPacer struct{ l *Link }
+
+type waiter struct {
+	shard int
+	grant func()
+}
 
 // Request asks the parent; the grant comes from the link's reader. A
 // request the channel cannot carry waits until the shutdown it brings.
@@ -204,7 +234,7 @@ func (p linkPacer) Request(shard int, operator bool, grant func()) (bool, func()
 	l.mu.Lock()
 	l.nextID++
 	id := l.nextID
-	l.waiting[id] = grant
+	l.waiting[id] = waiter{shard, grant}
 	l.mu.Unlock()
 	l.sendLimit() // what the discovery before this identify learnt comes first
 	l.w.send(msg{T: "identify", ID: id, Shard: shard, Operator: operator})

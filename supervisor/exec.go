@@ -205,6 +205,10 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 			if e.Limits != nil {
 				e.Limits(p.id, core.StartLimit{Total: m.Total, Remaining: m.Remaining, ResetAfter: time.Duration(m.ResetAfterMs) * time.Millisecond, MaxConcurrency: m.MaxConc})
 			}
+		case "written":
+			if fp, ok := e.Pacer.(FloorPacer); ok {
+				fp.Written(m.Shard, time.Unix(0, m.At))
+			}
 		case "identify":
 			e.identify(p, m)
 		case "cancel":
@@ -223,11 +227,15 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 
 func (e *Exec) identify(p *execProc, m msg) {
 	id := m.ID
-	grant := func() {
+	grant := func(notBefore time.Time) {
 		p.mu.Lock()
 		delete(p.cancels, id)
 		p.mu.Unlock()
-		p.w.send(msg{T: "grant", ID: id})
+		g := msg{T: "grant", ID: id}
+		if !notBefore.IsZero() {
+			g.NotBefore = notBefore.UnixNano()
+		}
+		p.w.send(g)
 	}
 	p.mu.Lock()
 	if p.gone {
@@ -235,9 +243,18 @@ func (e *Exec) identify(p *execProc, m msg) {
 		return
 	}
 	p.mu.Unlock()
-	now, cancel := e.Pacer.Request(m.Shard, m.Operator, grant)
+	var (
+		now       bool
+		notBefore time.Time
+		cancel    func()
+	)
+	if fp, ok := e.Pacer.(FloorPacer); ok {
+		now, notBefore, cancel = fp.RequestFloor(m.Shard, m.Operator, grant)
+	} else {
+		now, cancel = e.Pacer.Request(m.Shard, m.Operator, func() { grant(time.Time{}) })
+	}
 	if now {
-		grant()
+		grant(notBefore)
 		return
 	}
 	p.mu.Lock()

@@ -26,9 +26,9 @@ import (
 	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/sessions/dir"
-	"github.com/shardfs/shardfs/supervisor"
 )
 
 type superviseProc struct {
@@ -264,13 +264,13 @@ var paceShards = flag.Int("supervise.shards", 64, "shards of TestSuperviseIdenti
 
 // TestSuperviseIdentifyPacing is the issue's case: 4 children share the
 // parent's pacer at max_concurrency 4, 64 shards. The simulator refuses
-// no identify, each shard identifies once, and no round comes later than
-// the pacing needs: read from the READY events in the parent's /events
+// no identify, each shard identifies once, and the start takes no longer
+// than one node's: read from the READY events in the parent's /events
 // (each follows its identify by the gateway's answer), every bucket has
-// 64/4 = 16 rounds, each at most 6 s after the one before, and 5 s +
-// GrantMargin + 100 ms apart on average. One node's rounds are 5 s + the
-// gateway's 50 ms identify margin apart: supervise costs 200 ms a round
-// more (GrantMargin says why).
+// 64/4 = 16 rounds, 5 s + the gateway's 50 ms identify margin + at most
+// 100 ms apart on average, which is one node's spacing (its gateway client
+// spaces its identifies 5 s + 50 ms apart from their writes; supervise
+// spaces them so across children, from the writes the children report).
 func TestSuperviseIdentifyPacing(t *testing.T) {
 	const token = "PACING-TOKEN-1234"
 	const mc = 4
@@ -314,15 +314,10 @@ func TestSuperviseIdentifyPacing(t *testing.T) {
 		if len(times) != rounds {
 			t.Fatalf("bucket %d: %d READY events; want %d", bucket, len(times), rounds)
 		}
-		for i := 1; i < len(times); i++ {
-			if gap := times[i].Sub(times[i-1]); gap > core.DiscordWindow+time.Second {
-				t.Errorf("bucket %d: round %d came %v after the one before; want at most 6 s", bucket, i+1, gap)
-			}
-		}
 		mean := times[len(times)-1].Sub(times[0]) / time.Duration(rounds-1)
 		t.Logf("bucket %d: %d rounds, %v apart on average", bucket, rounds, mean.Round(time.Millisecond))
-		if mean > core.DiscordWindow+supervisor.GrantMargin+100*time.Millisecond {
-			t.Errorf("bucket %d: rounds %v apart on average; want at most 5 s + %v + 100 ms", bucket, mean, supervisor.GrantMargin)
+		if mean > core.DiscordWindow+gateway.DefaultIdentifyMargin+100*time.Millisecond {
+			t.Errorf("bucket %d: rounds %v apart on average; want at most one node's 5 s + %v, + 100 ms", bucket, mean, gateway.DefaultIdentifyMargin)
 		}
 		if first.IsZero() || times[0].Before(first) {
 			first = times[0]
@@ -441,6 +436,9 @@ func TestSuperviseRestartAllTime(t *testing.T) {
 	p := startSupervise(t, sim, token, "--processes", "4")
 	p.waitReadyWithin(t, shards, time.Duration(shards/16)*6*time.Second+time.Minute)
 	t.Logf("%d shards in 4 children at max_concurrency 16: READY in %v", shards, time.Since(start).Round(10*time.Millisecond))
+	if n := sim.Totals().RefusedIdentifies; n != 0 {
+		t.Errorf("the simulator refused %d identifies", n)
+	}
 	took, identifies := p.restartAll(t, sim)
 	t.Logf("restart all of 4 children, %d shards: %v, %d identifies", shards, took.Round(10*time.Millisecond), identifies)
 	p.waitReady(t, shards)

@@ -44,11 +44,14 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 	return ctx, c, nil
 }
 
-// configure makes the node ask the parent for identify slots.
+// configure makes the node ask the parent for identify slots, write each
+// identify no sooner than its grant's floor and report each write (the
+// parent spaces a bucket's identifies across children from the writes).
 func (c *childLink) configure(cfg *node.Config) {
 	if c != nil {
 		cfg.IdentifyPacer = c.Pacer()
 		cfg.OnSession = c.Session
+		cfg.IdentifyNotBefore, cfg.IdentifyWritten = c.IdentifyNotBefore, c.IdentifyWritten
 	}
 }
 
