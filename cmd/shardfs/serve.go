@@ -167,6 +167,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
 	}
 	f.tls.logCert(log, time.Now())
+	link.reportLimits(n)
 	n.Start()
 	pctx, stopProgress := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -69,6 +69,15 @@ func (c *childLink) refuseMoves(n *node.Node) {
 	}
 }
 
+// reportLimits links the node's pacer to the parent before the node
+// starts: what the child's discovery learnt reaches the shared pacer before
+// the child's first identify request, and later discoveries follow.
+func (c *childLink) reportLimits(n *node.Node) {
+	if c != nil && n.Pacer != nil {
+		c.LimitsFrom(n.Pacer)
+	}
+}
+
 // started tells the parent the node serves, at its first unix listener,
 // and reports its shards until ctx ends.
 func (c *childLink) started(ctx context.Context, n *node.Node, ls []listener, log *slog.Logger) {
@@ -84,9 +93,6 @@ func (c *childLink) started(ctx context.Context, n *node.Node, ls []listener, lo
 	}
 	if err := c.Ready(socket); err != nil {
 		log.Error("telling the supervisor this child is ready", "err", err)
-	}
-	if n.Pacer != nil {
-		c.LimitsFrom(n.Pacer) // the children's discoveries reach the shared pacer
 	}
 	c.wg.Go(func() { c.Watch(ctx, n.Node) })
 	c.wg.Go(func() { c.Copy(c.copying, n.Tree.NodeDispatchLog()) })
