@@ -493,26 +493,34 @@ func TestOwnershipEtcdBlackHole(t *testing.T) {
 // its shards go to the others, and the node stays out, state held, until
 // the operator's lease is valid again. Before the fix the node joined
 // again at once, was handed its share back by planned moves, and lost it
-// at the next deadline, every TTL (8 joins and 48 moves in 15 s).
-func TestOwnershipOperatorLeaseHoldsNodeOut(t *testing.T) {
+
+// heldNode starts nodes a and b of a 16-shard plan, b with an operator
+// lease (may) it then lets expire: b is held out and a owns everything.
+// share is b's rendezvous share of the two.
+func heldNode(t *testing.T) (a, b *ownRig, cli *clientv3.Client, may *atomic.Bool, share int) {
+	t.Helper()
 	srv := etcdtest.Start(t)
-	cli := srv.Client()
+	cli = srv.Client()
 	plan := Plan{Flavor: "discord", Total: 16}
-	a := startOwnership(t, cli, "a", plan, 16)
+	a = startOwnership(t, cli, "a", plan, 16)
 	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
-
-	var may atomic.Bool
+	may = new(atomic.Bool)
 	may.Store(true)
-	b := startOwnershipWith(t, cli, "b", plan, 16, func(cfg *OwnershipConfig) { cfg.MayRenew = may.Load })
-	buf := b.log
-	share := len(Placement("b", []string{"a", "b"}, 16))
+	b = startOwnershipWith(t, cli, "b", plan, 16, func(cfg *OwnershipConfig) { cfg.MayRenew = may.Load })
+	share = len(Placement("b", []string{"a", "b"}, 16))
 	waitFor(t, "b to own its share", func() bool { return len(b.shards.owned(b.clk.Now())) == share })
-
 	// The health script stops renewing: b's membership runs out at its
 	// deadline on b's clock.
 	may.Store(false)
 	b.clk.Advance(DefaultTTL)
 	waitFor(t, "b held out", func() bool { return b.o.Status().State == StateHeld })
+	return a, b, cli, may, share
+}
+
+// at the next deadline, every TTL (8 joins and 48 moves in 15 s).
+func TestOwnershipOperatorLeaseHoldsNodeOut(t *testing.T) {
+	a, b, cli, may, share := heldNode(t)
+	buf := b.log
 	waitFor(t, "a to own all 16 again", func() bool {
 		return len(a.shards.owned(a.clk.Now())) == 16 && string(a.o.MembersText()) == "a 16\n"
 	})
@@ -559,20 +567,7 @@ func TestOwnershipOperatorLeaseHoldsNodeOut(t *testing.T) {
 // membership) stays out when the lease is renewed: it left, and a member
 // key would draw shards to it.
 func TestOwnershipDrainedWhileHeldStaysOut(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client()
-	plan := Plan{Flavor: "discord", Total: 16}
-	a := startOwnership(t, cli, "a", plan, 16)
-	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
-	var may atomic.Bool
-	may.Store(true)
-	b := startOwnershipWith(t, cli, "b", plan, 16, func(cfg *OwnershipConfig) { cfg.MayRenew = may.Load })
-	share := len(Placement("b", []string{"a", "b"}, 16))
-	waitFor(t, "b to own its share", func() bool { return len(b.shards.owned(b.clk.Now())) == share })
-
-	may.Store(false)
-	b.clk.Advance(DefaultTTL)
-	waitFor(t, "b held out", func() bool { return b.o.Status().State == StateHeld })
+	a, b, cli, may, _ := heldNode(t)
 	if err := b.o.Drain(etcdtest.Ctx(t, 10*time.Second)); err != nil {
 		t.Fatalf("drain of a held node: %v", err)
 	}
