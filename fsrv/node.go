@@ -236,7 +236,6 @@ func dirDigest(list []Node) uint64 {
 	return h.Sum64()
 }
 
-// nodeName returns the name a node is listed under.
 // NodeName is the name of a tree entry, or "" for a Node of another type.
 func NodeName(n Node) string {
 	switch n := n.(type) {

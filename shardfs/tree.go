@@ -158,7 +158,19 @@ func (t *Tree) list() []fsrv.Node {
 }
 
 func (t *Tree) lookup(name string) fsrv.Node {
-	for _, n := range t.top {
+	return LookupTop(t.top, name, func(id int) fsrv.Node {
+		if sf := t.local[id]; sf != nil {
+			return t.shardDir(sf)
+		}
+		return nil
+	})
+}
+
+// LookupTop is what a tree root's Lookup does: the entry of top called
+// name, else, when name is a shard number as the tree lists it (no sign,
+// no leading zero), what shard returns for it, else nil.
+func LookupTop(top []fsrv.Node, name string, shard func(id int) fsrv.Node) fsrv.Node {
+	for _, n := range top {
 		if fsrv.NodeName(n) == name {
 			return n
 		}
@@ -167,10 +179,7 @@ func (t *Tree) lookup(name string) fsrv.Node {
 	if err != nil || strconv.Itoa(id) != name {
 		return nil
 	}
-	if sf := t.local[id]; sf != nil {
-		return t.shardDir(sf)
-	}
-	return nil
+	return shard(id)
 }
 
 func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {

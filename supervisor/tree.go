@@ -284,19 +284,12 @@ func (t *Tree) list() []fsrv.Node {
 }
 
 func (t *Tree) lookup(name string) fsrv.Node {
-	for _, n := range t.top {
-		if fsrv.NodeName(n) == name {
-			return n
+	return shardfs.LookupTop(t.top, name, func(id int) fsrv.Node {
+		if sl := t.shards[id]; sl != nil {
+			return t.shardDir(sl)
 		}
-	}
-	id, err := strconv.Atoi(name)
-	if err != nil || strconv.Itoa(id) != name {
 		return nil
-	}
-	if sl := t.shards[id]; sl != nil {
-		return t.shardDir(sl)
-	}
-	return nil
+	})
 }
 
 func (t *Tree) shardDir(sl *shardLogs) *fsrv.Dir {

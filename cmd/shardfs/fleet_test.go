@@ -17,21 +17,7 @@ func startFleetNode(t *testing.T, bin string, sim *gatewaysim.Server, endpoint, 
 	base := []string{"serve", "--api", sim.APIURL(), "--listen", "tcp!127.0.0.1!0", "--backoff", "fixed:100ms",
 		"--flavor", "discord", "--total", "auto", "--max-concurrency", "4",
 		"--etcd", endpoint, "--bot", "b", "--node", name, "--etcd-ttl", "3s"}
-	cmd := command(t, bin, append(base, args...)...)
-	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN=sim-token")
-	n := &serveProc{cmd: cmd, stderr: &syncBuffer{}}
-	cmd.Stderr = n.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	n.root = dotlRoot(t, tcpHostPort(tcpListener(t, n.stderr)))
-	return n
+	return startProc(t, bin, "sim-token", syscall.SIGKILL, append(base, args...)...)
 }
 
 // Two serve processes share 4 shards through one etcd: /owners, /members

@@ -288,6 +288,26 @@ func TestForeignClientsAgainstDemo(t *testing.T) {
 	}
 }
 
+// exampleCmd runs the shell example script with args, env added to the
+// test's environment and the binaries of dir first in PATH.
+func exampleCmd(dir string, env []string, script string, args ...string) *exec.Cmd {
+	examples, _ := filepath.Abs("../../examples/shell")
+	cmd := exec.Command("sh", append([]string{filepath.Join(examples, script)}, args...)...)
+	cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
+	return cmd
+}
+
+// runExample runs exampleCmd and returns its output; a failure fails the
+// test.
+func runExample(t *testing.T, dir string, env []string, script string, args ...string) string {
+	t.Helper()
+	out, err := exampleCmd(dir, env, script, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", script, args, err, out)
+	}
+	return string(out)
+}
+
 // The shell examples run against the demo stack through the built-in
 // client (the QEMU integration tests run them on a real mount). The node
 // runs in the test process, so that a shard can be held in BACKOFF for
@@ -315,25 +335,16 @@ func TestExamplesAgainstDemo(t *testing.T) {
 		d.Close()
 	}()
 	tree := "9p!" + addrString(l)
-	examples, _ := filepath.Abs("../../examples/shell")
 	run := func(env []string, script string, args ...string) string {
 		t.Helper()
-		cmd := exec.Command("sh", append([]string{filepath.Join(examples, script)}, args...)...)
-		cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %v: %v\n%s", script, args, err, out)
-		}
-		return string(out)
+		return runExample(t, dir, env, script, args...)
 	}
 	run(nil, "wait-ready.sh", tree, "60")
 	// Read-only, as serve's TCP listener is: scripts that read work, a
 	// script that writes fails and says why.
 	roTree := "9p!" + addrString(rl)
 	run(nil, "wait-ready.sh", roTree, "60")
-	cmd := exec.Command("sh", filepath.Join(examples, "keep-lease.sh"), roTree, "30s", "1", "true")
-	cmd.Env = append(os.Environ(), "ROUNDS=1", "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "read-only listener") {
+	if out, err := exampleCmd(dir, []string{"ROUNDS=1"}, "keep-lease.sh", roTree, "30s", "1", "true").CombinedOutput(); err == nil || !strings.Contains(string(out), "read-only listener") {
 		t.Errorf("keep-lease.sh on a read-only listener = %v, %q; want a failure that names the read-only listener", err, out)
 	}
 	if out := run(nil, "watch-states.sh", tree, "0.2", "2"); strings.Count(out, "none -> READY") != 2 {

@@ -39,7 +39,16 @@ func startNode(t *testing.T, bin string, sim *gatewaysim.Server, token, sessDir 
 	} else {
 		base = append(base, "--flavor", "discord", "--total", "auto", "--max-concurrency", strconv.Itoa(sim.Config().MaxConcurrency))
 	}
-	cmd := command(t, bin, append(base, args...)...)
+	return startProc(t, bin, token, syscall.SIGKILL, append(base, args...)...)
+}
+
+// startProc runs the binary in bin with args and SHARDFS_TOKEN=token, and
+// waits, at most 30 s, for the tree of its TCP listener. At cleanup a
+// process still running gets sig and is waited for; a failed test logs
+// its stderr.
+func startProc(t *testing.T, bin, token string, sig syscall.Signal, args ...string) *serveProc {
+	t.Helper()
+	cmd := command(t, bin, args...)
 	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
 	n := &serveProc{cmd: cmd, stderr: &syncBuffer{}}
 	cmd.Stderr = n.stderr
@@ -48,8 +57,11 @@ func startNode(t *testing.T, bin string, sim *gatewaysim.Server, token, sessDir 
 	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
+			cmd.Process.Signal(sig)
 			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("%s's stderr:\n%s", args[0], n.stderr)
 		}
 	})
 	n.root = dotlRoot(t, tcpHostPort(tcpListener(t, n.stderr)))

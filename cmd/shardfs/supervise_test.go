@@ -31,11 +31,7 @@ import (
 	"github.com/shardfs/shardfs/sessions/dir"
 )
 
-type superviseProc struct {
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	root   p9.File
-}
+type superviseProc struct{ *serveProc }
 
 // startSupervise runs `supervise` against sim and waits, at most 30 s,
 // for the parent's TCP listener.
@@ -43,27 +39,9 @@ func startSupervise(t *testing.T, sim *gatewaysim.Server, token string, args ...
 	t.Helper()
 	base := []string{"supervise", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto",
 		"--max-concurrency", strconv.Itoa(sim.Config().MaxConcurrency), "--listen", "tcp!127.0.0.1!0,insecure", "--backoff", "fixed:100ms"}
-	cmd := command(t, binDir(t), append(base, args...)...)
-	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
-	p := &superviseProc{cmd: cmd, stderr: &syncBuffer{}}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-		}
-		if t.Failed() {
-			t.Logf("supervise's stderr:\n%s", p.stderr)
-		}
-	})
-	p.root = dotlRoot(t, tcpHostPort(tcpListener(t, p.stderr)))
-	return p
+	return &superviseProc{startProc(t, binDir(t), token, syscall.SIGTERM, append(base, args...)...)}
 }
 
-// children reads /children into id → fields (state pid restarts generation shards).
 func (p *superviseProc) children(t *testing.T) map[string][]string {
 	t.Helper()
 	text, err := dotlRead(p.root, "children")
@@ -476,16 +454,9 @@ func TestSuperviseExamples(t *testing.T) {
 	p := startSupervise(t, sim, token, "--processes", "2")
 	tree := "9p!" + tcpListener(t, p.stderr)
 	dir := binDir(t)
-	examples, _ := filepath.Abs("../../examples/shell")
 	run := func(env []string, script string, args ...string) string {
 		t.Helper()
-		cmd := exec.Command("sh", append([]string{filepath.Join(examples, script)}, args...)...)
-		cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %v: %v\n%s", script, args, err, out)
-		}
-		return string(out)
+		return runExample(t, dir, env, script, args...)
 	}
 	run(nil, "wait-ready.sh", tree, "60")
 	if out := run(nil, "watch-states.sh", tree, "0.2", "2"); strings.Count(out, "none -> READY") != 4 {
@@ -517,24 +488,8 @@ func TestSuperviseFluxer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sim.Close()
-	cmd := command(t, binDir(t), "supervise", "--flavor", "fluxer", "--api", sim.APIURL(), "--total", "2", "--processes", "2",
-		"--listen", "tcp!127.0.0.1!0", "--backoff", "fixed:100ms")
-	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
-	p := &superviseProc{cmd: cmd, stderr: &syncBuffer{}}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-		}
-		if t.Failed() {
-			t.Logf("supervise's stderr:\n%s", p.stderr)
-		}
-	})
-	p.root = dotlRoot(t, tcpHostPort(tcpListener(t, p.stderr)))
+	p := &superviseProc{startProc(t, binDir(t), token, syscall.SIGTERM, "supervise", "--flavor", "fluxer", "--api", sim.APIURL(), "--total", "2", "--processes", "2",
+		"--listen", "tcp!127.0.0.1!0", "--backoff", "fixed:100ms")}
 	p.waitReady(t, 2)
 	identifies := sim.Totals().Identifies
 	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {

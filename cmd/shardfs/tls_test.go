@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -301,13 +300,8 @@ func TestExamplesOverTLS(t *testing.T) {
 	pki := testPKI(t)
 	addr := serveDemoTLS(t, pki, "")
 	dir := binDir(t)
-	examples, _ := filepath.Abs("../../examples/shell")
 	env := []string{"SHARDFS_CERT=" + filepath.Join(pki, "client.crt"), "SHARDFS_KEY=" + filepath.Join(pki, "client.key"), "SHARDFS_CA=" + filepath.Join(pki, "ca.crt")}
-	cmd := exec.Command("sh", filepath.Join(examples, "wait-ready.sh"), "9p!"+addr, "60")
-	cmd.Env = append(os.Environ(), append(env, "SHARDFS_TEST_MAIN=1", "PATH="+dir+":"+os.Getenv("PATH"))...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("wait-ready.sh 9p!%s: %v\n%s", addr, err, out)
-	}
+	runExample(t, dir, env, "wait-ready.sh", "9p!"+addr, "60")
 	for _, e := range env {
 		k, v, _ := strings.Cut(e, "=")
 		t.Setenv(k, v)
