@@ -153,19 +153,10 @@ func pxeBootNoToken(t *testing.T, k Kit, shardfs, dir, tftp string) {
 	port := freePort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	m, err := Boot(ctx, Config{QEMU: k.QEMU, MemoryMiB: 512, PXE: &PXE{
+	m, stop := bootMachine(t, ctx, Config{QEMU: k.QEMU, MemoryMiB: 512, PXE: &PXE{
 		TFTP: tftp, BootFile: "boot.ipxe", HostFwd: []string{fmt.Sprintf("tcp:127.0.0.1:%d-:5641", port)},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		m.Kill()
-		m.Wait()
-		if t.Failed() {
-			t.Logf("console:\n%s", m.Console)
-		}
-	}()
+	defer stop()
 	for _, marker := range []string{
 		"shardfs: no secrets.cpio.gz: the node boots without its token",
 		`shardfs-init: no token: no /secrets/token (secrets.cpio.gz was not loaded, or was made without --token-file); the node serves its tree and every shard is FATAL with "no token"`,
@@ -225,21 +216,12 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 	simPort := sim.Addr()[strings.LastIndex(sim.Addr(), ":")+1:]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	m, err := Boot(ctx, Config{QEMU: k.QEMU, MemoryMiB: 512, PXE: &PXE{
+	m, stop := bootMachine(t, ctx, Config{QEMU: k.QEMU, MemoryMiB: 512, PXE: &PXE{
 		TFTP: tftp, BootFile: "boot.ipxe",
 		HostFwd:  []string{fmt.Sprintf("tcp:127.0.0.1:%d-:5641", port)},
 		GuestFwd: []string{fmt.Sprintf("tcp:%s:443-cmd:%s nc 127.0.0.1 %s", simGuestAddr, k.Busybox, simPort)},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		m.Kill()
-		m.Wait()
-		if t.Failed() {
-			t.Logf("console:\n%s", m.Console)
-		}
-	}()
+	defer stop()
 	addr := fmt.Sprintf("tls!127.0.0.1!%d", port)
 	tlsArgs := []string{"--addr", addr, "--cert", filepath.Join(dir, "operator.crt"), "--key", filepath.Join(dir, "operator.key"), "--ca", filepath.Join(dir, "ca.pem")}
 	cli := func(args ...string) (string, error) {
@@ -263,6 +245,7 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 	// The forward accepts (and drops) connections before the guest
 	// listens: poll, with a bound.
 	var status string
+	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		if status, err = cli("cat", "status"); err == nil {
 			break
@@ -459,23 +442,14 @@ func TestBareMetalBadInput(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	m, err := Boot(ctx, Config{
+	m, stop := bootMachine(t, ctx, Config{
 		QEMU: k.QEMU, Kernel: kernelImage(t, k), Initrd: filepath.Join(out, "initrd.cpio.gz"), MemoryMiB: 512,
 		Append: "shardfs.flavor=discord shardfs.total=2 shardfs.totl=3 shardfs.listen=tcp!0.0.0.0!5641,insecure",
 		// A NIC on a UDP socket nobody reads: no DHCP server answers.
 		// -cpu max: RDRAND, so that the kernel's RNG is ready at boot.
 		NIC: []string{"-cpu", "max", "-netdev", fmt.Sprintf("socket,id=n0,udp=127.0.0.1:%d,localaddr=127.0.0.1:0", freePort(t)), "-device", "virtio-net-pci,netdev=n0"},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		m.Kill()
-		m.Wait()
-		if t.Failed() {
-			t.Logf("console:\n%s", m.Console)
-		}
-	}()
+	defer stop()
 	for _, marker := range []string{
 		"shardfs.totl: unknown key (known: shardfs.flavor, shardfs.total, shardfs.shards, shardfs.listen, shardfs.etcd, shardfs.bot, shardfs.node, shardfs.api, shardfs.gateway) (ignored)",
 		"module virtio_net loaded",
@@ -489,5 +463,22 @@ func TestBareMetalBadInput(t *testing.T) {
 			t.Errorf("console before %q:\n%s\nwant the DHCP failure named", marker, text)
 		}
 		t.Logf("%6.1fs  %s", time.Since(m.Started).Seconds(), marker)
+	}
+}
+
+// bootMachine boots cfg; a failure to start fails the test. stop kills the
+// guest, waits for it and, when the test failed, logs its console.
+func bootMachine(t *testing.T, ctx context.Context, cfg Config) (m *Machine, stop func()) {
+	t.Helper()
+	m, err := Boot(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, func() {
+		m.Kill()
+		m.Wait()
+		if t.Failed() {
+			t.Logf("console:\n%s", m.Console)
+		}
 	}
 }
