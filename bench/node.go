@@ -174,8 +174,8 @@ func aliasServer(sup *node.Node) (*fsrv.Server, error) {
 	if null == nil {
 		return nil, errors.New("no 0/state")
 	}
-	ctl := &fsrv.Dir{Name: "ctl", List: func() []fsrv.Node { return []fsrv.Node{null} }}
-	root := &fsrv.Dir{Name: "/", List: func() []fsrv.Node { return []fsrv.Node{ctl} }}
+	ctl := &fsrv.Dir{Name: "ctl", List: func() []fsrv.File { return []fsrv.File{null} }}
+	root := &fsrv.Dir{Name: "/", List: func() []fsrv.File { return []fsrv.File{ctl} }}
 	return &fsrv.Server{Root: root}, nil
 }
 
@@ -197,8 +197,8 @@ func (n *nodeRole) readyCount() int {
 		return 0
 	}
 	c := 0
-	for _, id := range n.sup.Node.Plan().Local {
-		if d, err := n.sup.Node.Diag(id); err == nil && d.State == core.Ready {
+	for _, id := range n.sup.Scheduler.Plan().Local {
+		if d, err := n.sup.Scheduler.Diag(id); err == nil && d.State == core.Ready {
 			c++
 		}
 	}
@@ -324,7 +324,7 @@ func (n *nodeRole) retries([]string) (string, error) {
 	if n.sup == nil {
 		return "0 0 0", nil
 	}
-	l := n.sup.Node.Events()
+	l := n.sup.Scheduler.Events()
 	buf := make([]byte, l.Size()-l.Oldest())
 	k, _ := l.ReadAt(buf, l.Oldest())
 	var delays []float64

@@ -1,7 +1,7 @@
 // Package core is the lifecycle core of shardfs: it decides what every local
 // shard does next and touches no network, file or process itself.
 //
-// A Node holds one context per local shard of a Plan. Transport events arrive
+// A Scheduler holds one context per local shard of a Plan. Transport events arrive
 // through the Link a shard's current connection was given, operator commands
 // through Exec or Apply, lease changes through a Lease backend, and time
 // through an injected clock. Every input locks the one shard it concerns, so
@@ -105,10 +105,10 @@
 // Sessions that survive a restart (DESIGN.md section 7.1), with
 // Config.Sessions set:
 //
-//   - Node.Start loads every shard's snapshot before the shard's first
+//   - Scheduler.Start loads every shard's snapshot before the shard's first
 //     start, 64 loads at a time, and starts the shards in shard order as
 //     their loads end; an operator's start of a shard never started loads
-//     it too. A start that will not start a shard (Node.Start of one
+//     it too. A start that will not start a shard (Scheduler.Start of one
 //     stopped before it, start all of one its lease keeps stopped) calls
 //     the store for nothing. Every store call is bounded (StoreTimeout, 5 s): the core
 //     passes a context with that deadline and stops waiting at it, whether

@@ -24,7 +24,7 @@ type env struct {
 	clk   *clock.Fake
 	tr    *coretest.Transport
 	lease *local.Lease
-	node  *core.Node
+	node  *core.Scheduler
 }
 
 // maxConcurrency is the Discord max_concurrency newEnv's pacer uses unless

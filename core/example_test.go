@@ -54,7 +54,7 @@ func Example_backoffAndResume() {
 }
 
 // Operator commands arrive as text lines, as written to a ctl file.
-func ExampleNode_ExecNode() {
+func ExampleScheduler_ExecNode() {
 	node, _ := core.New(core.Config{Plan: core.Range(4, 0, 3), Transport: &coretest.Transport{}, Clock: clock.NewFake()})
 	defer node.Close()
 	node.Start()

@@ -8,7 +8,7 @@ import (
 
 // Lease is the backend that grants shards the right to connect. Operator
 // lease commands go to it and the grants it returns are applied at once; a
-// backend that learns of changes by itself (etcd) calls Node.SetLease.
+// backend that learns of changes by itself (etcd) calls Scheduler.SetLease.
 type Lease interface {
 	// Arm arms or renews the leases of shards for d.
 	Arm(shards []int, d time.Duration) ([]LeaseGrant, error)

@@ -30,7 +30,7 @@ type observer struct {
 	start time.Time
 }
 
-func (n *Node) observe(kind string) observer {
+func (n *Scheduler) observe(kind string) observer {
 	if n.observeEvent == nil {
 		return observer{}
 	}

@@ -29,7 +29,7 @@ import (
 // if an expiry stopped it. Grants for unknown shards are ignored. An
 // ownership grant of a new generation reloads the shard's snapshot first
 // (see Ownership above), so SetLease may wait for the session store.
-func (n *Node) SetLease(g LeaseGrant) {
+func (n *Scheduler) SetLease(g LeaseGrant) {
 	s := n.shards[g.Shard]
 	if s == nil {
 		return
@@ -70,7 +70,7 @@ func (s *shard) takeOwnership(g LeaseGrant) bool {
 	}
 	switch {
 	case s.state == Assigned:
-		// Node.Start has not run: it loads the snapshot itself, unless
+		// Scheduler.Start has not run: it loads the snapshot itself, unless
 		// this grant comes after a NotOwned one blocked its load.
 		if !s.leaseBlocks(now) {
 			return false
@@ -96,7 +96,7 @@ func (s *shard) takeOwnership(g LeaseGrant) bool {
 // snapshot was saved. The shard's lease counts as expired from then on,
 // and its connections' fence no longer moves: only a grant of a new
 // generation starts it again.
-func (n *Node) Handover(id int) (saved bool, err error) {
+func (n *Scheduler) Handover(id int) (saved bool, err error) {
 	s, err := n.shard(id)
 	if err != nil {
 		return false, err

@@ -95,8 +95,8 @@ func TestPanicInConnectOrPacerIsATransientFailure(t *testing.T) {
 		connect bool // else the pacer panics
 		enter   func(e *env)
 	}{
-		{name: "Node.Start/connect", connect: true, enter: func(e *env) { e.node.Start() }},
-		{name: "Node.Start/pacer", enter: func(e *env) { e.node.Start() }},
+		{name: "Scheduler.Start/connect", connect: true, enter: func(e *env) { e.node.Start() }},
+		{name: "Scheduler.Start/pacer", enter: func(e *env) { e.node.Start() }},
 		{name: "reset/connect", setup: (*env).startAll, connect: true, enter: func(e *env) { e.node.ExecShard(victim, "reset") }},
 		{name: "reset all/connect", setup: (*env).startAll, connect: true, enter: func(e *env) { e.node.ExecNode("reset all") }},
 		{name: "identify/pacer", setup: (*env).startAll, enter: func(e *env) { e.node.ExecShard(victim, "identify") }},

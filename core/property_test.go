@@ -470,7 +470,7 @@ func indexOf(ids []int, id int) int {
 	return -1
 }
 
-func shardEvents(n *core.Node, id int) string {
+func shardEvents(n *core.Scheduler, id int) string {
 	l, _ := n.ShardEvents(id)
 	buf := make([]byte, l.Size())
 	k, _ := l.ReadAt(buf, 0)

@@ -7,7 +7,7 @@ import "log/slog"
 // gateway ends the sessions at once rather than keeping them for a resume
 // nobody will make, nothing is saved, and the node refuses further
 // commands as after Close. FATAL shards stay FATAL.
-func (n *Node) End() {
+func (n *Scheduler) End() {
 	if n.closed.Swap(true) {
 		return
 	}

@@ -22,7 +22,7 @@ const (
 	FluxerResumeWindow  = 60 * time.Second
 )
 
-// loadConcurrency bounds the loads Node.Start has in flight, so that 1,024
+// loadConcurrency bounds the loads Scheduler.Start has in flight, so that 1,024
 // shards cost 16 rounds of loads rather than 1,024 in a row, and a store
 // that hangs on every call delays the last shard's start by at most
 // len(shards)/loadConcurrency*StoreTimeout.
@@ -39,7 +39,7 @@ func (e storeTimeoutError) Error() string {
 // ends after the node's store timeout, and returns at that deadline
 // whether or not f has: a store that ignores its context cannot hold a
 // shard, a start or Close. A panic in f is an error like any other.
-func storeCall[T any](n *Node, f func(ctx context.Context) (T, error)) (T, error) {
+func storeCall[T any](n *Scheduler, f func(ctx context.Context) (T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
@@ -81,7 +81,7 @@ type loaded struct {
 	ok   bool
 }
 
-func (n *Node) loadSnapshot(id int) (Snapshot, bool, error) {
+func (n *Scheduler) loadSnapshot(id int) (Snapshot, bool, error) {
 	r, err := storeCall(n, func(ctx context.Context) (loaded, error) {
 		snap, ok, err := n.sessions.Load(ctx, id)
 		return loaded{snap, ok}, err
@@ -89,7 +89,7 @@ func (n *Node) loadSnapshot(id int) (Snapshot, bool, error) {
 	return r.snap, r.ok, err
 }
 
-func (n *Node) saveSnapshot(id int, snap Snapshot) error {
+func (n *Scheduler) saveSnapshot(id int, snap Snapshot) error {
 	_, err := storeCall(n, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, n.sessions.Save(ctx, id, snap)
 	})
@@ -98,13 +98,13 @@ func (n *Node) saveSnapshot(id int, snap Snapshot) error {
 
 // markUsed stores snap without its session id, so that the stored copy
 // can never be resumed again (Snapshot.Used).
-func (n *Node) markUsed(id int, snap Snapshot) error {
+func (n *Scheduler) markUsed(id int, snap Snapshot) error {
 	snap.Session.ID = ""
 	return n.saveSnapshot(id, snap)
 }
 
 // ignoreReason says why a loaded snapshot must not be resumed, or "".
-func (n *Node) ignoreReason(snap Snapshot, now time.Time) string {
+func (n *Scheduler) ignoreReason(snap Snapshot, now time.Time) string {
 	switch {
 	case snap.Flavor != n.flavor:
 		return fmt.Sprintf("another flavor (%v; this node is %v)", snap.Flavor, n.flavor)
@@ -143,7 +143,7 @@ func sameEndpoint(a, b string) bool {
 // own preparation and those before it are done, so that identify slots are
 // still requested in shard order. Each shard's store lock is held from its
 // preparation to the end of its start.
-func (n *Node) prepareAll(targets []*shard, nodeStart bool, start func(*shard)) {
+func (n *Scheduler) prepareAll(targets []*shard, nodeStart bool, start func(*shard)) {
 	done := make([]chan struct{}, len(targets))
 	for i := range done {
 		done[i] = make(chan struct{})
@@ -178,7 +178,7 @@ func (n *Node) prepareAll(targets []*shard, nodeStart bool, start func(*shard)) 
 // prepareStart, called with storeMu held before a shard starts, loads the
 // shard's snapshot the first time, or marks used the copy its own clean
 // stop saved, so that whatever it resumes has no resumable copy left. It
-// does neither for a shard the start will not start (Node.Start starts
+// does neither for a shard the start will not start (Scheduler.Start starts
 // only ASSIGNED shards), so that the store keeps what nothing resumes.
 func (s *shard) prepareStart(nodeStart bool) {
 	if s.node.closed.Load() {
@@ -300,7 +300,7 @@ func (s *shard) save(snap Snapshot) {
 // stopAndSave stops each target like the stop command (or shutdown when
 // stop is nil) and saves the snapshots of those whose session stays
 // resumable, all at once, and returns when every save has ended.
-func (n *Node) stopAndSave(targets []*shard, stop func(*shard)) {
+func (n *Scheduler) stopAndSave(targets []*shard, stop func(*shard)) {
 	var wg sync.WaitGroup
 	for _, s := range targets {
 		s.storeMu.Lock()

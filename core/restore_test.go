@@ -478,7 +478,7 @@ func TestRestoredSessionDiag(t *testing.T) {
 	e.checkNoSecret(t)
 }
 
-// Node.Start loads many snapshots at once (the first loads wait here
+// Scheduler.Start loads many snapshots at once (the first loads wait here
 // until 32 are in flight, which loads one at a time would never reach)
 // and still starts the shards, and requests identify slots, in shard order.
 func TestStartLoadsConcurrently(t *testing.T) {
@@ -521,8 +521,8 @@ func TestStartLoadsConcurrently(t *testing.T) {
 	}
 }
 
-// An operator's start of a shard that Node.Start never started loads its
-// snapshot first, like Node.Start would.
+// An operator's start of a shard that Scheduler.Start never started loads its
+// snapshot first, like Scheduler.Start would.
 func TestStartCommandLoadsFirst(t *testing.T) {
 	store := &coretest.Store{}
 	store.Put(3, snapAt(core.Discord, time.Second))
@@ -546,7 +546,7 @@ func TestStartCommandLoadsFirst(t *testing.T) {
 	}
 }
 
-// A start that does not start a shard leaves its snapshot alone: Node.Start
+// A start that does not start a shard leaves its snapshot alone: Scheduler.Start
 // skips a shard the operator stopped before it, and start all skips a
 // shard whose lease has expired; the store keeps what nothing resumed.
 func TestNoStartNoLoad(t *testing.T) {
@@ -557,12 +557,12 @@ func TestNoStartNoLoad(t *testing.T) {
 	e.node.Start()
 	for _, c := range store.Calls() {
 		if c.Shard == 2 {
-			t.Fatalf("Node.Start called the store for a stopped shard: %+v", c)
+			t.Fatalf("Scheduler.Start called the store for a stopped shard: %+v", c)
 		}
 	}
 	e.exec(2, "start")
 	if a := e.conn(2).Attempt; !a.Resume || a.Sequence != 77 {
-		t.Fatalf("start after Node.Start: resume %v at %d; want the snapshot resumed at 77\n%s", a.Resume, a.Sequence, e.events(2))
+		t.Fatalf("start after Scheduler.Start: resume %v at %d; want the snapshot resumed at 77\n%s", a.Resume, a.Sequence, e.events(2))
 	}
 
 	// Saved by stop, then its lease expires: start all cannot start it

@@ -18,7 +18,7 @@ var errOperatorReset = errors.New("operator reset")
 // shard is one shard's context. Every input locks mu, so inputs for one
 // shard never touch another's.
 type shard struct {
-	node   *Node
+	node   *Scheduler
 	id     int
 	events *journal.Log
 
@@ -158,7 +158,7 @@ func (l *Link) Dispatch(seq int64) { l.DispatchDo(seq, nil) }
 // counted in the sequence, or neither: a stop (or a handover) that takes
 // the sequence for a snapshot cannot fall between the two, and a resume
 // from that snapshot replays exactly what was not delivered. deliver
-// must be quick and must not call the Node.
+// must be quick and must not call the Scheduler.
 func (l *Link) DispatchDo(seq int64, deliver func()) {
 	if l.lockCurrent() {
 		if s := l.s; s.state == Ready || s.state == Starting && s.resuming {

@@ -38,7 +38,7 @@ const (
 	// StoppedByLeaseLost: the node's ownership lease (etcd) passed its
 	// fencing deadline; another node may own the shard now.
 	StoppedByLeaseLost
-	// StoppedByMove: a planned handover (Node.Handover) stopped the shard
+	// StoppedByMove: a planned handover (Scheduler.Handover) stopped the shard
 	// and saved its session for the next owner.
 	StoppedByMove
 	// StoppedNotOwned: the shard is a candidate of this node that another

@@ -133,7 +133,7 @@ func (d *Demo) injectChaos(ctx context.Context) {
 		return
 	}
 	f := chaosFaults[d.rng.IntN(len(chaosFaults))]
-	ids := d.Node.Node.Plan().Local
+	ids := d.Node.Scheduler.Plan().Local
 	shard := ids[d.rng.IntN(len(ids))]
 	d.Sim.Inject(shard, f)
 	d.log.Info("chaos", "shard", shard, "fault", f.String())
@@ -148,7 +148,7 @@ func (d *Demo) Wait(ctx context.Context, cond func() bool) error {
 	for {
 		// Take the channels before looking, so that no change slips
 		// between the look and the wait.
-		events, dispatch := d.Node.Node.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
+		events, dispatch := d.Node.Scheduler.Events().Notify(), d.Tree.NodeDispatchLog().Notify()
 		if cond() {
 			return nil
 		}

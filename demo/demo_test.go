@@ -24,7 +24,7 @@ func waitFor(t *testing.T, d *Demo, what string, cond func() bool) {
 }
 
 func allReady(d *Demo) bool {
-	for _, diag := range d.Node.Node.Snapshot(nil) {
+	for _, diag := range d.Node.Scheduler.Snapshot(nil) {
 		if diag.State != core.Ready {
 			return false
 		}

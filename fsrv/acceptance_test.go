@@ -20,7 +20,7 @@ func TestAcceptance(t *testing.T) {
 		events.Append(fmt.Appendf(nil, "ts=%d event=tick\n", i), time.Unix(1796022000, 0))
 	}
 	shards := map[string]*fsrv.Dir{}
-	var list []fsrv.Node
+	var list []fsrv.File
 	for i := range 4 {
 		name := strconv.Itoa(i)
 		d := fsrv.NewDir(name,
@@ -33,8 +33,8 @@ func TestAcceptance(t *testing.T) {
 		list = append(list, d)
 	}
 	root := &fsrv.Dir{
-		List:   func() []fsrv.Node { return list },
-		Lookup: func(name string) fsrv.Node { return shards[name] },
+		List:   func() []fsrv.File { return list },
+		Lookup: func(name string) fsrv.File { return shards[name] },
 	}
 	fsrvtest.TestTree(t, root, "0/state", "3/events", "1/ctl")
 }

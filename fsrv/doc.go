@@ -3,7 +3,7 @@
 //
 // # The tree
 //
-// A tree is built from four kinds of Node: a *Dir lists its entries through
+// A tree is built from four kinds of File: a *Dir lists its entries through
 // a callback at walk and listing time, so entries come and go; a *Text
 // computes its content at open and keeps it for that open; a *Ctl applies
 // the lines written to it, one command each, keeping a line cut between two

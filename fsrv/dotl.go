@@ -68,7 +68,7 @@ type dotlFile struct {
 	noMutation
 
 	s    *session
-	node Node
+	node File
 	h    atomic.Pointer[handle] // set by Open
 }
 
@@ -78,7 +78,7 @@ var _ p9.File = (*dotlFile)(nil)
 // the server's logger (p9 would recover it too, as EFAULT).
 func (f *dotlFile) guard(err *error) {
 	if r := recover(); r != nil {
-		f.s.logger().Error("fsrv: callback panicked", "file", NodeName(f.node), "panic", r)
+		f.s.logger().Error("fsrv: callback panicked", "file", FileName(f.node), "panic", r)
 		*err = dotlError(fmt.Errorf("panic: %v", r))
 	}
 }
@@ -98,7 +98,7 @@ var attrMask = p9.AttrMask{
 	ATime: true, MTime: true, CTime: true, INo: true, Size: true, Blocks: true,
 }
 
-func (f *dotlFile) getattr(n Node) (p9.QID, p9.AttrMask, p9.Attr) {
+func (f *dotlFile) getattr(n File) (p9.QID, p9.AttrMask, p9.Attr) {
 	a := f.s.stat(n)
 	mode := p9.ModeRegular
 	nlink := p9.NLink(1)
@@ -128,7 +128,7 @@ func (f *dotlFile) walk(names []string) (*dotlFile, error) {
 	for _, name := range names {
 		d, ok := n.(*Dir)
 		if !ok {
-			return nil, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, NodeName(n))
+			return nil, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, FileName(n))
 		}
 		if n = f.s.lookup(d, name); n == nil {
 			return nil, fs.ErrNotExist
@@ -263,7 +263,7 @@ func (f *dotlFile) Readdir(offset uint64, count uint32) (ents p9.Dirents, err er
 		if isDir(n) {
 			t = p9.TypeDir
 		}
-		name := NodeName(n)
+		name := FileName(n)
 		ents = append(ents, p9.Dirent{
 			QID:    p9.QID{Type: t, Version: qidVersion(n), Path: n.base().qidPath()},
 			Offset: i + 1,

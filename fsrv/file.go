@@ -28,7 +28,7 @@ type attr struct {
 }
 
 // perm returns a node's permission bits.
-func perm(n Node) uint32 {
+func perm(n File) uint32 {
 	switch n := n.(type) {
 	case *Dir:
 		return permRead | permExec
@@ -47,13 +47,13 @@ func perm(n Node) uint32 {
 	return 0
 }
 
-func isDir(n Node) bool {
+func isDir(n File) bool {
 	_, ok := n.(*Dir)
 	return ok
 }
 
 // stat computes a node's attributes, calling its callbacks.
-func (s *session) stat(n Node) attr {
+func (s *session) stat(n File) attr {
 	e := n.base()
 	a := attr{path: e.qidPath(), perm: s.perm(n)}
 	switch n := n.(type) {
@@ -100,7 +100,7 @@ func (s *session) statOpen(h *handle) attr {
 // qidVersion returns the last version the server computed for n without
 // calling its callbacks; directory listings use it, since stat'ing every
 // entry of a listing would compute every file's content.
-func qidVersion(n Node) uint32 {
+func qidVersion(n File) uint32 {
 	if l, ok := n.(*Log); ok {
 		return uint32(l.Source.Size())
 	}
@@ -131,9 +131,9 @@ type openMode struct {
 
 // handle is one open of a node: what a fid holds from open to clunk.
 type handle struct {
-	node Node
+	node File
 	text []byte // Text content or Ctl usage, fixed at open
-	dir  []Node // Dir entries, fixed at open
+	dir  []File // Dir entries, fixed at open
 	// write is set when the file was opened for writing.
 	write bool
 	// partial is the start of a Ctl line that a write left without its
@@ -146,15 +146,15 @@ type handle struct {
 
 // open checks m against n's permissions and takes the snapshot reads of
 // this open will see.
-func (s *session) open(n Node, m openMode) (*handle, error) {
+func (s *session) open(n File, m openMode) (*handle, error) {
 	p := s.perm(n)
 	switch {
 	case m.read && p&permRead == 0:
-		return nil, fmt.Errorf("%w: %s is write-only", fs.ErrPermission, NodeName(n))
+		return nil, fmt.Errorf("%w: %s is write-only", fs.ErrPermission, FileName(n))
 	case (m.write || m.trunc) && p&permWrite == 0:
 		return nil, s.refuseWrite(n)
 	case m.exec && p&permExec == 0:
-		return nil, fmt.Errorf("%w: %s is not executable", fs.ErrPermission, NodeName(n))
+		return nil, fmt.Errorf("%w: %s is not executable", fs.ErrPermission, FileName(n))
 	}
 	h := &handle{node: n, write: m.write}
 	switch n := n.(type) {

@@ -20,7 +20,7 @@ type plan9Fid struct {
 	uname string
 	// up is the chain of directories above node, for walks to "..".
 	up   []*Dir
-	node Node
+	node File
 	h    *handle // set by Open
 }
 
@@ -234,7 +234,7 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 				return
 			}
 			if err := call("clunk", func() error { return s.clunk(a.h) }); err != nil {
-				s.logger().Info("fsrv: the last line of a ctl write failed at clunk", "file", NodeName(a.node), "err", clipEname(err.Error(), 512))
+				s.logger().Info("fsrv: the last line of a ctl write failed at clunk", "file", FileName(a.node), "err", clipEname(err.Error(), 512))
 			}
 		},
 	}
@@ -242,12 +242,12 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 
 // wstat accepts what shells and 9pfuse send before a write (length 0, and
 // times, which are derived) and refuses every other change.
-func (s *session) wstat(n Node, d *plan9.Dir) error {
+func (s *session) wstat(n File, d *plan9.Dir) error {
 	switch {
 	case s.ro:
 		// srv9p passes only a wstat that changes something.
 		return s.refuseWrite(n)
-	case d.Name != "" && d.Name != NodeName(n):
+	case d.Name != "" && d.Name != FileName(n):
 		return errFixedTree
 	case d.Mode != ^plan9.Perm(0) || d.Uid != "" || d.Gid != "":
 		return fmt.Errorf("%w: attributes are fixed", fs.ErrPermission)
@@ -269,7 +269,7 @@ func (s *session) walk9(f *plan9Fid, names []string) (*plan9Fid, int, error) {
 		d, ok := n.(*Dir)
 		if !ok {
 			if k == 0 {
-				return nil, 0, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, NodeName(n))
+				return nil, 0, fmt.Errorf("%w: %s is not a directory", fs.ErrNotExist, FileName(n))
 			}
 			return nil, k, nil
 		}
@@ -303,7 +303,7 @@ func (s *Server) qid9(a attr) plan9.Qid {
 
 // dir9 is a node's stat in 9P2000 form. Files are owned by whoever attached:
 // fsrv has no users, and 9pfuse shows the name.
-func (s *session) dir9(n Node, uname string) plan9.Dir {
+func (s *session) dir9(n File, uname string) plan9.Dir {
 	a := s.stat(n)
 	if uname == "" {
 		uname = "none"
@@ -319,7 +319,7 @@ func (s *session) dir9(n Node, uname string) plan9.Dir {
 		Atime:  t,
 		Mtime:  t,
 		Length: a.size,
-		Name:   NodeName(n),
+		Name:   FileName(n),
 		Uid:    uname,
 		Gid:    uname,
 		Muid:   uname,

@@ -32,7 +32,7 @@ func (s *session) plan9Err(err error) error {
 }
 
 // lookup finds the entry called name in d, as this session sees it.
-func (s *session) lookup(d *Dir, name string) Node {
+func (s *session) lookup(d *Dir, name string) File {
 	n := d.lookup(name)
 	if n != nil && s.ro && isPrivate(n) {
 		return nil
@@ -41,7 +41,7 @@ func (s *session) lookup(d *Dir, name string) Node {
 }
 
 // list returns d's entries as this session sees them.
-func (s *session) list(d *Dir) []Node {
+func (s *session) list(d *Dir) []File {
 	list := d.list()
 	if !s.ro || !slices.ContainsFunc(list, isPrivate) {
 		return list
@@ -50,7 +50,7 @@ func (s *session) list(d *Dir) []Node {
 }
 
 // perm returns a node's permission bits as this session sees them.
-func (s *session) perm(n Node) uint32 {
+func (s *session) perm(n File) uint32 {
 	p := perm(n)
 	if s.ro {
 		p &^= permWrite
@@ -64,10 +64,10 @@ func (s *session) perm(n Node) uint32 {
 // the remote address, the client certificate's name and the file, the
 // others in that minute are counted in the next line's more_refused.
 // The refusal touches nothing shared, so the other connections go on.
-func (s *session) refuseWrite(n Node) error {
+func (s *session) refuseWrite(n File) error {
 	if s.ro && perm(n)&permWrite != 0 {
 		if skipped, ok := s.rateLimit(refusedReadOnly); ok {
-			args := []any{"remote", "-", "client", "-", "file", NodeName(n)}
+			args := []any{"remote", "-", "client", "-", "file", FileName(n)}
 			if s.conn != nil {
 				args[1], args[3] = s.conn.remote(), s.conn.client()
 			}
@@ -85,9 +85,9 @@ func (s *session) refuseWrite(n Node) error {
 const refusedReadOnly = "write on a read-only listener"
 
 // readOnly names why a write is refused.
-func (s *session) readOnly(n Node) string {
+func (s *session) readOnly(n File) string {
 	if s.ro && perm(n)&permWrite != 0 {
-		return NodeName(n) + " is read-only on this listener"
+		return FileName(n) + " is read-only on this listener"
 	}
-	return NodeName(n) + " is read-only"
+	return FileName(n) + " is read-only"
 }

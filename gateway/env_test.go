@@ -21,14 +21,14 @@ const wait = 10 * time.Second
 
 const testToken = "sim-token"
 
-// env is a core.Node driving a Transport against a simulator, all on one
+// env is a core.Scheduler driving a Transport against a simulator, all on one
 // fake clock.
 type env struct {
 	t      testing.TB
 	clk    *clock.Fake
 	sim    *gatewaysim.Server
 	tr     *Transport
-	node   *core.Node
+	node   *core.Scheduler
 	pacer  *countingPacer
 	sink   *recorder
 	logs   *syncBuffer

@@ -115,7 +115,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("flavor", c.Flavor.String()), slog.String("compression", string(c.Compression)), slog.String("token", "redacted"))
 }
 
-// Transport opens gateway connections for a core.Node. It implements
+// Transport opens gateway connections for a core.Scheduler. It implements
 // core.Transport.
 type Transport struct {
 	cfg       Config
@@ -311,7 +311,7 @@ func (t *Transport) nextDial() *conn {
 
 // Close closes every connection with 4000, so that sessions stay
 // resumable, and waits for every goroutine the transport started. Close
-// the core.Node first; connections asked for afterwards never open.
+// the core.Scheduler first; connections asked for afterwards never open.
 func (t *Transport) Close() error {
 	t.lifeMu.Lock()
 	if t.closed {

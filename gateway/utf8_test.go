@@ -105,7 +105,7 @@ func FuzzDispatchLine(f *testing.F) {
 		f.Fatal(err)
 	}
 	defer node.Close()
-	tree := shardfs.New(shardfs.Config{Node: node, DispatchRetention: 1 << 20})
+	tree := shardfs.New(shardfs.Config{Scheduler: node, DispatchRetention: 1 << 20})
 	log := tree.DispatchLog(0)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := parsePayload(b)

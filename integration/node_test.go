@@ -17,7 +17,7 @@ import (
 // testNode is the shardfs node the guest mounts, served by the test
 // process.
 type testNode struct {
-	Node   *core.Node
+	Scheduler   *core.Scheduler
 	Tree   *shardfs.Tree
 	Server *fsrv.Server
 	// Inject makes a READY shard's connection fail once and returns text
@@ -45,7 +45,7 @@ func startNode(t *testing.T, shards int) *testNode {
 		}
 	})
 	return &testNode{
-		Node: d.Node.Node, Tree: d.Tree, Server: d.Server,
+		Scheduler: d.Node.Scheduler, Tree: d.Tree, Server: d.Server,
 		Inject: func(shard, n int) string {
 			text := fmt.Sprintf("injected failure %d", n)
 			// The gateway client puts the close reason in its error.

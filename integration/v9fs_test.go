@@ -244,7 +244,7 @@ type result struct {
 }
 
 func (g *guest) run(ctx context.Context, sc scenario) (*result, error) {
-	r := &result{before: g.node.Node.Snapshot(nil), at: map[string][]core.Diag{}, node: g.node}
+	r := &result{before: g.node.Scheduler.Snapshot(nil), at: map[string][]core.Diag{}, node: g.node}
 	start := time.Now()
 	var text strings.Builder
 	step := func(marker string) error {
@@ -263,7 +263,7 @@ func (g *guest) run(ctx context.Context, sc scenario) (*result, error) {
 		if err := step("at " + st.name); err != nil {
 			return r, err
 		}
-		r.at[st.name] = g.node.Node.Snapshot(nil)
+		r.at[st.name] = g.node.Scheduler.Snapshot(nil)
 		reply := "go"
 		if st.act != nil {
 			reply += " " + st.act(g.node)
@@ -276,7 +276,7 @@ func (g *guest) run(ctx context.Context, sc scenario) (*result, error) {
 		return r, err
 	}
 	r.took = time.Since(start)
-	r.after = g.node.Node.Snapshot(nil)
+	r.after = g.node.Scheduler.Snapshot(nil)
 	if err := step("next"); err != nil {
 		return r, err
 	}
@@ -547,7 +547,7 @@ func checkReset(t *testing.T, r *result, show, after string) {
 
 // eventLines returns a shard's events log as the node holds it.
 func eventLines(n *testNode, id int) string {
-	log, err := n.Node.ShardEvents(id)
+	log, err := n.Scheduler.ShardEvents(id)
 	if err != nil {
 		return ""
 	}

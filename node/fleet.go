@@ -103,7 +103,7 @@ type Fleet struct {
 	drainMax  time.Duration
 
 	mu         sync.Mutex
-	node       *core.Node
+	node       *core.Scheduler
 	opDeadline time.Duration // monotonic; 0: the operator's lease is off
 	opGen      uint64
 	cancel     context.CancelFunc
@@ -198,7 +198,7 @@ func (l lateShards) Handover(id int) (bool, error) {
 	return l.f.core().Handover(id)
 }
 
-func (f *Fleet) core() *core.Node {
+func (f *Fleet) core() *core.Scheduler {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.node
@@ -318,7 +318,7 @@ func (f *Fleet) register(reg *prometheus.Registry) {
 }
 
 // start marks every candidate not owned and starts the ownership loop.
-func (f *Fleet) start(n *core.Node) {
+func (f *Fleet) start(n *core.Scheduler) {
 	f.mu.Lock()
 	f.node = n
 	ctx, cancel := context.WithCancel(context.Background())

@@ -69,7 +69,7 @@ func within(t *testing.T, bound time.Duration, what string, cond func() bool) {
 // readyOwned counts the shards s owns that are READY.
 func readyOwned(s *Node) int {
 	n := 0
-	for _, d := range s.Node.Snapshot(nil) {
+	for _, d := range s.Scheduler.Snapshot(nil) {
 		if d.Owned() && d.State == core.Ready {
 			n++
 		}
@@ -262,7 +262,7 @@ func TestFleetIdentifyAcrossNodes(t *testing.T) {
 // lastTS is the time of the last line of shard id's events in s holding
 // every one of subs, or zero.
 func lastTS(t *testing.T, s *Node, id int, subs ...string) time.Time {
-	l, err := s.Node.ShardEvents(id)
+	l, err := s.Scheduler.ShardEvents(id)
 	if err != nil {
 		t.Fatal(err)
 	}

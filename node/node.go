@@ -115,7 +115,7 @@ type Node struct {
 	Transport *gateway.Transport
 	Pacer     *core.Pacer
 	Lease     *local.Lease
-	Node      *core.Node
+	Scheduler      *core.Scheduler
 	Tree      *shardfs.Tree
 	Server    *fsrv.Server
 	// Fleet is the node's part in a fleet (Config.Etcd), else nil.
@@ -176,12 +176,12 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	s.cur = p
-	s.Transport, s.Lease, s.Node, s.Tree = p.transport, p.lease, p.core, p.tree
+	s.Transport, s.Lease, s.Scheduler, s.Tree = p.transport, p.lease, p.core, p.tree
 	// The root shows the current plan's tree, so that a move to a larger
 	// plan switches what every connection sees.
 	root := &fsrv.Dir{Name: "/",
-		List:   func() []fsrv.Node { return s.current().tree.Root().List() },
-		Lookup: func(name string) fsrv.Node { return s.current().tree.Root().Lookup(name) },
+		List:   func() []fsrv.File { return s.current().tree.Root().List() },
+		Lookup: func(name string) fsrv.File { return s.current().tree.Root().Lookup(name) },
 	}
 	s.Server = &fsrv.Server{Root: root, Logger: log.With("component", "9p")}
 	return s, nil

@@ -120,7 +120,7 @@ func TestSessionsSurviveANode(t *testing.T) {
 				}
 				if run == 2 {
 					for id := range 2 {
-						if d, _ := s.Node.Diag(id); !d.Restored {
+						if d, _ := s.Scheduler.Diag(id); !d.Restored {
 							t.Errorf("run 2: shard %d did not restore its session: %+v", id, d)
 						}
 					}
@@ -139,9 +139,9 @@ func TestSessionsSurviveANode(t *testing.T) {
 func waitReady(s *Node, bound time.Duration) error {
 	timeout := time.After(bound)
 	for {
-		notify := s.Node.Events().Notify()
+		notify := s.Scheduler.Events().Notify()
 		ready := true
-		for _, d := range s.Node.Snapshot(nil) {
+		for _, d := range s.Scheduler.Snapshot(nil) {
 			ready = ready && d.State == core.Ready
 		}
 		if ready {

@@ -79,7 +79,7 @@ const ReshardUsage = "reshard N|auto\n"
 type planRun struct {
 	total     int
 	transport *gateway.Transport
-	core      *core.Node
+	core      *core.Scheduler
 	tree      *shardfs.Tree
 	lease     *local.Lease
 	// side, during and shortly after a move, routes dispatches through
@@ -157,7 +157,7 @@ func (s *Node) current() *planRun {
 
 // Current returns the core and the tree of the plan the node runs now:
 // the fields Node and Tree are the plan it started with.
-func (s *Node) Current() (*core.Node, *shardfs.Tree) {
+func (s *Node) Current() (*core.Scheduler, *shardfs.Tree) {
 	p := s.current()
 	return p.core, p.tree
 }
@@ -634,10 +634,10 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		reg = nil // the first plan's tree registered its collector there
 	}
 	tc := shardfs.Config{
-		Node: c, Info: s.info, Identify: budget, LeaseBackend: "local",
+		Scheduler: c, Info: s.info, Identify: budget, LeaseBackend: "local",
 		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
 		Registry: reg, Logger: s.log, Dispatch: dispatch,
-		Files:   []fsrv.Node{&fsrv.Text{Name: "reshard", Content: s.reshardFile}},
+		Files:   []fsrv.File{&fsrv.Text{Name: "reshard", Content: s.reshardFile}},
 		Command: s.command, CommandUsage: ReshardUsage,
 	}
 	if fleet != nil {

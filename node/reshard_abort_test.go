@@ -121,7 +121,7 @@ func TestReshardAbortDuringSwitchWait(t *testing.T) {
 	waitEvent(t, s, "event=reshard-aborted", 30*time.Second)
 	close(gate) // the wait ends: a move still running would switch now
 	s.move.wg.Wait()
-	if c, _ := s.Current(); c != s.Node {
+	if c, _ := s.Current(); c != s.Scheduler {
 		t.Fatalf("the node switched to the aborted plan of %d shards", c.Plan().Total)
 	}
 	events := string(readLog(s.events))
@@ -131,7 +131,7 @@ func TestReshardAbortDuringSwitchWait(t *testing.T) {
 	if got := string(s.reshardFile()); !strings.Contains(got, "state aborted\n") {
 		t.Errorf("/reshard = %q; want state aborted", got)
 	}
-	for _, d := range s.Node.Snapshot(nil) {
+	for _, d := range s.Scheduler.Snapshot(nil) {
 		if d.State != core.Ready {
 			t.Errorf("old shard %d is %v; want READY", d.Shard, d.State)
 		}
@@ -203,7 +203,7 @@ func TestReshardAbortKeepsEvents(t *testing.T) {
 	waitEvent(t, s, "event=reshard-aborted", 30*time.Second)
 	got := waitMessages(t, s, sent, 30*time.Second)
 	checkOnce(t, sent, got)
-	if c, _ := s.Current(); c != s.Node {
+	if c, _ := s.Current(); c != s.Scheduler {
 		t.Fatal("the node switched plans after an abort")
 	}
 	// The aborted sessions' READY is not delivered.

@@ -145,7 +145,7 @@ func TestReshardRefusals(t *testing.T) {
 				t.Errorf("a supervised child's refusal points at a /ctl:\n%s", events)
 			}
 			c, _ := s.Current()
-			if c != s.Node || c.Plan().Total != total {
+			if c != s.Scheduler || c.Plan().Total != total {
 				t.Errorf("the plan changed: %d shards", c.Plan().Total)
 			}
 			for _, d := range c.Snapshot(nil) {
@@ -202,7 +202,7 @@ func TestReshardRefusedInAFleet(t *testing.T) {
 	if strings.Contains(events, "event=reshard-start") {
 		t.Errorf("a move started in a fleet:\n%s", events)
 	}
-	if c, _ := a.Current(); c != a.Node || readyOwned(a) != 3 {
+	if c, _ := a.Current(); c != a.Scheduler || readyOwned(a) != 3 {
 		t.Errorf("after the refusals: plan of %d, %d shards READY; want the same plan, 3 READY (shard 1 FATAL)", c.Plan().Total, readyOwned(a))
 	}
 }
@@ -245,7 +245,7 @@ func TestReshardAbortedByNewPlan4011(t *testing.T) {
 		t.Errorf("/reshard = %q; want state aborted naming shard 5", got)
 	}
 	c, _ := s.Current()
-	if c != s.Node {
+	if c != s.Scheduler {
 		t.Fatal("the node switched plans after an abort")
 	}
 	for _, d := range c.Snapshot(nil) {

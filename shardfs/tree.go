@@ -22,7 +22,7 @@ import (
 
 // Config configures a Tree. Node is required.
 type Config struct {
-	Node *core.Node
+	Scheduler *core.Scheduler
 	// Info adds key value lines to /plan after the ones the core knows
 	// (flavor, total, shards), e.g. gateway and max_concurrency. It is
 	// called at every open of /plan.
@@ -50,7 +50,7 @@ type Config struct {
 	// of NodeDispatchRetention bytes.
 	Dispatch *journal.Merged
 	// Files are more files at the root, after the standard ones.
-	Files []fsrv.Node
+	Files []fsrv.File
 	// Command, when set, sees every node command first (a line written to
 	// /ctl): handled false passes it on to the core. CommandUsage is
 	// added to /ctl's usage.
@@ -60,10 +60,10 @@ type Config struct {
 
 // Tree is the file tree of one node.
 type Tree struct {
-	node  *core.Node
+	node  *core.Scheduler
 	cfg   Config
 	root  *fsrv.Dir
-	top   []fsrv.Node
+	top   []fsrv.File
 	reg   *prometheus.Registry
 	local map[int]*shardFiles // fixed after New; files built on first use
 
@@ -85,7 +85,7 @@ type shardFiles struct {
 
 // New builds the tree of cfg.Node.
 func New(cfg Config) *Tree {
-	t := &Tree{node: cfg.Node, cfg: cfg, local: map[int]*shardFiles{}}
+	t := &Tree{node: cfg.Scheduler, cfg: cfg, local: map[int]*shardFiles{}}
 	if cfg.LeaseBackend == "" {
 		t.cfg.LeaseBackend = "local"
 	}
@@ -94,7 +94,7 @@ func New(cfg Config) *Tree {
 		t.dispatch = journal.NewMerged(orDefault(cfg.NodeDispatchRetention, 16<<20))
 	}
 	per := orDefault(cfg.DispatchRetention, 256<<10)
-	for _, id := range cfg.Node.Plan().Local {
+	for _, id := range cfg.Scheduler.Plan().Local {
 		t.local[id] = &shardFiles{id: id, dispatch: journal.New(per)}
 	}
 	t.reg = cfg.Registry
@@ -103,7 +103,7 @@ func New(cfg Config) *Tree {
 	}
 	t.events = newEventSeconds()
 	t.reg.MustRegister(&collector{t: t}, t.events.vec)
-	t.top = []fsrv.Node{
+	t.top = []fsrv.File{
 		&fsrv.Ctl{Name: "ctl", Handle: t.nodeCommand, Usage: func() string { return core.NodeUsage + cfg.CommandUsage }},
 		&fsrv.Log{Name: "events", Source: t.node.Events()},
 		&fsrv.Text{Name: "status", Content: t.status},
@@ -147,8 +147,8 @@ func (t *Tree) Registry() *prometheus.Registry { return t.reg }
 // shard that another node owns (etcd) is left out of the listing, and its
 // directory is still reachable by name (cat 7/state says STOPPED and its
 // diag stop_reason "not owned").
-func (t *Tree) list() []fsrv.Node {
-	out := append([]fsrv.Node(nil), t.top...)
+func (t *Tree) list() []fsrv.File {
+	out := append([]fsrv.File(nil), t.top...)
 	for _, d := range t.node.Snapshot(make([]core.Diag, 0, len(t.local))) {
 		if d.Owned() {
 			out = append(out, t.shardDir(t.local[d.Shard]))
@@ -157,8 +157,8 @@ func (t *Tree) list() []fsrv.Node {
 	return out
 }
 
-func (t *Tree) lookup(name string) fsrv.Node {
-	return LookupTop(t.top, name, func(id int) fsrv.Node {
+func (t *Tree) lookup(name string) fsrv.File {
+	return LookupTop(t.top, name, func(id int) fsrv.File {
 		if sf := t.local[id]; sf != nil {
 			return t.shardDir(sf)
 		}
@@ -169,9 +169,9 @@ func (t *Tree) lookup(name string) fsrv.Node {
 // LookupTop is what a tree root's Lookup does: the entry of top called
 // name, else, when name is a shard number as the tree lists it (no sign,
 // no leading zero), what shard returns for it, else nil.
-func LookupTop(top []fsrv.Node, name string, shard func(id int) fsrv.Node) fsrv.Node {
+func LookupTop(top []fsrv.File, name string, shard func(id int) fsrv.File) fsrv.File {
 	for _, n := range top {
-		if fsrv.NodeName(n) == name {
+		if fsrv.FileName(n) == name {
 			return n
 		}
 	}

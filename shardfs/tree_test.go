@@ -37,7 +37,7 @@ type env struct {
 	t    *testing.T
 	clk  *clock.Fake
 	tr   *coretest.Transport
-	node *core.Node
+	node *core.Scheduler
 	tree *Tree
 	srv  *fsrv.Server
 }
@@ -52,7 +52,7 @@ func newEnv(t *testing.T, opts ...func(*Config)) *env {
 		t.Fatal(err)
 	}
 	e.node = n
-	cfg := Config{Node: n, Info: func() [][2]string {
+	cfg := Config{Scheduler: n, Info: func() [][2]string {
 		return [][2]string{{"gateway", "wss://gateway.example"}, {"max_concurrency", "16"}}
 	}}
 	for _, o := range opts {

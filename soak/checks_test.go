@@ -103,7 +103,7 @@ func TestChecksCatch(t *testing.T) {
 	}
 	defer sim.Close()
 	c := &cluster{cfg: Config{}.withDefaults(), sim: sim, frames: frames, owners: own}
-	node := &Node{Name: "node1"}
+	node := &Process{Name: "node1"}
 
 	put := func(k, v string) {
 		t.Helper()

@@ -25,7 +25,7 @@ func TestNodeProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &Node{Name: "solo", bin: bin, env: []string{"SHARDFS_TOKEN=" + token},
+	n := &Process{Name: "solo", bin: bin, env: []string{"SHARDFS_TOKEN=" + token},
 		args: []string{"serve", "--flavor", "discord", "--api", "http://" + ln.Addr().String() + "/api/v10", "--total", "2", "--max-concurrency", "2", "--listen", "tcp!127.0.0.1!0"}}
 	frames := newFrameLog(portOf(ln.Addr().String()), func() map[int]string { return map[int]string{n.Pid(): n.Name} })
 	sim, err := gatewaysim.New(gatewaysim.Config{Listener: ln, Token: token, Shards: 2, MaxConcurrency: 2, HeartbeatInterval: time.Second, OnFrame: func(f gatewaysim.Frame) { frames.add(f) }})

@@ -165,7 +165,7 @@ type cluster struct {
 	sim     *gatewaysim.Server
 	etcd    *Etcd
 	proxies map[string]*Proxy
-	nodes   []*Node
+	nodes   []*Process
 	frames  *frameLog
 	owners  *owners
 	cli     *clientv3.Client
@@ -248,7 +248,7 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 	}
 	for i := range cfg.Nodes {
 		name := fmt.Sprintf("node%d", i+1)
-		n := &Node{
+		n := &Process{
 			Name: name,
 			bin:  cfg.Serve,
 			args: []string{"serve", "--flavor", "discord", "--api", c.sim.APIURL(),
@@ -308,13 +308,13 @@ func (c *cluster) close() {
 	}
 }
 
-func (c *cluster) setPaused(n *Node, p bool) {
+func (c *cluster) setPaused(n *Process, p bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.paused[n.Name] = p
 }
 
-func (c *cluster) isPaused(n *Node) bool {
+func (c *cluster) isPaused(n *Process) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.paused[n.Name]
@@ -328,7 +328,7 @@ func (c *cluster) isPaused(n *Node) bool {
 // returns how long that took.
 // A node in away (cut from etcd, draining) must run no shard at all: its
 // shards count only once READY elsewhere.
-func (c *cluster) converge(ctx context.Context, members []string, away *Node, d time.Duration) (time.Duration, error) {
+func (c *cluster) converge(ctx context.Context, members []string, away *Process, d time.Duration) (time.Duration, error) {
 	begin := time.Now()
 	deadline := begin.Add(d)
 	var last string
@@ -349,7 +349,7 @@ func (c *cluster) converge(ctx context.Context, members []string, away *Node, d 
 	}
 }
 
-func (c *cluster) converged(members []string, away *Node) (bool, string) {
+func (c *cluster) converged(members []string, away *Process) (bool, string) {
 	ready := make([][]string, c.cfg.Shards)
 	for _, n := range c.nodes {
 		if !n.Running() || c.isPaused(n) {
@@ -446,7 +446,7 @@ func (c *cluster) allNames() []string {
 
 type fault struct {
 	kind Kind
-	node *Node
+	node *Process
 	n    int
 	rng  *rand.Rand
 }
@@ -595,7 +595,7 @@ func (c *cluster) identifySlotsGone(ctx context.Context) (time.Duration, error) 
 }
 
 // checkFenced: a node cut from etcd past its deadline runs no shard.
-func (c *cluster) checkFenced(n *Node) error {
+func (c *cluster) checkFenced(n *Process) error {
 	text, err := n.Read("status")
 	if err != nil {
 		return err
@@ -613,7 +613,7 @@ func (c *cluster) checkFenced(n *Node) error {
 }
 
 // checkDrained: a drained node owns nothing.
-func (c *cluster) checkDrained(n *Node) error {
+func (c *cluster) checkDrained(n *Process) error {
 	return c.checkFenced(n)
 }
 

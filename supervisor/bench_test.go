@@ -52,9 +52,9 @@ func BenchmarkForwardedRead(b *testing.B) {
 	dir := b.TempDir()
 	childSock := filepath.Join(dir, "child.sock")
 	state := []byte("READY\n")
-	child := &fsrv.Dir{List: func() []fsrv.Node { return nil }}
+	child := &fsrv.Dir{List: func() []fsrv.File { return nil }}
 	shard := fsrv.NewDir("0", &fsrv.Text{Name: "state", Content: func() []byte { return state }})
-	child.List = func() []fsrv.Node { return []fsrv.Node{shard} }
+	child.List = func() []fsrv.File { return []fsrv.File{shard} }
 	serveUnix(b, child, childSock)
 
 	a, _ := ByProcesses(1, 1)

@@ -137,7 +137,7 @@ func (l *Link) Session(shard int, s core.Session, seq int64) {
 
 // Watch reports how many of the node's shards are READY each time that
 // changes, until ctx ends.
-func (l *Link) Watch(ctx context.Context, n *core.Node) {
+func (l *Link) Watch(ctx context.Context, n *core.Scheduler) {
 	events := n.Events()
 	diags := make([]core.Diag, 0, len(n.Plan().Local))
 	last := -1

@@ -58,7 +58,7 @@ type Tree struct {
 	log  *slog.Logger
 	clk  clock.Clock
 	root *fsrv.Dir
-	top  []fsrv.Node
+	top  []fsrv.File
 
 	dispatch *journal.Merged
 	events   *journal.Log
@@ -113,7 +113,7 @@ func NewTree(cfg TreeConfig) *Tree {
 				events:   journal.New(orDefault(cfg.EventRetention, 16<<10))}
 		}
 	}
-	t.top = []fsrv.Node{
+	t.top = []fsrv.File{
 		&fsrv.Ctl{Name: "ctl", Handle: t.ctl, Usage: func() string { return core.NodeUsage + "restart ID|all\n" }},
 		&fsrv.Text{Name: "children", Content: t.children},
 		&fsrv.Log{Name: "events", Source: t.events},
@@ -270,7 +270,7 @@ func eventShard(line []byte) (int, bool) {
 	return n, err == nil
 }
 
-func (t *Tree) list() []fsrv.Node {
+func (t *Tree) list() []fsrv.File {
 	out := slices.Clone(t.top)
 	ids := make([]int, 0, len(t.shards))
 	for id := range t.shards {
@@ -283,8 +283,8 @@ func (t *Tree) list() []fsrv.Node {
 	return out
 }
 
-func (t *Tree) lookup(name string) fsrv.Node {
-	return shardfs.LookupTop(t.top, name, func(id int) fsrv.Node {
+func (t *Tree) lookup(name string) fsrv.File {
+	return shardfs.LookupTop(t.top, name, func(id int) fsrv.File {
 		if sl := t.shards[id]; sl != nil {
 			return t.shardDir(sl)
 		}

@@ -351,7 +351,7 @@ func TestExamplesAgainstDemo(t *testing.T) {
 		t.Errorf("watch-states printed %q; want both shards going READY", out)
 	}
 	run([]string{"ROUNDS=1"}, "keep-lease.sh", tree, "30s", "1", "true")
-	if d, _ := d.Node.Node.Diag(1); d.Lease.Deadline.IsZero() {
+	if d, _ := d.Node.Scheduler.Diag(1); d.Lease.Deadline.IsZero() {
 		t.Errorf("after keep-lease.sh shard 1 has no lease")
 	}
 	run([]string{"ROUNDS=1"}, "keep-lease.sh", tree, "30s", "1", "false")
@@ -364,7 +364,7 @@ func TestExamplesAgainstDemo(t *testing.T) {
 	}
 	d.Sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultDrop})
 	waitDemo(t, d, "shard 1 in BACKOFF", func() bool {
-		diag, _ := d.Node.Node.Diag(1)
+		diag, _ := d.Node.Scheduler.Diag(1)
 		return diag.State == core.Backoff
 	})
 	if out := run(nil, "reset-stuck.sh", tree, "0"); out != "1\n" {
@@ -373,7 +373,7 @@ func TestExamplesAgainstDemo(t *testing.T) {
 	run(nil, "wait-ready.sh", tree, "60")
 	// The drop is one reconnect and reset-stuck's reset of the BACKOFF
 	// shard another (a reset always counts), then one resume.
-	if diag, _ := d.Node.Node.Diag(1); diag.Reconnects != 2 || diag.Resumes != 1 {
+	if diag, _ := d.Node.Scheduler.Diag(1); diag.Reconnects != 2 || diag.Resumes != 1 {
 		t.Errorf("shard 1 came back with %d reconnects and %d resumes; want 2 and 1", diag.Reconnects, diag.Resumes)
 	}
 }

@@ -256,8 +256,8 @@ func progress(ctx context.Context, n *node.Node, log *slog.Logger, status func(l
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	start := time.Now()
-	diags := make([]core.Diag, 0, len(n.Node.Plan().Local))
-	events := n.Node.Events()
+	diags := make([]core.Diag, 0, len(n.Scheduler.Plan().Local))
+	events := n.Scheduler.Events()
 	var line string
 	for {
 		cur, _ := n.Current() // after a move to a larger plan, the new one

@@ -93,7 +93,7 @@ func (noConn) Identify()         {}
 
 // newNoTokenNode assembles the core and tree of a node without a token;
 // nothing has started.
-func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Node, *noToken, *shardfs.Tree, error) {
+func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Scheduler, *noToken, *shardfs.Tree, error) {
 	total, _ := strconv.Atoi(s.Total)
 	if total == 0 {
 		total = 1
@@ -107,7 +107,7 @@ func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Node, *noToke
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	tree := shardfs.New(shardfs.Config{Node: n, Logger: log, Info: func() [][2]string { return [][2]string{{"token", "none"}} }})
+	tree := shardfs.New(shardfs.Config{Scheduler: n, Logger: log, Info: func() [][2]string { return [][2]string{{"token", "none"}} }})
 	return n, tr, tree, nil
 }
 

@@ -94,9 +94,9 @@ func (c *childLink) started(ctx context.Context, n *node.Node, ls []listener, lo
 	if err := c.Ready(socket); err != nil {
 		log.Error("telling the supervisor this child is ready", "err", err)
 	}
-	c.wg.Go(func() { c.Watch(ctx, n.Node) })
+	c.wg.Go(func() { c.Watch(ctx, n.Scheduler) })
 	c.wg.Go(func() { c.Copy(c.copying, n.Tree.NodeDispatchLog()) })
-	c.wg.Go(func() { c.Copy(c.copying, n.Node.Events()) })
+	c.wg.Go(func() { c.Copy(c.copying, n.Scheduler.Events()) })
 }
 
 func (c *childLink) Close() {

@@ -27,7 +27,7 @@ func TestSupervisedChildRefusesMoves(t *testing.T) {
 	if err := ctl.Handle("reshard 4"); err != nil {
 		t.Fatalf("reshard 4 = %v; want it taken, refused in the background", err)
 	}
-	events := n.Node.Events()
+	events := n.Scheduler.Events()
 	timeout := time.After(10 * time.Second)
 	for {
 		notify := events.Notify()
@@ -45,7 +45,7 @@ func TestSupervisedChildRefusesMoves(t *testing.T) {
 			t.Fatal("no reshard-refused line within 10s")
 		}
 	}
-	if c, _ := n.Current(); c != n.Node {
+	if c, _ := n.Current(); c != n.Scheduler {
 		t.Fatal("the child moved to another plan")
 	}
 }

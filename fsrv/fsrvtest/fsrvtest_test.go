@@ -21,7 +21,7 @@ func text(name, s string) *fsrv.Text {
 func TestTreeOfEveryKind(t *testing.T) {
 	events := journal.New(1 << 10)
 	events.Append([]byte("ts=1 event=ready\n"), time.Unix(1796022000, 0))
-	var shards []fsrv.Node
+	var shards []fsrv.File
 	for i := range 3 {
 		shards = append(shards, fsrv.NewDir(fmt.Sprint(i),
 			text("state", "READY\n"),
@@ -31,8 +31,8 @@ func TestTreeOfEveryKind(t *testing.T) {
 		))
 	}
 	root := &fsrv.Dir{
-		List: func() []fsrv.Node {
-			return append([]fsrv.Node{
+		List: func() []fsrv.File {
+			return append([]fsrv.File{
 				text("status", "0 READY 12 0 41\n"),
 				&fsrv.Log{Name: "events", Source: events},
 				text("empty", ""),
@@ -42,6 +42,6 @@ func TestTreeOfEveryKind(t *testing.T) {
 	// The nodes are made anew at every List above, which would change
 	// their QID paths; a tree keeps them.
 	list := root.List()
-	root.List = func() []fsrv.Node { return list }
+	root.List = func() []fsrv.File { return list }
 	TestTree(t, root, "status", "events", "0/state", "2/ctl")
 }

@@ -20,7 +20,7 @@ import (
 )
 
 // Shards is the part of the lifecycle core the ownership layer drives
-// (core.Node): grants of ownership and planned handovers.
+// (core.Scheduler): grants of ownership and planned handovers.
 type Shards interface {
 	SetLease(core.LeaseGrant)
 	Handover(id int) (saved bool, err error)

@@ -17,7 +17,7 @@ import (
 	"github.com/shardfs/shardfs/wire"
 )
 
-// Config configures a Node. Only Plan and Transport are required.
+// Config configures a Scheduler. Only Plan and Transport are required.
 type Config struct {
 	Plan      Plan
 	Flavor    Flavor
@@ -68,7 +68,7 @@ type Config struct {
 	// OnFatal, when set, is told of every shard that goes FATAL and the
 	// close code that sent it there (0 when none), e.g. 4011 for a bot
 	// that has outgrown its plan. It runs under that shard's lock: it must
-	// return at once and not call the Node.
+	// return at once and not call the Scheduler.
 	OnFatal func(shard, code int)
 	// Events, when set, is the node's events log (the tree's /events), so
 	// that a plan that replaces another carries on the same log; nil means
@@ -80,8 +80,8 @@ type Config struct {
 // failure count starts again from zero.
 const ReadyReset = 60 * time.Second
 
-// Node runs the local shards of a plan.
-type Node struct {
+// Scheduler runs the local shards of a plan.
+type Scheduler struct {
 	plan      Plan
 	flavor    Flavor
 	transport Transport
@@ -116,14 +116,14 @@ type Node struct {
 
 // New validates the plan and returns a node whose shards are all ASSIGNED.
 // Nothing connects until Start.
-func New(cfg Config) (*Node, error) {
+func New(cfg Config) (*Scheduler, error) {
 	if err := cfg.Plan.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Transport == nil {
 		return nil, errors.New("core: Config.Transport is nil")
 	}
-	n := &Node{
+	n := &Scheduler{
 		plan:      Plan{Total: cfg.Plan.Total, Local: cfg.Plan.sorted()},
 		flavor:    cfg.Flavor,
 		transport: cfg.Transport,
@@ -196,7 +196,7 @@ func New(cfg Config) (*Node, error) {
 // budgetNote logs an identify-budget threshold to the node's events and
 // to those of the shard whose slot crossed it. It runs under the pacer's
 // lock, and perhaps under that shard's: it takes neither.
-func (n *Node) budgetNote(b BudgetNote) {
+func (n *Scheduler) budgetNote(b BudgetNote) {
 	now := n.clock.Now()
 	level := slog.LevelInfo
 	if b.Mark == "reserve" {
@@ -227,7 +227,7 @@ func orDefault(v, def int) int {
 // the Unix time in milliseconds, so that a restart does not reuse one
 // either (the count runs ahead of the clock only while more than one new
 // session a millisecond starts, far beyond what identify pacing allows).
-func (n *Node) nextEpoch(prev uint64, now time.Time) uint64 {
+func (n *Scheduler) nextEpoch(prev uint64, now time.Time) uint64 {
 	for {
 		last := n.epoch.Load()
 		e := max(last+1, prev+1, uint64(now.UnixMilli()))
@@ -238,19 +238,19 @@ func (n *Node) nextEpoch(prev uint64, now time.Time) uint64 {
 }
 
 // Plan returns the node's plan, local IDs in ascending order.
-func (n *Node) Plan() Plan { return n.plan }
+func (n *Scheduler) Plan() Plan { return n.plan }
 
 // Flavor returns the gateway flavor.
-func (n *Node) Flavor() Flavor { return n.flavor }
+func (n *Scheduler) Flavor() Flavor { return n.flavor }
 
 // Clock returns the node's clock.
-func (n *Node) Clock() clock.Clock { return n.clock }
+func (n *Scheduler) Clock() clock.Clock { return n.clock }
 
 // Events returns the node's events log (every local shard's lines).
-func (n *Node) Events() *journal.Log { return n.events }
+func (n *Scheduler) Events() *journal.Log { return n.events }
 
 // ShardEvents returns one shard's events log.
-func (n *Node) ShardEvents(id int) (*journal.Log, error) {
+func (n *Scheduler) ShardEvents(id int) (*journal.Log, error) {
 	s, err := n.shard(id)
 	if err != nil {
 		return nil, err
@@ -258,7 +258,7 @@ func (n *Node) ShardEvents(id int) (*journal.Log, error) {
 	return s.events, nil
 }
 
-func (n *Node) shard(id int) (*shard, error) {
+func (n *Scheduler) shard(id int) (*shard, error) {
 	if s := n.shards[id]; s != nil {
 		return s, nil
 	}
@@ -269,7 +269,7 @@ func (n *Node) shard(id int) (*shard, error) {
 // are requested in that order. With a session store, each shard's snapshot
 // is loaded first (many at a time), and Start returns once every shard has
 // been started.
-func (n *Node) Start() {
+func (n *Scheduler) Start() {
 	if n.sessions == nil {
 		for _, s := range n.order {
 			s.startAssigned()
@@ -283,7 +283,7 @@ func (n *Node) Start() {
 // stay resumable) and refuses further commands. FATAL shards stay FATAL.
 // With a session store it saves, all at once, the snapshot of every shard
 // whose session stays resumable, and returns when the saves have ended.
-func (n *Node) Close() {
+func (n *Scheduler) Close() {
 	if n.closed.Swap(true) {
 		return
 	}
@@ -297,7 +297,7 @@ func (n *Node) Close() {
 }
 
 // Diag returns a snapshot of one shard's diagnostics.
-func (n *Node) Diag(id int) (Diag, error) {
+func (n *Scheduler) Diag(id int) (Diag, error) {
 	s, err := n.shard(id)
 	if err != nil {
 		return Diag{}, err
@@ -307,7 +307,7 @@ func (n *Node) Diag(id int) (Diag, error) {
 
 // Snapshot appends every local shard's diagnostics, in shard order, to dst.
 // It locks one shard at a time, so it never stops the node.
-func (n *Node) Snapshot(dst []Diag) []Diag {
+func (n *Scheduler) Snapshot(dst []Diag) []Diag {
 	now := n.clock.Now()
 	for _, s := range n.order {
 		dst = append(dst, s.diag(now))
@@ -317,7 +317,7 @@ func (n *Node) Snapshot(dst []Diag) []Diag {
 
 // ExecNode parses and applies one line written to the node's ctl file. A
 // refused line is logged to the node's events with its reason.
-func (n *Node) ExecNode(line string) error {
+func (n *Scheduler) ExecNode(line string) error {
 	c, err := ParseCommand(line)
 	if err == nil {
 		err = n.Apply(c)
@@ -330,7 +330,7 @@ func (n *Node) ExecNode(line string) error {
 
 // ExecShard parses and applies one line written to shard id's ctl file. A
 // refused line is logged to that shard's events and the node's.
-func (n *Node) ExecShard(id int, line string) error {
+func (n *Scheduler) ExecShard(id int, line string) error {
 	s, err := n.shard(id)
 	if err != nil {
 		return err
@@ -419,7 +419,7 @@ func rejectReason(err error) string {
 // reject logs a refused command, clipped, with the reason, unless the
 // shard (or the node's ctl) has had its burst of refusal lines in this
 // window; see rejectLimiter.
-func (n *Node) reject(s *shard, line string, err error) {
+func (n *Scheduler) reject(s *shard, line string, err error) {
 	id := -1
 	if s != nil {
 		id = s.id
@@ -435,7 +435,7 @@ func (n *Node) reject(s *shard, line string, err error) {
 	n.logReject(s, e, now)
 }
 
-func (n *Node) logReject(s *shard, e *eventLine, now time.Time) {
+func (n *Scheduler) logReject(s *shard, e *eventLine, now time.Time) {
 	b := e.finish(n.log)
 	if s != nil {
 		s.events.Append(b, now)
@@ -476,7 +476,7 @@ type rejectWindowState struct {
 
 // admit reports whether a refusal of shard id (nil s and -1 for the node)
 // at now may be logged, and counts it otherwise.
-func (l *rejectLimiter) admit(n *Node, s *shard, id int, now time.Time) bool {
+func (l *rejectLimiter) admit(n *Scheduler, s *shard, id int, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.keys == nil {
@@ -519,7 +519,7 @@ func (l *rejectLimiter) admit(n *Node, s *shard, id int, now time.Time) bool {
 }
 
 // flushLocked logs how many refusals the window suppressed, if any.
-func (l *rejectLimiter) flushLocked(n *Node, s *shard, id int, w *rejectWindowState, now time.Time) {
+func (l *rejectLimiter) flushLocked(n *Scheduler, s *shard, id int, w *rejectWindowState, now time.Time) {
 	if w.suppressed == 0 {
 		return
 	}
@@ -532,7 +532,7 @@ func (l *rejectLimiter) flushLocked(n *Node, s *shard, id int, w *rejectWindowSt
 // Apply applies a parsed command. Named shards must all exist and the
 // command must apply to each of them, or nothing is done; with All, shards
 // the command does not apply to are skipped.
-func (n *Node) Apply(c Command) error {
+func (n *Scheduler) Apply(c Command) error {
 	if n.closed.Load() {
 		return fmt.Errorf("%w: the node is shutting down", ErrBusy)
 	}
@@ -573,7 +573,7 @@ func (n *Node) Apply(c Command) error {
 	return nil
 }
 
-func (n *Node) applyLease(c Command, targets []*shard) error {
+func (n *Scheduler) applyLease(c Command, targets []*shard) error {
 	if n.lease == nil {
 		return fmt.Errorf("%w: lease commands are not available", ErrNoLease)
 	}
@@ -601,7 +601,7 @@ func (n *Node) applyLease(c Command, targets []*shard) error {
 // events: no grant is applied, so no shard changes. The error wraps no
 // sentinel (an I/O error to 9P clients), like a backend's own errors: the
 // command was fine, the backend was not.
-func (n *Node) callLease(c Command, ids []int) (grants []LeaseGrant, err error) {
+func (n *Scheduler) callLease(c Command, ids []int) (grants []LeaseGrant, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			now := n.clock.Now()
@@ -623,7 +623,7 @@ func (n *Node) callLease(c Command, ids []int) (grants []LeaseGrant, err error) 
 // identify 2, resume 6), at most MaxPayload bytes. It goes out at once when
 // the shard's budget allows, or waits in a bounded queue. A refused command
 // is logged to the shard's events and the node's.
-func (n *Node) Send(id int, payload []byte) error {
+func (n *Scheduler) Send(id int, payload []byte) error {
 	s, err := n.shard(id)
 	if err != nil {
 		return err
@@ -635,7 +635,7 @@ func (n *Node) Send(id int, payload []byte) error {
 	return nil
 }
 
-func (n *Node) checkAndSend(s *shard, payload []byte) error {
+func (n *Scheduler) checkAndSend(s *shard, payload []byte) error {
 	if len(payload) > MaxPayload {
 		return fmt.Errorf("%w: %d bytes; the gateway takes at most %d", ErrTooLarge, len(payload), MaxPayload)
 	}

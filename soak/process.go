@@ -16,9 +16,9 @@ import (
 	"github.com/hugelgupf/p9/p9"
 )
 
-// Node is one `shardfs serve --etcd` child process and a 9P connection to
+// Process is one `shardfs serve --etcd` child process and a 9P connection to
 // its tree.
-type Node struct {
+type Process struct {
 	Name string
 
 	bin  string
@@ -37,7 +37,7 @@ type Node struct {
 }
 
 // Start runs serve and waits, at most ReadyTimeout, for its 9P listener.
-func (n *Node) Start(ctx context.Context) error {
+func (n *Process) Start(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.runningLocked() {
@@ -73,7 +73,7 @@ func (n *Node) Start(ctx context.Context) error {
 // slow, and one that is paused never answers.
 const opTimeout = 5 * time.Second
 
-func (n *Node) connectLocked() error {
+func (n *Process) connectLocked() error {
 	conn, err := net.DialTimeout("tcp", n.addr, opTimeout)
 	if err != nil {
 		return fmt.Errorf("%s: 9P: %w", n.Name, err)
@@ -95,7 +95,7 @@ func (n *Node) connectLocked() error {
 
 // rootFor returns the attached root with a fresh deadline on the
 // connection, reconnecting after a failed operation.
-func (n *Node) rootFor() (p9.File, error) {
+func (n *Process) rootFor() (p9.File, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.runningLocked() {
@@ -112,7 +112,7 @@ func (n *Node) rootFor() (p9.File, error) {
 
 // failed drops the connection after an operation failed, so that the next
 // one starts afresh.
-func (n *Node) failed() {
+func (n *Process) failed() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.closeClientLocked()
@@ -140,7 +140,7 @@ func waitListener(ctx context.Context, st *tail, done <-chan struct{}) (string, 
 	}
 }
 
-func (n *Node) runningLocked() bool {
+func (n *Process) runningLocked() bool {
 	if n.done == nil {
 		return false
 	}
@@ -153,14 +153,14 @@ func (n *Node) runningLocked() bool {
 }
 
 // Running reports whether the process is alive (a paused one is).
-func (n *Node) Running() bool {
+func (n *Process) Running() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.runningLocked()
 }
 
 // Pid is the process id of the current run, 0 when none runs.
-func (n *Node) Pid() int {
+func (n *Process) Pid() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.runningLocked() {
@@ -170,7 +170,7 @@ func (n *Node) Pid() int {
 }
 
 // Signal sends sig to the running process.
-func (n *Node) Signal(sig syscall.Signal) error {
+func (n *Process) Signal(sig syscall.Signal) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.runningLocked() {
@@ -181,7 +181,7 @@ func (n *Node) Signal(sig syscall.Signal) error {
 
 // Stop sends sig and waits, at most d, for the process to end; then it
 // kills it. It reports an exit other than 0 after SIGTERM or SIGINT.
-func (n *Node) Stop(sig syscall.Signal, d time.Duration) error {
+func (n *Process) Stop(sig syscall.Signal, d time.Duration) error {
 	n.mu.Lock()
 	cmd, done, running := n.cmd, n.done, n.runningLocked()
 	n.closeClientLocked()
@@ -203,7 +203,7 @@ func (n *Node) Stop(sig syscall.Signal, d time.Duration) error {
 	return nil
 }
 
-func (n *Node) closeClientLocked() {
+func (n *Process) closeClientLocked() {
 	if n.client != nil {
 		n.client.Close()
 		n.client, n.root, n.conn = nil, nil, nil
@@ -211,7 +211,7 @@ func (n *Node) closeClientLocked() {
 }
 
 // Log is what the current run has written to stderr (its last MiB).
-func (n *Node) Log() string {
+func (n *Process) Log() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.stderr == nil {
@@ -221,7 +221,7 @@ func (n *Node) Log() string {
 }
 
 // Read reads a file of the node's tree whole.
-func (n *Node) Read(path string) (string, error) {
+func (n *Process) Read(path string) (string, error) {
 	s, err := n.read(path)
 	if err != nil {
 		n.failed()
@@ -229,7 +229,7 @@ func (n *Node) Read(path string) (string, error) {
 	return s, err
 }
 
-func (n *Node) read(path string) (string, error) {
+func (n *Process) read(path string) (string, error) {
 	root, err := n.rootFor()
 	if err != nil {
 		return "", err
@@ -258,7 +258,7 @@ func (n *Node) read(path string) (string, error) {
 }
 
 // Write writes text to a file of the node's tree (a ctl file).
-func (n *Node) Write(path, text string) error {
+func (n *Process) Write(path, text string) error {
 	err := n.write(path, text)
 	if err != nil {
 		n.failed()
@@ -266,7 +266,7 @@ func (n *Node) Write(path, text string) error {
 	return err
 }
 
-func (n *Node) write(path, text string) error {
+func (n *Process) write(path, text string) error {
 	root, err := n.rootFor()
 	if err != nil {
 		return err

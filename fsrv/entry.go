@@ -8,15 +8,15 @@ import (
 	"time"
 )
 
-// A Node is one file or directory of the tree: a *Dir, *Text, *Ctl or *Log.
+// A File is one file or directory of the tree: a *Dir, *Text, *Ctl or *Log.
 //
 // A node's identity is its pointer. Its QID path (the inode number Linux
 // shows, and what tail -f and the kernel's caches key on) is taken from a
 // process-wide counter the first time the node is served and never changes,
 // so Dir.List and Dir.Lookup must return the same pointer for the same file
-// every time; a new pointer is a new file. Nodes must not be copied after
+// every time; a new pointer is a new file. Files must not be copied after
 // first use.
-type Node interface {
+type File interface {
 	base() *entry
 }
 
@@ -35,12 +35,12 @@ type Dir struct {
 	// through the directory. A nil List is an empty directory. It must not
 	// block and may be called concurrently. Entries must have distinct,
 	// non-empty names without '/' and other than "." and "..".
-	List func() []Node
+	List func() []File
 
 	// Lookup returns the entry called name, or nil if there is none.
 	// Optional: when nil, a walk searches List(). Set it when List is
 	// expensive, for example a directory with an entry per shard.
-	Lookup func(name string) Node
+	Lookup func(name string) File
 
 	// Private hides the directory from read-only connections (see
 	// Server.Serve and Listen's ,ro option): it is absent from their
@@ -51,8 +51,8 @@ type Dir struct {
 }
 
 // NewDir returns a directory with a fixed list of entries.
-func NewDir(name string, entries ...Node) *Dir {
-	return &Dir{Name: name, List: func() []Node { return entries }}
+func NewDir(name string, entries ...File) *Dir {
+	return &Dir{Name: name, List: func() []File { return entries }}
 }
 
 // Text is a read-only file whose content is computed when it is opened.
@@ -221,7 +221,7 @@ var digestSeed = maphash.MakeSeed()
 func digest(b []byte) uint64 { return maphash.Bytes(digestSeed, b) }
 
 // dirDigest covers the names and identities of a directory's entries.
-func dirDigest(list []Node) uint64 {
+func dirDigest(list []File) uint64 {
 	var h maphash.Hash
 	h.SetSeed(digestSeed)
 	var buf [8]byte
@@ -229,15 +229,15 @@ func dirDigest(list []Node) uint64 {
 		if n == nil {
 			continue
 		}
-		h.WriteString(NodeName(n))
+		h.WriteString(FileName(n))
 		binary.LittleEndian.PutUint64(buf[:], n.base().qidPath())
 		h.Write(buf[:])
 	}
 	return h.Sum64()
 }
 
-// NodeName is the name of a tree entry, or "" for a Node of another type.
-func NodeName(n Node) string {
+// FileName is the name of a tree entry, or "" for a File of another type.
+func FileName(n File) string {
 	switch n := n.(type) {
 	case *Dir:
 		return n.Name
@@ -252,7 +252,7 @@ func NodeName(n Node) string {
 }
 
 // isPrivate reports whether n is hidden from read-only connections.
-func isPrivate(n Node) bool {
+func isPrivate(n File) bool {
 	switch n := n.(type) {
 	case *Dir:
 		return n.Private
@@ -267,7 +267,7 @@ func isPrivate(n Node) bool {
 }
 
 // lookup finds the entry called name in d.
-func (d *Dir) lookup(name string) Node {
+func (d *Dir) lookup(name string) File {
 	if name == "" || name == "." || name == ".." {
 		return nil
 	}
@@ -278,7 +278,7 @@ func (d *Dir) lookup(name string) Node {
 		return nil
 	}
 	for _, n := range d.list() {
-		if NodeName(n) == name {
+		if FileName(n) == name {
 			return n
 		}
 	}
@@ -286,7 +286,7 @@ func (d *Dir) lookup(name string) Node {
 }
 
 // list returns d's entries without nil ones.
-func (d *Dir) list() []Node {
+func (d *Dir) list() []File {
 	if d.List == nil {
 		return nil
 	}
@@ -294,7 +294,7 @@ func (d *Dir) list() []Node {
 	for i, n := range list {
 		if isNil(n) {
 			// Copy rather than filter in place: the slice is the caller's.
-			out := make([]Node, 0, len(list)-1)
+			out := make([]File, 0, len(list)-1)
 			out = append(out, list[:i]...)
 			for _, n := range list[i+1:] {
 				if !isNil(n) {
@@ -309,7 +309,7 @@ func (d *Dir) list() []Node {
 
 // isNil reports whether n is nil or a typed nil pointer, which callbacks
 // return easily (a nil *Dir from a map lookup).
-func isNil(n Node) bool {
+func isNil(n File) bool {
 	switch n := n.(type) {
 	case nil:
 		return true
