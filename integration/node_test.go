@@ -17,9 +17,9 @@ import (
 // testNode is the shardfs node the guest mounts, served by the test
 // process.
 type testNode struct {
-	Scheduler   *core.Scheduler
-	Tree   *shardfs.Tree
-	Server *fsrv.Server
+	Scheduler *core.Scheduler
+	Tree      *shardfs.Tree
+	Server    *fsrv.Server
 	// Inject makes a READY shard's connection fail once and returns text
 	// that the resulting line of the shard's events contains.
 	Inject func(shard, n int) string

@@ -115,7 +115,7 @@ type Node struct {
 	Transport *gateway.Transport
 	Pacer     *core.Pacer
 	Lease     *local.Lease
-	Scheduler      *core.Scheduler
+	Scheduler *core.Scheduler
 	Tree      *shardfs.Tree
 	Server    *fsrv.Server
 	// Fleet is the node's part in a fleet (Config.Etcd), else nil.
