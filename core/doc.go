@@ -50,52 +50,14 @@
 //   - Nothing connects after Close: a lease grant or a command that
 //     arrives later leaves the shard STOPPED.
 //
-// What the commands do, where DESIGN.md is silent or the core departs from
-// it (README "Commands" says the same for operators):
-//
-//   - reset, accepted in STARTING, READY and BACKOFF, always enters
-//     BACKOFF with err="operator reset", counts one reconnect and
-//     reconnects at once (resuming when the resume rule allows); from
-//     BACKOFF it cuts the wait short. It does not touch the failure count.
-//   - identify (close 1000) is not a failure and counts no reconnect.
-//   - The operator's start, retry and identify start the failure count
-//     again.
-//   - A FATAL close ends the session: retry identifies.
-//   - A command that does not apply to a shard's state (reset of a FATAL
-//     shard, retry of a READY one) is refused with ErrBusy when the shard
-//     was named, and skipped when "all" was; stop of a stopped shard and
-//     start of a running one succeed and do nothing.
-//   - Departure: the default backoff retries the first failure of a
-//     resumable session within 100 ms (uniform, see Exponential), not after
-//     5 s, because a resume costs no identify budget and sessions expire
-//     within minutes; fixed:5s restores the bare-metal delay.
-//   - Departure: a request to reconnect at once (op 7) is honoured at once
-//     only from a shard READY for ImmediateAfter (5 s); sooner, the backoff
-//     policy decides, so that a gateway repeating it cannot drive a busy
-//     loop.
-//   - The failure count starts again when a session that was READY for
-//     ReadyReset (60 s) ends, however it ends (op 7 honoured at once, a
-//     reset, a stop included).
-//   - After MaxFailedResumes (3) resumes in a row fail once their Resume
-//     went out (the transport reported PhaseResume), the shard gives the
-//     session up and identifies, with an event=new-session line; a dial
-//     that fails before the Resume is not counted, so a network outage does
-//     not turn into identifies.
-//
-// Diagnostics: attempt counts every attempt to get a session over the
-// node's life (a start, a retry after BACKOFF, op 9), 1-based, never reset
-// by a command; during a retry delay it names the attempt that ended.
-// recovery_phase is recovery from the moment a READY session ends.
-// heartbeat_misses is the count on the current connection and
-// heartbeat_misses_total the count over the shard's run, from
-// Link.HeartbeatMissed. Each lease command runs alone, from the backend's
-// answer to the shards.
-//
-// A refused command's events line is at most 256 bytes (the command
-// clipped to 128); at most 10 refusal lines per window per shard, and for
-// the node's ctl, the rest summed up in one rejected-suppressed line at the
-// window's end; the window doubles, up to an hour, while refusals keep
-// coming, so that junk cannot push out the lines that explain a failure.
+// What each command does, the states that refuse it (ErrBusy when the
+// shard was named, skipped under "all"), and where the backoff departs
+// from the bare-metal design are stated once, for operators, in the
+// tree's reference: doc/shardfs.4.md, sections "Shard commands" and
+// "Failures and backoff". The values live in Exponential, ImmediateAfter,
+// ReadyReset and MaxFailedResumes; the diag keys and the refusal lines
+// (their size, their count per window) are in the same page. Each lease
+// command runs alone, from the backend's answer to the shards.
 //
 // Queued /N/send commands belong to the connection they were accepted on:
 // whatever closes it or ends its session drops them with one send-dropped
