@@ -26,6 +26,7 @@ import (
 type tree struct {
 	files     map[string]string // path (shard directories as /N) -> mode word
 	private   map[string]bool   // not on a read-only listener
+	content   map[string][]byte // what a text file holds now
 	nodeCmds  []string          // usage lines of /ctl
 	shardCmds []string          // usage lines of /N/ctl
 }
@@ -65,9 +66,50 @@ func TestReference(t *testing.T) {
 				t.Errorf("shardfs.4.md names %s for the %s tree, which has no such file", p, kind)
 			}
 		}
+		for _, p := range sortedKeys(got.content) {
+			if !strings.Contains(ref.entry[p], "key-value") {
+				continue
+			}
+			for line := range strings.Lines(string(got.content[p])) {
+				key, _, _ := strings.Cut(line, " ")
+				if !mentions(ref.entry[p], key) {
+					t.Errorf("the %s tree's %s shows key %q, which its entry in shardfs.4.md does not name", kind, p, key)
+				}
+			}
+		}
 		diff(t, kind+" tree's /ctl", got.nodeCmds, want.nodeCmds)
 		diff(t, kind+" tree's /N/ctl", got.shardCmds, want.shardCmds)
 	}
+}
+
+// TestReferenceSections: the reference reads as a section-4 manual page
+// does, its sections in the usual order.
+func TestReferenceSections(t *testing.T) {
+	b, err := os.ReadFile("shardfs.4.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			got = append(got, h)
+		}
+	}
+	want := []string{"NAME", "SYNOPSIS", "DESCRIPTION", "EXAMPLES", "FILES", "SEE ALSO", "BUGS"}
+	if !slices.Equal(got, want) {
+		t.Errorf("shardfs.4.md sections = %q; want %q", got, want)
+	}
+}
+
+// mentions says whether an entry names key in a code span: `key`, or
+// `key ...` (a line such as `child ID STATE`).
+func mentions(entry, key string) bool {
+	for _, m := range codeSpan.FindAllStringSubmatch(entry, -1) {
+		if m[1] == key || strings.HasPrefix(m[1], key+" ") {
+			return true
+		}
+	}
+	return false
 }
 
 func diff(t *testing.T, what string, got, want []string) {
@@ -131,7 +173,7 @@ func superviseRoot(t *testing.T) *fsrv.Dir {
 // walk lists a tree: every file under its path, shard directories as /N
 // (shard 0's stands for all), and the usage of its ctl files.
 func walk(t *testing.T, root *fsrv.Dir) tree {
-	out := tree{files: map[string]string{}, private: map[string]bool{}}
+	out := tree{files: map[string]string{}, private: map[string]bool{}, content: map[string][]byte{}}
 	var visit func(dir string, d *fsrv.Dir)
 	visit = func(dir string, d *fsrv.Dir) {
 		for _, f := range d.List() {
@@ -147,6 +189,8 @@ func walk(t *testing.T, root *fsrv.Dir) tree {
 			switch f := f.(type) {
 			case *fsrv.Dir:
 				visit(p, f)
+			case *fsrv.Text:
+				out.content[p] = f.Content()
 			case *fsrv.Ctl:
 				if f.Usage == nil {
 					break
@@ -203,6 +247,7 @@ func mode(f fsrv.File) (string, bool) {
 type reference struct {
 	files     map[string]map[string]string // mark -> path -> mode
 	private   map[string]bool
+	entry     map[string]string   // path -> the entry's text
 	nodeCmds  map[string][]string // mark -> usage lines
 	shardCmds []string
 }
@@ -237,7 +282,7 @@ func parseReference(t *testing.T, name string) reference {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	ref := reference{files: map[string]map[string]string{}, private: map[string]bool{}, nodeCmds: map[string][]string{}}
+	ref := reference{files: map[string]map[string]string{}, private: map[string]bool{}, entry: map[string]string{}, nodeCmds: map[string][]string{}}
 	var section, sub string
 	var item []string // the lines of the list item being read
 	flush := func() {
@@ -277,6 +322,7 @@ func parseReference(t *testing.T, name string) reference {
 			}
 			ref.files[m[3]][m[1]] = m[2]
 			ref.private[m[1]] = strings.Contains(text, "not on a read-only listener")
+			ref.entry[m[1]] += text
 		}
 	}
 	sc := bufio.NewScanner(f)
