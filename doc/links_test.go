@@ -28,6 +28,8 @@ var (
 	// repository: one of its top-level folders, then more.
 	repoPath = regexp.MustCompile("(?:^|[\\s`(])((?:[a-z][a-z0-9_.-]*/)+[A-Za-z0-9_.-]+\\.(?:md|go|sh|service|txt))\\b")
 	fence    = regexp.MustCompile("^\\s*```")
+	// A section named in the text: see "A fleet", (above, "The tree").
+	quoted = regexp.MustCompile(`(?i)(?:\bsee|above,|below,) "([^"]+)"`)
 )
 
 // pages are README.md and every page of doc/, relative to the repository.
@@ -90,6 +92,9 @@ func TestLinks(t *testing.T) {
 			if !anchors[rel][anchor] {
 				t.Errorf("%s links to %s: %s has no heading #%s", page, target, rel, anchor)
 			}
+		}
+		for _, m := range quoted.FindAllStringSubmatch(text, -1) {
+			t.Errorf("%s names the section %q in words: link to it (page.md#anchor), so that a test sees it move", page, m[1])
 		}
 		for _, m := range repoPath.FindAllStringSubmatch(text, -1) {
 			p := m[1]
