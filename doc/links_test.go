@@ -166,3 +166,38 @@ func TestSlugs(t *testing.T) {
 		t.Errorf("slugs took a comment in a code block for a heading")
 	}
 }
+
+// TestFrontDoor: the README's first code block is the two commands a fresh
+// machine needs, the demo and the whole test suite, and the README stays
+// a front door rather than the manual.
+func TestFrontDoor(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var block []string
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if fence.MatchString(line) {
+			if in {
+				break
+			}
+			in = true
+			continue
+		}
+		if in {
+			cmd, _, _ := strings.Cut(line, "#")
+			block = append(block, strings.TrimSpace(cmd))
+		}
+	}
+	want := []string{"go run ./cmd/shardfs demo", "./test.sh"}
+	if strings.Join(block, "\n") != strings.Join(want, "\n") {
+		t.Errorf("README's first code block = %q; want %q", block, want)
+	}
+	if fi, err := os.Stat("../test.sh"); err != nil || fi.Mode()&0o111 == 0 {
+		t.Errorf("test.sh is not an executable file: %v", err)
+	}
+	if n := strings.Count(string(b), "\n"); n > 200 {
+		t.Errorf("README.md has %d lines; the manual's pages are in doc/, the README is its front door (about 150)", n)
+	}
+}
