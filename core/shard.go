@@ -181,7 +181,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s := l.s
 	defer s.unlock()
 	now := s.node.clock.Now()
-	s.enter(Ready, now)
+	s.moveLocked(Ready, now)
 	s.phase, s.readySince = PhaseReady, now
 	s.session, s.sessionValid = sess, true
 	s.seq, s.seqValid = seq, true
@@ -206,7 +206,7 @@ func (l *Link) Resumed(seq int64) {
 		return
 	}
 	now := s.node.clock.Now()
-	s.enter(Ready, now)
+	s.moveLocked(Ready, now)
 	s.phase, s.readySince = PhaseReady, now
 	s.failedResumes = 0
 	if seq > 0 {
@@ -237,7 +237,7 @@ func (l *Link) Invalidated() {
 	defer s.unlock()
 	now := s.node.clock.Now()
 	s.sessionValid, s.seqValid, s.seq = false, false, 0
-	s.enter(Starting, now)
+	s.moveLocked(Starting, now)
 	s.resuming = false
 	s.attempt++
 	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
@@ -332,10 +332,12 @@ func (s *shard) lastResortLocked(err error) {
 	now := s.node.clock.Now()
 	s.lastErr = err
 	if s.node.closed.Load() {
-		s.state, s.since, s.stopReason, s.phase = Stopped, now, StoppedByShutdown, PhaseStopped
+		s.moveLocked(Stopped, now)
+		s.stopReason, s.phase = StoppedByShutdown, PhaseStopped
 		return
 	}
-	s.state, s.since, s.phase = Backoff, now, PhaseBackoff
+	s.moveLocked(Backoff, now)
+	s.phase = PhaseBackoff
 	s.reconnects++
 	s.deadline, s.delay = now.Add(lastResortDelay), lastResortDelay
 	if s.timer == nil {
@@ -356,22 +358,6 @@ func (s *shard) emit(e *eventLine) {
 	s.events.Append(b, now)
 	s.node.events.Append(b, now)
 	e.release()
-}
-
-// enter moves the shard to state st, noting when it changed. A session
-// that stayed READY for ReadyReset starts the failure count again, however
-// it ends.
-func (s *shard) enter(st State, now time.Time) {
-	if s.state == st {
-		return
-	}
-	if s.state == Ready {
-		s.recovery = true
-		if now.Sub(s.readySince) >= ReadyReset {
-			s.failures = 0
-		}
-	}
-	s.state, s.since = st, now
 }
 
 func (s *shard) resumable() bool { return s.session.exists() && s.sessionValid && s.seqValid }
@@ -409,7 +395,7 @@ func (s *shard) startLocked(now time.Time) {
 		s.stopLocked(now, s.leaseStopReason(), 4000)
 		return
 	}
-	s.enter(Starting, now)
+	s.moveLocked(Starting, now)
 	s.stopReason = NotStopped
 	s.attempt++
 	if s.resumable() {
@@ -541,7 +527,7 @@ func (s *shard) failLocked(f Failure) {
 		s.dropSendsLocked("fatal failure")
 		s.closeConnLocked(4000)
 		s.cancelPendingLocked()
-		s.enter(Fatal, now)
+		s.moveLocked(Fatal, now)
 		s.phase = PhaseStopped
 		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.connState))
 		if h := s.node.onFatal; h != nil {
@@ -572,7 +558,7 @@ const ImmediateAfter = 5 * time.Second
 // reset can wipe them. A deadline already due reconnects at once, unless
 // restart is false.
 func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int, restart bool) {
-	s.enter(Backoff, now)
+	s.moveLocked(Backoff, now)
 	s.reconnects++
 	if deadline.IsZero() {
 		s.failures++
@@ -644,7 +630,7 @@ func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
 	s.dropSendsLocked(stopDropReason(why))
 	s.closeConnLocked(code)
 	s.cancelPendingLocked()
-	s.enter(Stopped, now)
+	s.moveLocked(Stopped, now)
 	s.stopReason, s.phase = why, PhaseStopped
 	s.emit(s.line(now, "stopped", slog.LevelInfo).str("state", s.state.String()).str("reason", why.String()))
 }
