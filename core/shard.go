@@ -89,8 +89,8 @@ type transportState struct {
 	resuming  bool // the current connection was opened to resume
 }
 
-// sessionState is the gateway session, which a reset keeps: only the
-// resume rule may drop its sequence.
+// sessionState is the gateway session, which a reset keeps: of it, the
+// reset touches only the sequence, by the resume rule.
 type sessionState struct {
 	session  Session
 	valid    bool // the session may be resumed
@@ -345,7 +345,9 @@ func (s *shard) panicFailLocked(err error) {
 const lastResortDelay = 5 * time.Second
 
 // lastResortLocked puts the shard in BACKOFF, or STOPPED after Close,
-// calling nothing the core does not own.
+// calling nothing the core does not own. Both moves are listed from
+// every state it may find (TestLifecycleTable), so moveLocked cannot
+// panic here.
 func (s *shard) lastResortLocked(err error) {
 	s.transport.link, s.transport.conn, s.slotCancel = nil, nil, nil
 	s.slotSeq++
