@@ -64,30 +64,30 @@ func (s *shard) diag(now time.Time) Diag {
 	defer s.mu.Unlock()
 	d := Diag{
 		Shard: s.id, State: s.state, StateSince: s.since, StopReason: s.stopReason,
-		Sequence: s.seq, SequenceValid: s.seqValid,
-		Session: "none", Epoch: s.epoch, Reconnects: s.reconnects,
+		Sequence: s.sess.seq, SequenceValid: s.sess.seqValid,
+		Session: "none", Epoch: s.sess.epoch, Reconnects: s.reconnects,
 		Attempt: s.attempt, Recovery: s.recovery,
-		Phase: s.phase, Conn: s.connState, Latency: s.latency,
-		HeartbeatMisses: s.hbMisses, HeartbeatMissesTotal: s.hbMissesTotal,
-		LastError: s.lastErr, LastCode: s.lastCode,
+		Phase: s.transport.phase, Conn: s.transport.connState, Latency: s.transport.latency,
+		HeartbeatMisses: s.transport.hbMisses, HeartbeatMissesTotal: s.hbMissesTotal,
+		LastError: s.transport.lastErr, LastCode: s.transport.lastCode,
 		Lease: s.lease, LeaseExpired: s.leaseExpire,
 		Identifies: s.identifies, Resumes: s.resumes, Dispatches: s.dispatches,
-		SendQueued: len(s.sendQ),
-		Restored:   s.restored, SnapshotAge: s.restoredAge,
+		SendQueued: len(s.transport.sendQ),
+		Restored:   s.store.restored, SnapshotAge: s.store.restoredAge,
 	}
-	if s.session.exists() {
+	if s.sess.session.exists() {
 		d.Session = "invalid"
-		if s.sessionValid {
+		if s.sess.valid {
 			d.Session = "resumable"
 		}
 	}
-	if s.phase == PhaseWaitSlot && s.slotCancel != nil {
+	if s.transport.phase == PhaseWaitSlot && s.slotCancel != nil {
 		if until := s.node.pacer.BudgetWait(s.slotOperator); !until.IsZero() {
 			d.Phase, d.IdentifyWaitUntil = PhaseWaitBudget, until
 		}
 	}
 	if s.state == Backoff {
-		d.RetryDelay, d.ReconnectDeadline, d.Waiting = s.delay, s.deadline, true
+		d.RetryDelay, d.ReconnectDeadline, d.Waiting = s.transport.delay, s.transport.deadline, true
 	}
 	if s.state == Ready {
 		d.ReadySince = s.readySince

@@ -79,13 +79,12 @@ func (s *shard) takeOwnership(g LeaseGrant) bool {
 	default:
 		return false
 	}
-	if s.session.exists() {
+	if s.sess.session.exists() {
 		s.emit(s.line(now, "session-dropped", slog.LevelInfo).str("reason", "new owner generation").int("generation", int64(g.Generation)))
 	}
-	s.session, s.sessionValid = Session{}, false
-	s.seq, s.seqValid = 0, false
-	s.stored, s.restored, s.restoredAge = false, false, 0
-	s.loadDone = true
+	s.sess.session, s.sess.valid = Session{}, false
+	s.sess.seq, s.sess.seqValid = 0, false
+	s.store = storeState{loadDone: true}
 	return true
 }
 
@@ -106,7 +105,7 @@ func (n *Scheduler) Handover(id int) (saved bool, err error) {
 	} else {
 		n.stopAndSave([]*shard{s}, (*shard).handover)
 		s.mu.Lock()
-		saved = s.stored
+		saved = s.store.stored
 		s.mu.Unlock()
 	}
 	// The connection handover closed, or the one an earlier stop, fence or

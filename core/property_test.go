@@ -79,7 +79,8 @@ var propLimit = core.StartLimit{Total: 1000, Remaining: 6, ResetAfter: 20 * time
 
 // TestPropertyLifecycle feeds random interleavings of transport events,
 // operator commands and clock advances to a node of 9 shards, for each
-// flavor's pacer, and checks the lifecycle invariants after every step.
+// flavor's pacer, and checks the lifecycle invariants after every step,
+// among them that every state change is a move the lifecycle table lists.
 func TestPropertyLifecycle(t *testing.T) {
 	for _, flavor := range []core.Flavor{core.Discord, core.Fluxer} {
 		t.Run(flavor.String(), func(t *testing.T) { rapid.Check(t, func(rt *rapid.T) { checkLifecycle(rt, flavor) }) })
@@ -125,6 +126,8 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 			rt.Fatal(err)
 		}
 		defer node.Close()
+		var moves moveLog
+		watchMoves(node, &moves)
 		node.Start()
 
 		current := func(id int) *coretest.Conn {
@@ -350,6 +353,12 @@ func checkLifecycle(rt *rapid.T, flavor core.Flavor) {
 				clk.Advance(time.Duration(rapid.IntRange(0, 120_000).Draw(t, "ms")) * time.Millisecond)
 			},
 			"": func(t *rapid.T) {
+				moves.mu.Lock()
+				unlisted := moves.unlisted
+				moves.mu.Unlock()
+				if len(unlisted) > 0 {
+					t.Fatalf("moves the lifecycle table does not list: %v", unlisted)
+				}
 				now := clk.Now()
 				cur := node.Snapshot(nil)
 				for i, d := range cur {

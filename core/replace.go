@@ -22,7 +22,7 @@ func (s *shard) end() {
 	if s.leaseTimer != nil {
 		s.leaseTimer.Stop()
 	}
-	s.sessionValid = false
+	s.sess.valid = false
 	if s.state == Fatal || s.state == Stopped {
 		s.cancelPendingLocked()
 		return

@@ -189,14 +189,14 @@ func (s *shard) prepareStart(nodeStart bool) {
 	if !nodeStart {
 		startable = s.checkLocked(VerbStart, s.node.clock.Now()) == nil
 	}
-	load := startable && !s.loadDone && !s.session.exists()
+	load := startable && !s.store.loadDone && !s.sess.session.exists()
 	if startable {
-		s.loadDone = true
+		s.store.loadDone = true
 	}
-	mark := startable && s.stored && s.resumable()
+	mark := startable && s.store.stored && s.resumable()
 	var snap Snapshot
 	if mark {
-		snap = s.snapshotLocked(s.storedAt)
+		snap = s.snapshotLocked(s.store.storedAt)
 	}
 	s.mu.Unlock()
 	switch {
@@ -235,13 +235,13 @@ func (s *shard) restore() {
 	s.mu.Lock()
 	defer s.unlock()
 	now = n.clock.Now()
-	if s.session.exists() || s.state != Assigned && s.state != Stopped {
+	if s.sess.session.exists() || s.state != Assigned && s.state != Stopped {
 		s.emit(s.line(now, "snapshot-ignored", slog.LevelWarn).str("reason", "the shard started before its snapshot loaded"))
 		return
 	}
-	s.session, s.sessionValid = snap.Session, true
-	s.seq, s.seqValid = snap.Sequence, true
-	s.restored, s.restoredAge = true, age
+	s.sess.session, s.sess.valid = snap.Session, true
+	s.sess.seq, s.sess.seqValid = snap.Sequence, true
+	s.store.restored, s.store.restoredAge = true, age
 	s.emit(s.line(now, "snapshot-loaded", slog.LevelInfo).int("age_ms", age.Milliseconds()).int("sequence", snap.Sequence))
 }
 
@@ -254,16 +254,16 @@ func (s *shard) markStoredUsed(snap Snapshot) {
 	defer s.unlock()
 	now := s.node.clock.Now()
 	if err != nil {
-		s.sessionValid = false
+		s.sess.valid = false
 		s.emit(s.line(now, "snapshot-error", slog.LevelError).str("op", "mark-used").err(err).str("then", "new session"))
 		return
 	}
-	s.stored = false
+	s.store.stored = false
 }
 
 // snapshotLocked is the shard's session as the store keeps it.
 func (s *shard) snapshotLocked(at time.Time) Snapshot {
-	return Snapshot{Flavor: s.node.flavor, Session: s.session, Sequence: s.seq, Total: s.node.plan.Total, SavedAt: at}
+	return Snapshot{Flavor: s.node.flavor, Session: s.sess.session, Sequence: s.sess.seq, Total: s.node.plan.Total, SavedAt: at}
 }
 
 // toSave returns the snapshot a clean stop leaves, if the shard has one to
@@ -273,7 +273,7 @@ func (s *shard) toSave() (Snapshot, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clean := s.state == Stopped && (s.stopReason == StoppedByOperator || s.stopReason == StoppedByShutdown || s.stopReason == StoppedByMove)
-	if !clean || !s.resumable() || s.stored {
+	if !clean || !s.resumable() || s.store.stored {
 		return Snapshot{}, false
 	}
 	return s.snapshotLocked(s.node.clock.Now()), true
@@ -289,11 +289,11 @@ func (s *shard) save(snap Snapshot) {
 	if err != nil {
 		// A save that outlived its bound may still land: count it as
 		// stored, so that a start marks it used before resuming.
-		s.stored, s.storedAt = errors.As(err, &timeout), snap.SavedAt
+		s.store.stored, s.store.storedAt = errors.As(err, &timeout), snap.SavedAt
 		s.emit(s.line(now, "snapshot-error", slog.LevelError).str("op", "save").err(err))
 		return
 	}
-	s.stored, s.storedAt = true, snap.SavedAt
+	s.store.stored, s.store.storedAt = true, snap.SavedAt
 	s.emit(s.line(now, "snapshot-saved", slog.LevelInfo).int("sequence", snap.Sequence))
 }
 

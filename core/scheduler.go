@@ -112,6 +112,9 @@ type Scheduler struct {
 	storeTimeout time.Duration
 
 	onFatal func(shard, code int)
+	// onMove, set by tests before Start, sees every move a shard makes or
+	// attempts, listed or not, under that shard's lock.
+	onMove func(shard int, from, to State)
 }
 
 // New validates the plan and returns a node whose shards are all ASSIGNED.

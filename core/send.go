@@ -67,13 +67,13 @@ func (s *shard) dropSendsLocked(reason string) {
 	if s.sendTimer != nil {
 		s.sendTimer.Stop()
 	}
-	if len(s.sendQ) == 0 {
-		s.sendQ = nil
+	if len(s.transport.sendQ) == 0 {
+		s.transport.sendQ = nil
 		return
 	}
-	n := len(s.sendQ)
-	clear(s.sendQ)
-	s.sendQ = nil
+	n := len(s.transport.sendQ)
+	clear(s.transport.sendQ)
+	s.transport.sendQ = nil
 	s.emit(s.line(s.node.clock.Now(), "send-dropped", slog.LevelWarn).int("dropped", int64(n)).str("reason", reason))
 }
 
@@ -82,9 +82,9 @@ func (s *shard) dropSendsLocked(reason string) {
 // precise reason (op 9, stop) have dropped it already.
 func (s *shard) dropPendingSendsLocked() {
 	switch {
-	case s.lastErr == errOperatorReset:
+	case s.transport.lastErr == errOperatorReset:
 		s.dropSendsLocked("operator reset")
-	case !s.sessionValid:
+	case !s.sess.valid:
 		s.dropSendsLocked("new session")
 	default:
 		s.dropSendsLocked("connection closed")
@@ -94,7 +94,7 @@ func (s *shard) dropPendingSendsLocked() {
 // newSessionSendsLocked starts a new session's budget and queue.
 func (s *shard) newSessionSendsLocked() {
 	s.dropSendsLocked("new session")
-	s.sends.clear()
+	s.sess.sends.clear()
 }
 
 var stopDropReasons = [...]string{NotStopped: "stopped", StoppedByOperator: "stopped", StoppedByLease: "lease expired", StoppedByShutdown: "shutdown", StoppedByLeaseLost: "lease lost", StoppedByMove: "moved", StoppedNotOwned: "not owned"}

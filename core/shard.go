@@ -16,43 +16,26 @@ import (
 var errOperatorReset = errors.New("operator reset")
 
 // shard is one shard's context. Every input locks mu, so inputs for one
-// shard never touch another's.
+// shard never touch another's. Its fields are grouped by what a reset
+// does to them (DESIGN.md section 2): the transport state it wipes in one
+// assignment, the session it keeps (apart from the resume rule), and the
+// rest, which lives as long as the shard.
 type shard struct {
 	node   *Scheduler
 	id     int
 	events *journal.Log
 
 	mu         sync.Mutex
-	state      State
+	state      State     // changed only by moveLocked
 	since      time.Time // when state last changed
 	stopReason StopReason
 
-	// Transport state: what a reset wipes.
-	conn      Conn
-	closed    Conn  // the latest connection closed; Handover waits for it to end
-	link      *Link // events from any other link are stale
-	connState ConnState
-	phase     Phase
-	lastErr   error
-	lastCode  int
-	deadline  time.Time     // reconnect deadline in BACKOFF
-	delay     time.Duration // the wait scheduled on entering BACKOFF
-	latency   time.Duration
-	hbMisses  uint64 // unacknowledged heartbeats on this connection
-	sendQ     [][]byte
-	socketID  bool // the next identify slot is used on the open socket
-	resuming  bool // the current connection was opened to resume
-
-	// Session state: what a reset keeps.
-	session      Session
-	sessionValid bool
-	seq          int64
-	seqValid     bool
-	epoch        uint64
-	// failedResumes counts resumes in a row that failed after their
-	// Resume went out.
-	failedResumes int
-	sends         sendHistory
+	transport transportState
+	// closed is the latest connection closed, which a reset keeps:
+	// Handover waits for it to end.
+	closed Conn
+	sess   sessionState
+	store  storeState
 
 	reconnects    uint64
 	hbMissesTotal uint64
@@ -73,16 +56,56 @@ type shard struct {
 	sendTimer  clock.Timer
 	leaseTimer clock.Timer
 	slotCancel func() // pending identify slot request
-	slotSeq    uint64
+	slotSeq    uint64 // never goes back: a grant for an older request is stale
 	// operatorNext makes the next slot request an operator's (identify,
 	// retry), which may spend the budget's reserve; slotOperator is the
 	// kind of the pending one.
 	operatorNext, slotOperator bool
 
-	// The session store (see restore.go). storeMu orders each shard's
-	// store calls with the stops and starts they belong to; it is taken
-	// before mu, never inside it.
-	storeMu     sync.Mutex
+	// storeMu orders each shard's session store calls (see restore.go)
+	// with the stops and starts they belong to; it is taken before mu,
+	// never inside it.
+	storeMu sync.Mutex
+}
+
+// transportState is the shard's private transport state: what a reset
+// wipes (DESIGN.md section 2, "Reset scope": the connection, the send
+// queue, heartbeat and error state, the reconnect deadline; the
+// compression context lives in the connection). A field added here is
+// wiped by every reset; resetAndStartLocked does it in one assignment.
+type transportState struct {
+	conn      Conn
+	link      *Link // events from any other link are stale
+	connState ConnState
+	phase     Phase
+	lastErr   error
+	lastCode  int
+	deadline  time.Time     // reconnect deadline in BACKOFF
+	delay     time.Duration // the wait scheduled on entering BACKOFF
+	latency   time.Duration
+	hbMisses  uint64 // unacknowledged heartbeats on this connection
+	sendQ     [][]byte
+	socketID  bool // the next identify slot is used on the open socket
+	resuming  bool // the current connection was opened to resume
+}
+
+// sessionState is the gateway session, which a reset keeps: of it, the
+// reset touches only the sequence, by the resume rule.
+type sessionState struct {
+	session  Session
+	valid    bool // the session may be resumed
+	seq      int64
+	seqValid bool
+	epoch    uint64
+	// failedResumes counts resumes in a row that failed after their
+	// Resume went out.
+	failedResumes int
+	sends         sendHistory
+}
+
+// storeState is what the shard knows of its snapshot in the session
+// store (see restore.go).
+type storeState struct {
 	loadDone    bool          // the snapshot was loaded, or will never be
 	stored      bool          // the store holds the session, resumable
 	storedAt    time.Time     // its saved_at
@@ -104,7 +127,7 @@ func (l *Link) Shard() int { return l.s.id }
 // unlocks and returns false otherwise.
 func (l *Link) lockCurrent() bool {
 	l.s.mu.Lock()
-	if l.s.link != l {
+	if l.s.transport.link != l {
 		l.s.mu.Unlock()
 		return false
 	}
@@ -114,7 +137,7 @@ func (l *Link) lockCurrent() bool {
 // Phase records the connection phase the transport reached.
 func (l *Link) Phase(p Phase) {
 	if l.lockCurrent() {
-		l.s.phase = p
+		l.s.transport.phase = p
 		l.s.mu.Unlock()
 	}
 }
@@ -122,7 +145,7 @@ func (l *Link) Phase(p Phase) {
 // Transport records the state of the connection's layers.
 func (l *Link) Transport(cs ConnState) {
 	if l.lockCurrent() {
-		l.s.connState = cs
+		l.s.transport.connState = cs
 		l.s.mu.Unlock()
 	}
 }
@@ -130,7 +153,7 @@ func (l *Link) Transport(cs ConnState) {
 // Heartbeat records a heartbeat round trip.
 func (l *Link) Heartbeat(latency time.Duration) {
 	if l.lockCurrent() {
-		l.s.latency = latency
+		l.s.transport.latency = latency
 		l.s.mu.Unlock()
 	}
 }
@@ -141,7 +164,7 @@ func (l *Link) Heartbeat(latency time.Duration) {
 // zombie.
 func (l *Link) HeartbeatMissed() {
 	if l.lockCurrent() {
-		l.s.hbMisses++
+		l.s.transport.hbMisses++
 		l.s.hbMissesTotal++
 		l.s.mu.Unlock()
 	}
@@ -161,8 +184,8 @@ func (l *Link) Dispatch(seq int64) { l.DispatchDo(seq, nil) }
 // must be quick and must not call the Scheduler.
 func (l *Link) DispatchDo(seq int64, deliver func()) {
 	if l.lockCurrent() {
-		if s := l.s; s.state == Ready || s.state == Starting && s.resuming {
-			s.seq, s.seqValid = seq, true
+		if s := l.s; s.state == Ready || s.state == Starting && s.transport.resuming {
+			s.sess.seq, s.sess.seqValid = seq, true
 			s.dispatches++
 		}
 		if deliver != nil {
@@ -181,16 +204,16 @@ func (l *Link) Ready(sess Session, seq int64) {
 	s := l.s
 	defer s.unlock()
 	now := s.node.clock.Now()
-	s.enter(Ready, now)
-	s.phase, s.readySince = PhaseReady, now
-	s.session, s.sessionValid = sess, true
-	s.seq, s.seqValid = seq, true
-	s.failedResumes = 0
+	s.moveLocked(Ready, now)
+	s.transport.phase, s.readySince = PhaseReady, now
+	s.sess.session, s.sess.valid = sess, true
+	s.sess.seq, s.sess.seqValid = seq, true
+	s.sess.failedResumes = 0
 	s.dispatches++
-	s.restored, s.restoredAge = false, 0
-	s.epoch = s.node.nextEpoch(s.epoch, now)
+	s.store.restored, s.store.restoredAge = false, 0
+	s.sess.epoch = s.node.nextEpoch(s.sess.epoch, now)
 	s.newSessionSendsLocked()
-	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))
+	s.emit(s.line(now, "ready", slog.LevelInfo).int("epoch", int64(s.sess.epoch)).int("sequence", seq).int("attempt", int64(s.attempt)))
 }
 
 // Resumed records a successful resume (RESUMED at sequence seq). On a
@@ -202,17 +225,17 @@ func (l *Link) Resumed(seq int64) {
 	}
 	s := l.s
 	defer s.unlock()
-	if !s.resuming {
+	if !s.transport.resuming {
 		return
 	}
 	now := s.node.clock.Now()
-	s.enter(Ready, now)
-	s.phase, s.readySince = PhaseReady, now
-	s.failedResumes = 0
+	s.moveLocked(Ready, now)
+	s.transport.phase, s.readySince = PhaseReady, now
+	s.sess.failedResumes = 0
 	if seq > 0 {
-		s.seq, s.seqValid = seq, true
+		s.sess.seq, s.sess.seqValid = seq, true
 	}
-	s.emit(s.line(now, "resumed", slog.LevelInfo).int("epoch", int64(s.epoch)).int("sequence", s.seq).int("attempt", int64(s.attempt)))
+	s.emit(s.line(now, "resumed", slog.LevelInfo).int("epoch", int64(s.sess.epoch)).int("sequence", s.sess.seq).int("attempt", int64(s.attempt)))
 }
 
 // Fail reports a classified failure of the connection.
@@ -236,13 +259,13 @@ func (l *Link) Invalidated() {
 	s := l.s
 	defer s.unlock()
 	now := s.node.clock.Now()
-	s.sessionValid, s.seqValid, s.seq = false, false, 0
-	s.enter(Starting, now)
-	s.resuming = false
+	s.sess.valid, s.sess.seqValid, s.sess.seq = false, false, 0
+	s.moveLocked(Starting, now)
+	s.transport.resuming = false
 	s.attempt++
 	s.emit(s.line(now, "invalidated", slog.LevelWarn).str("state", s.state.String()))
 	s.dropSendsLocked("session invalidated")
-	s.socketID = true
+	s.transport.socketID = true
 	s.requestSlotLocked()
 }
 
@@ -313,7 +336,7 @@ func (s *shard) panicFailLocked(err error) {
 		s.stopLocked(now, StoppedByShutdown, 4000)
 		return
 	}
-	s.lastErr, s.lastCode = err, 0
+	s.transport.lastErr, s.transport.lastCode = err, 0
 	s.enterBackoffLocked(now, time.Time{}, 4000, false)
 }
 
@@ -322,22 +345,26 @@ func (s *shard) panicFailLocked(err error) {
 const lastResortDelay = 5 * time.Second
 
 // lastResortLocked puts the shard in BACKOFF, or STOPPED after Close,
-// calling nothing the core does not own.
+// calling nothing the core does not own. Both moves are listed from
+// every state it may find (TestLifecycleTable), so moveLocked cannot
+// panic here.
 func (s *shard) lastResortLocked(err error) {
-	s.link, s.conn, s.slotCancel = nil, nil, nil
+	s.transport.link, s.transport.conn, s.slotCancel = nil, nil, nil
 	s.slotSeq++
 	if s.state == Fatal || s.state == Stopped {
 		return
 	}
 	now := s.node.clock.Now()
-	s.lastErr = err
+	s.transport.lastErr = err
 	if s.node.closed.Load() {
-		s.state, s.since, s.stopReason, s.phase = Stopped, now, StoppedByShutdown, PhaseStopped
+		s.moveLocked(Stopped, now)
+		s.stopReason, s.transport.phase = StoppedByShutdown, PhaseStopped
 		return
 	}
-	s.state, s.since, s.phase = Backoff, now, PhaseBackoff
+	s.moveLocked(Backoff, now)
+	s.transport.phase = PhaseBackoff
 	s.reconnects++
-	s.deadline, s.delay = now.Add(lastResortDelay), lastResortDelay
+	s.transport.deadline, s.transport.delay = now.Add(lastResortDelay), lastResortDelay
 	if s.timer == nil {
 		s.timer = s.node.clock.AfterFunc(lastResortDelay, s.backoffDue)
 	} else {
@@ -358,23 +385,7 @@ func (s *shard) emit(e *eventLine) {
 	e.release()
 }
 
-// enter moves the shard to state st, noting when it changed. A session
-// that stayed READY for ReadyReset starts the failure count again, however
-// it ends.
-func (s *shard) enter(st State, now time.Time) {
-	if s.state == st {
-		return
-	}
-	if s.state == Ready {
-		s.recovery = true
-		if now.Sub(s.readySince) >= ReadyReset {
-			s.failures = 0
-		}
-	}
-	s.state, s.since = st, now
-}
-
-func (s *shard) resumable() bool { return s.session.exists() && s.sessionValid && s.seqValid }
+func (s *shard) resumable() bool { return s.sess.session.exists() && s.sess.valid && s.sess.seqValid }
 
 // leaseBlocks reports whether the lease forbids traffic now.
 // The fence, when there is one, decides on the monotonic clock, so that a
@@ -409,7 +420,7 @@ func (s *shard) startLocked(now time.Time) {
 		s.stopLocked(now, s.leaseStopReason(), 4000)
 		return
 	}
-	s.enter(Starting, now)
+	s.moveLocked(Starting, now)
 	s.stopReason = NotStopped
 	s.attempt++
 	if s.resumable() {
@@ -424,7 +435,7 @@ func (s *shard) requestSlotLocked() {
 		s.slotCancel = nil
 		s.callout(cancel)
 	}
-	s.phase = PhaseWaitSlot
+	s.transport.phase = PhaseWaitSlot
 	s.slotSeq++
 	seq := s.slotSeq
 	op := s.operatorNext
@@ -454,10 +465,10 @@ func (s *shard) slotGranted(seq uint64) {
 }
 
 func (s *shard) identifyNowLocked() {
-	if s.socketID && s.conn != nil {
-		s.socketID = false
-		s.phase = PhaseIdentify
-		c := s.conn
+	if s.transport.socketID && s.transport.conn != nil {
+		s.transport.socketID = false
+		s.transport.phase = PhaseIdentify
+		c := s.transport.conn
 		if err := s.callout(c.Identify); err != nil {
 			s.panicFailLocked(err)
 			return
@@ -465,7 +476,7 @@ func (s *shard) identifyNowLocked() {
 		s.identifies++
 		return
 	}
-	s.socketID = false
+	s.transport.socketID = false
 	s.connectLocked(false)
 }
 
@@ -474,21 +485,21 @@ func (s *shard) identifyNowLocked() {
 // panics leaves no half-bound link behind.
 func (s *shard) connectLocked(resume bool) {
 	l := &Link{s: s}
-	s.phase = PhaseDial
-	s.connState = ConnState{}
+	s.transport.phase = PhaseDial
+	s.transport.connState = ConnState{}
 	a := Attempt{
 		Shard: s.id, Total: s.node.plan.Total,
-		Resume: resume, Session: s.session, Sequence: s.seq,
+		Resume: resume, Session: s.sess.session, Sequence: s.sess.seq,
 		LeaseGeneration: s.lease.Generation,
 		Fence:           s.fence,
 	}
-	s.hbMisses = 0
+	s.transport.hbMisses = 0
 	var c Conn
 	if err := s.callout(func() { c = s.node.transport.Connect(l, a) }); err != nil {
 		s.panicFailLocked(err)
 		return
 	}
-	s.conn, s.link, s.resuming = c, l, resume
+	s.transport.conn, s.transport.link, s.transport.resuming = c, l, resume
 	if resume {
 		s.resumes++
 	} else {
@@ -499,9 +510,9 @@ func (s *shard) connectLocked(resume bool) {
 // closeConnLocked closes the current connection, if any, and makes its
 // link stale.
 func (s *shard) closeConnLocked(code int) {
-	s.link = nil
-	if c := s.conn; c != nil {
-		s.conn, s.closed = nil, c
+	s.transport.link = nil
+	if c := s.transport.conn; c != nil {
+		s.transport.conn, s.closed = nil, c
 		// A Close that panics still leaves the connection dropped.
 		s.callout(func() { c.Close(code) })
 	}
@@ -519,17 +530,17 @@ func (s *shard) cancelPendingLocked() {
 	}
 	s.slotSeq++
 	s.dropPendingSendsLocked()
-	s.socketID = false
+	s.transport.socketID = false
 }
 
 func (s *shard) failLocked(f Failure) {
 	now := s.node.clock.Now()
-	s.lastErr, s.lastCode = f.Err, f.Code
-	if f.Class == Transient && s.state == Starting && s.resuming && s.phase == PhaseResume {
-		s.failedResumes++
-		if s.failedResumes >= MaxFailedResumes {
-			s.failedResumes = 0
-			s.sessionValid = false
+	s.transport.lastErr, s.transport.lastCode = f.Err, f.Code
+	if f.Class == Transient && s.state == Starting && s.transport.resuming && s.transport.phase == PhaseResume {
+		s.sess.failedResumes++
+		if s.sess.failedResumes >= MaxFailedResumes {
+			s.sess.failedResumes = 0
+			s.sess.valid = false
 			s.emit(s.line(now, "new-session", slog.LevelWarn).str("reason", fmt.Sprintf("%d resumes in a row failed", MaxFailedResumes)).err(f.Err))
 		}
 	}
@@ -537,18 +548,18 @@ func (s *shard) failLocked(f Failure) {
 	case FatalFailure:
 		// The gateway ended the session with the close: retry must
 		// identify, not resume a session that no longer exists.
-		s.sessionValid = false
+		s.sess.valid = false
 		s.dropSendsLocked("fatal failure")
 		s.closeConnLocked(4000)
 		s.cancelPendingLocked()
-		s.enter(Fatal, now)
-		s.phase = PhaseStopped
-		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.connState))
+		s.moveLocked(Fatal, now)
+		s.transport.phase = PhaseStopped
+		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.transport.connState))
 		if h := s.node.onFatal; h != nil {
 			h(s.id, f.Code)
 		}
 	case NewSession:
-		s.sessionValid = false
+		s.sess.valid = false
 		s.enterBackoffLocked(now, f.Deadline, 1000, true)
 	default:
 		deadline := f.Deadline
@@ -572,18 +583,18 @@ const ImmediateAfter = 5 * time.Second
 // reset can wipe them. A deadline already due reconnects at once, unless
 // restart is false.
 func (s *shard) enterBackoffLocked(now, deadline time.Time, closeCode int, restart bool) {
-	s.enter(Backoff, now)
+	s.moveLocked(Backoff, now)
 	s.reconnects++
 	if deadline.IsZero() {
 		s.failures++
 		deadline = now.Add(s.node.backoff.Delay(s.failures, s.resumable(), s.node.rand()))
 	}
-	s.deadline, s.delay = deadline, max(deadline.Sub(now), 0)
+	s.transport.deadline, s.transport.delay = deadline, max(deadline.Sub(now), 0)
 	s.emit(s.line(now, "backoff", slog.LevelWarn).str("state", s.state.String()).int("reconnects", int64(s.reconnects)).
-		err(s.lastErr).int("code", int64(s.lastCode)).conn(s.connState).int("retry_ms", deadline.Sub(now).Milliseconds()))
+		err(s.transport.lastErr).int("code", int64(s.transport.lastCode)).conn(s.transport.connState).int("retry_ms", deadline.Sub(now).Milliseconds()))
 	s.closeConnLocked(closeCode)
 	s.cancelPendingLocked()
-	s.phase = PhaseBackoff
+	s.transport.phase = PhaseBackoff
 	if restart && !deadline.After(now) {
 		s.resetAndStartLocked(now)
 		return
@@ -600,7 +611,7 @@ func (s *shard) backoffDue() {
 	s.mu.Lock()
 	defer s.unlock()
 	now := s.node.clock.Now()
-	if s.state != Backoff || now.Before(s.deadline) {
+	if s.state != Backoff || now.Before(s.transport.deadline) {
 		return // stale: the shard moved on or the deadline moved
 	}
 	s.resetAndStartLocked(now)
@@ -609,18 +620,16 @@ func (s *shard) backoffDue() {
 // resetAndStartLocked resets the shard's transport state, applies the
 // resume rule, binds a new connection and then logs the retry.
 func (s *shard) resetAndStartLocked(now time.Time) {
-	savedSeq, savedValid := s.seq, s.seqValid
-
+	// Closing the connection and dropping what waits for it log what
+	// they drop, so they come before the wipe.
 	s.closeConnLocked(4000)
 	s.cancelPendingLocked()
-	s.connState, s.phase = ConnState{}, PhaseNone
-	s.lastErr, s.lastCode = nil, 0
-	s.deadline = time.Time{}
-	s.latency, s.hbMisses = 0, 0
-	s.seq, s.seqValid = 0, false
-
-	if s.session.exists() && s.sessionValid && savedValid {
-		s.seq, s.seqValid = savedSeq, true
+	s.transport = transportState{}
+	// The resume rule: the sequence survives the reset only for a session
+	// that exists and is valid, and only if it was valid itself;
+	// otherwise it is none, and the next start identifies afresh.
+	if !s.resumable() {
+		s.sess.seq, s.sess.seqValid = 0, false
 	}
 
 	s.startLocked(now)
@@ -632,8 +641,8 @@ func (s *shard) resetAndStartLocked(now time.Time) {
 		mode = "resume"
 	}
 	e := s.line(now, "retry", slog.LevelInfo).str("state", s.state.String()).str("mode", mode).int("attempt", int64(s.attempt))
-	if s.seqValid {
-		e.int("sequence", s.seq)
+	if s.sess.seqValid {
+		e.int("sequence", s.sess.seq)
 	} else {
 		e.str("sequence", "none")
 	}
@@ -644,8 +653,8 @@ func (s *shard) stopLocked(now time.Time, why StopReason, code int) {
 	s.dropSendsLocked(stopDropReason(why))
 	s.closeConnLocked(code)
 	s.cancelPendingLocked()
-	s.enter(Stopped, now)
-	s.stopReason, s.phase = why, PhaseStopped
+	s.moveLocked(Stopped, now)
+	s.stopReason, s.transport.phase = why, PhaseStopped
 	s.emit(s.line(now, "stopped", slog.LevelInfo).str("state", s.state.String()).str("reason", why.String()))
 }
 
@@ -737,7 +746,7 @@ func (s *shard) apply(v Verb) {
 	case VerbReset:
 		// From BACKOFF too: the operator's reset is one more failure,
 		// logged and counted like any other, that cuts the wait short.
-		s.lastErr, s.lastCode = errOperatorReset, 4000
+		s.transport.lastErr, s.transport.lastCode = errOperatorReset, 4000
 		s.enterBackoffLocked(now, now, 4000, true)
 	case VerbStop:
 		if s.state == Stopped { // stopped by lease: the operator takes over
@@ -755,7 +764,7 @@ func (s *shard) apply(v Verb) {
 	case VerbIdentify:
 		s.emit(s.line(now, "identify", slog.LevelInfo).str("state", s.state.String()))
 		s.closeConnLocked(1000)
-		s.sessionValid = false
+		s.sess.valid = false
 		s.failures = 0
 		s.operatorNext = true
 		s.resetAndStartLocked(now)
@@ -863,25 +872,25 @@ func (s *shard) leaseDueLocked(now time.Time) {
 func (s *shard) sendCommand(p []byte) error {
 	s.mu.Lock()
 	defer s.unlock()
-	if s.state != Ready || s.conn == nil {
+	if s.state != Ready || s.transport.conn == nil {
 		return fmt.Errorf("%w: shard %d is %s; commands go only to READY shards", ErrBusy, s.id, s.state)
 	}
 	now := s.node.clock.Now()
 	pol := s.node.send
-	if len(s.sendQ) == 0 && !s.sends.allowAt(now, pol).After(now) {
-		s.sends.record(now, pol)
-		return s.conn.Send(p)
+	if len(s.transport.sendQ) == 0 && !s.sess.sends.allowAt(now, pol).After(now) {
+		s.sess.sends.record(now, pol)
+		return s.transport.conn.Send(p)
 	}
-	if len(s.sendQ) >= pol.Queue {
-		return fmt.Errorf("%w: shard %d has %d commands waiting for the send budget", ErrBusy, s.id, len(s.sendQ))
+	if len(s.transport.sendQ) >= pol.Queue {
+		return fmt.Errorf("%w: shard %d has %d commands waiting for the send budget", ErrBusy, s.id, len(s.transport.sendQ))
 	}
-	s.sendQ = append(s.sendQ, append([]byte(nil), p...))
+	s.transport.sendQ = append(s.transport.sendQ, append([]byte(nil), p...))
 	s.armSendLocked(now)
 	return nil
 }
 
 func (s *shard) armSendLocked(now time.Time) {
-	d := s.sends.allowAt(now, s.node.send).Sub(now)
+	d := s.sess.sends.allowAt(now, s.node.send).Sub(now)
 	if s.sendTimer == nil {
 		s.sendTimer = s.node.clock.AfterFunc(d, s.sendDue)
 	} else {
@@ -893,21 +902,21 @@ func (s *shard) sendDue() {
 	defer s.node.observe(EventSendTimer).done()
 	s.mu.Lock()
 	defer s.unlock()
-	if s.state != Ready || s.conn == nil {
+	if s.state != Ready || s.transport.conn == nil {
 		return
 	}
 	now := s.node.clock.Now()
 	pol := s.node.send
-	for len(s.sendQ) > 0 && !s.sends.allowAt(now, pol).After(now) {
-		p := s.sendQ[0]
-		s.sendQ[0] = nil
-		s.sendQ = s.sendQ[1:]
-		s.sends.record(now, pol)
-		if err := s.conn.Send(p); err != nil {
+	for len(s.transport.sendQ) > 0 && !s.sess.sends.allowAt(now, pol).After(now) {
+		p := s.transport.sendQ[0]
+		s.transport.sendQ[0] = nil
+		s.transport.sendQ = s.transport.sendQ[1:]
+		s.sess.sends.record(now, pol)
+		if err := s.transport.conn.Send(p); err != nil {
 			s.emit(s.line(now, "send-failed", slog.LevelWarn).err(err))
 		}
 	}
-	if len(s.sendQ) > 0 {
+	if len(s.transport.sendQ) > 0 {
 		s.armSendLocked(now)
 	}
 }

@@ -12,9 +12,10 @@ const (
 	Backoff               // a transient failure happened; waiting for the reconnect deadline
 	Fatal                 // retrying cannot fix it; only "retry" leaves it
 	Stopped               // stopped by the operator, by lease expiry or by shutdown
+	numStates
 )
 
-var stateNames = [...]string{"ASSIGNED", "STARTING", "READY", "BACKOFF", "FATAL", "STOPPED"}
+var stateNames = [numStates]string{"ASSIGNED", "STARTING", "READY", "BACKOFF", "FATAL", "STOPPED"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -22,9 +23,6 @@ func (s State) String() string {
 	}
 	return "UNKNOWN"
 }
-
-// running reports whether the shard has, or is getting, a connection.
-func (s State) running() bool { return s == Starting || s == Ready }
 
 // StopReason says why a shard is STOPPED.
 type StopReason uint8

@@ -27,6 +27,7 @@ func (p *propProc) Signal(os.Signal) error { return nil }
 
 // TestSupervisorProperties drives three children with random reports,
 // operator commands and clock steps, and checks after every step:
+//   - every state change is a move the child table lists;
 //   - a child has a process exactly in starting, running and stopping;
 //   - no child's attempts exceed the budget, and a failed child means
 //     the supervisor is closing (every other child stopping or closed);
@@ -53,6 +54,8 @@ func TestSupervisorProperties(t *testing.T) {
 				procs[l.ID] = p
 				return p, nil
 			}})
+		var moves childMoveLog
+		moves.watch(s)
 		s.Start()
 		cur := func(t *rapid.T) *propProc {
 			id := rapid.SampledFrom([]string{"c0", "c1", "c2"}).Draw(t, "child")
@@ -63,6 +66,12 @@ func TestSupervisorProperties(t *testing.T) {
 		crashed := map[string]bool{} // exited unexpectedly since the rollout began
 		rolloutGen := map[string]int{}
 		check := func(t *rapid.T) {
+			moves.mu.Lock()
+			unlisted := moves.unlisted
+			moves.mu.Unlock()
+			if len(unlisted) > 0 {
+				t.Fatalf("moves the child table does not list: %v", unlisted)
+			}
 			cs := s.Children()
 			failed, closing := "", false
 			for _, c := range cs {

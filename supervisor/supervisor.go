@@ -136,7 +136,7 @@ const (
 
 type child struct {
 	Block
-	state    State
+	state    State // changed only by Supervisor.moveLocked
 	proc     Process
 	gen      int
 	restarts int // starts after the first, whatever the reason
@@ -166,6 +166,9 @@ type Supervisor struct {
 	done     chan struct{} // closed when closing and every child is down
 	doneOnce sync.Once
 	rollout  []*child // restart all: the children still to restart, the first in progress
+	// onMove, set by tests before Start, sees every move a child makes or
+	// attempts, listed or not.
+	onMove func(id string, from, to State)
 }
 
 // New returns a supervisor of the assignment's children; none is started
@@ -326,7 +329,8 @@ func (s *Supervisor) startLocked(c *child, attempt int) {
 		c.restarts++
 	}
 	c.gen++
-	c.state, c.settled, c.socket, c.intent, c.forced = Starting, false, "", exitFailure, false
+	s.moveLocked(c, Starting)
+	c.settled, c.socket, c.intent, c.forced = false, "", exitFailure, false
 	p, err := s.cfg.Launch(Launch{ID: c.ID, Shards: c.Shards, Generation: c.gen, Attempt: attempt, Crashed: c.crashed}, &Reports{s: s, c: c, gen: c.gen})
 	if err != nil {
 		s.log.Error("starting child failed", "child", c.ID, "generation", c.gen, "err", err)
@@ -351,7 +355,8 @@ func (s *Supervisor) readyLocked(c *child, socket string) {
 	if c.state != Starting {
 		return
 	}
-	c.state, c.socket = Running, socket
+	s.moveLocked(c, Running)
+	c.socket = socket
 	s.log.Info("child ready", "child", c.ID, "pid", c.proc.Pid(), "generation", c.gen)
 	gen := c.gen
 	s.setTimerLocked(c, s.pol.HealthyReset, func() {
@@ -407,7 +412,7 @@ func (s *Supervisor) stopLocked(c *child, why intent) {
 	if c.state == Stopping {
 		return
 	}
-	c.state = Stopping
+	s.moveLocked(c, Stopping)
 	s.stopTimerLocked(c)
 	p, gen := c.proc, c.gen
 	if err := p.Signal(syscall.SIGTERM); err != nil {
@@ -436,7 +441,7 @@ func (s *Supervisor) exitedLocked(c *child, err error) {
 	was := c.state
 	switch {
 	case c.intent == exitClose || s.closing:
-		c.state = Closed
+		s.moveLocked(c, Closed)
 		s.log.Info("child stopped", "child", c.ID, "exit", c.lastExit)
 		s.checkDoneLocked()
 	case c.intent == exitRestart:
@@ -452,12 +457,12 @@ func (s *Supervisor) exitedLocked(c *child, err error) {
 func (s *Supervisor) failureLocked(c *child) {
 	c.proc = nil
 	if s.closing {
-		c.state = Closed
+		s.moveLocked(c, Closed)
 		s.checkDoneLocked()
 		return
 	}
 	if c.attempts >= s.pol.MaxAttempts {
-		c.state = Failed
+		s.moveLocked(c, Failed)
 		if s.pol.MaxAttempts == 0 {
 			s.err = fmt.Errorf("child %q exited unexpectedly (%s) and --restart-max is 0", c.ID, c.lastExit)
 		} else {
@@ -469,7 +474,7 @@ func (s *Supervisor) failureLocked(c *child) {
 	}
 	c.attempts++
 	d := s.pol.Delay(c.attempts)
-	c.state = Restarting
+	s.moveLocked(c, Restarting)
 	s.log.Warn("restarting child", "child", c.ID, "attempt", c.attempts, "max", s.pol.MaxAttempts, "delay", d, "last_exit", c.lastExit)
 	gen, attempt := c.gen, c.attempts
 	s.setTimerLocked(c, d, func() {
@@ -495,7 +500,7 @@ func (s *Supervisor) closeAllLocked() {
 			c.intent = exitClose
 		case Idle, Restarting:
 			s.stopTimerLocked(c)
-			c.state = Closed
+			s.moveLocked(c, Closed)
 		}
 	}
 	s.checkDoneLocked()

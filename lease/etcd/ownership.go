@@ -79,9 +79,9 @@ type Ownership struct {
 
 	mu       sync.Mutex
 	member   *Member
-	owned    map[int]int64 // shard → generation granted to the core
-	busy     map[int]bool  // a move or an acquisition is in flight
-	state    string
+	owned    map[int]int64  // shard → generation granted to the core
+	busy     map[int]bool   // a move or an acquisition is in flight
+	state    OwnershipState // changed only by moveLocked
 	lastErr  error
 	members  []string
 	holders  []Holder
@@ -94,18 +94,63 @@ type Ownership struct {
 	logged   string // the last waiting error logged
 }
 
-// Ownership states, as /lease shows them.
+// OwnershipState is where a node's ownership is in its life, as /lease
+// shows it.
+type OwnershipState string
+
+// The ownership states.
 const (
-	StateJoining  = "joining"
-	StateWaiting  = "waiting" // etcd unreachable or the member key still held
-	StateMember   = "member"
-	StateDraining = "draining"
-	StateLeft     = "left"
-	StateRefused  = "refused" // plan mismatch or bad names
+	StateJoining  OwnershipState = "joining"
+	StateWaiting  OwnershipState = "waiting" // etcd unreachable or the member key still held
+	StateMember   OwnershipState = "member"
+	StateDraining OwnershipState = "draining"
+	StateLeft     OwnershipState = "left"
+	StateRefused  OwnershipState = "refused" // plan mismatch or bad names
 	// StateHeld: the operator's lease (MayRenew) is not valid, so the
 	// node stays out of the bot and owns nothing until it is again.
-	StateHeld = "held"
+	StateHeld OwnershipState = "held"
 )
+
+// ownershipStates lists every state, in the order of a node's life.
+var ownershipStates = []OwnershipState{StateJoining, StateWaiting, StateHeld, StateMember, StateDraining, StateRefused, StateLeft}
+
+// ownershipMoves lists, for each state, the states the ownership may move
+// to: its whole life in one place. Staying in a state is no move (a join
+// that fails again only changes the error). Every state but left may be
+// left for left: Drain ends there whatever the node was doing.
+var ownershipMoves = map[OwnershipState][]OwnershipState{
+	// Run's first join: it succeeds, fails (waiting), is refused, or the
+	// operator's lease holds the node out first.
+	StateJoining: {StateWaiting, StateHeld, StateMember, StateRefused, StateLeft},
+	StateWaiting: {StateHeld, StateMember, StateRefused, StateLeft},
+	StateHeld:    {StateWaiting, StateMember, StateRefused, StateLeft},
+	// To joining: the membership's lease was lost. To waiting, held,
+	// member or refused: the membership was closed, and Run joins again.
+	StateMember: {StateJoining, StateWaiting, StateHeld, StateDraining, StateRefused, StateLeft},
+	// A drain that began while Run was between memberships (the last one
+	// closed) does not stop Run's next write: waiting, held or refused.
+	// It never becomes a member again (join refuses while draining).
+	StateDraining: {StateJoining, StateWaiting, StateHeld, StateRefused, StateLeft},
+	StateRefused:  {StateLeft},
+	StateLeft:     nil,
+}
+
+// moveLocked moves the ownership to state to, with err as its /lease
+// error, and reports whether it did; staying in a state only sets the
+// error. Once Drain has begun to leave (o.left), only left may follow: a
+// write of Run's that races the drain's end is dropped. Any other move
+// ownershipMoves does not list is a bug in the caller and panics, as a
+// gateway connection's phase does.
+func (o *Ownership) moveLocked(to OwnershipState, err error) bool {
+	if o.left && to != StateLeft {
+		return false
+	}
+	if from := o.state; from != to && !slices.Contains(ownershipMoves[from], to) {
+		panic(fmt.Sprintf("etcd: ownership state %s cannot move to %s", from, to))
+	}
+	o.state, o.lastErr = to, err
+	return true
+}
 
 // ErrOperatorLease is the /lease error of StateHeld.
 var ErrOperatorLease = errors.New("etcd: the operator's lease has expired: this node stays out of the bot (owns nothing) until it is renewed")
@@ -288,11 +333,7 @@ func (o *Ownership) join(ctx context.Context) (*Member, error) {
 	}
 	o.member = m
 	o.joins++
-	st := StateMember
-	if o.draining {
-		st = StateDraining
-	}
-	o.state, o.lastErr = st, nil
+	o.moveLocked(StateMember, nil)
 	o.mu.Unlock()
 	return m, nil
 }
@@ -413,9 +454,7 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	}
 	if why == "lease lost" {
 		o.fenced += uint64(len(owned))
-		if !o.left {
-			o.state, o.lastErr = StateJoining, m.Err()
-		}
+		o.moveLocked(StateJoining, m.Err())
 	}
 	o.mu.Unlock()
 	now := o.clock.Now()
@@ -599,7 +638,7 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	}
 	o.draining = true
 	if o.state == StateMember {
-		o.state = StateDraining
+		o.moveLocked(StateDraining, o.lastErr)
 	}
 	m := o.member
 	o.mu.Unlock()
@@ -663,19 +702,16 @@ func (o *Ownership) leaving() bool {
 // errLeaving is join's answer when a drain began during the Join.
 var errLeaving = errors.New("etcd: the node is leaving")
 
-func (o *Ownership) setState(st string, err error) {
+func (o *Ownership) setState(st OwnershipState, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.left && st != StateLeft {
-		return
-	}
-	o.state, o.lastErr = st, err
+	o.moveLocked(st, err)
 }
 
 // Status is the ownership as /lease shows it.
 type Status struct {
 	Node  string
-	State string
+	State OwnershipState
 	TTL   time.Duration
 	// Deadline is the fencing deadline; zero when not a member.
 	Deadline  time.Time
