@@ -142,7 +142,7 @@
 //     switch.
 //   - Forget ends the bookkeeping once the old connections are closed and
 //     the new plan has had time to deliver its copies of what they
-//     received (the node calls it DefaultWindow, 30 s, after the switch or
+//     received (the Mover calls it DefaultWindow, 30 s, after the switch or
 //     the abort); a copy arriving later would be delivered twice.
 //   - Two events of the same type and d, one sent only to the old plan and
 //     one only to the new, that arrive within the window of each other are
@@ -153,7 +153,7 @@
 //   - Order per guild needs the old connections to have delivered, by the
 //     switch, what the gateway sent them before the last new READY: an
 //     old-only straggler is delivered after the switch, after newer
-//     events. The node does not prove it: it switches a fixed time
+//     events. The Mover does not prove it: it switches a fixed time
 //     (SwitchDelay, 1 s) after the last new READY, far longer than
 //     two connections to one gateway drift apart, and awaits no heartbeat
 //     acknowledgement. Exactly-once does not depend on it.

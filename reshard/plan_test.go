@@ -131,3 +131,28 @@ func TestLimiterRollingHour(t *testing.T) {
 		t.Fatalf("an hour after the first move: Admit = %v; want nil", err)
 	}
 }
+
+// Check refuses as Admit would and records nothing: a refused write does
+// not use up one of the hour's moves, nor does an accepted check.
+func TestLimiterCheckRecordsNothing(t *testing.T) {
+	c := clock.NewFake()
+	l := reshard.NewLimiter(c)
+	for range 2 * reshard.MovesPerHour {
+		if err := l.Check(); err != nil {
+			t.Fatalf("Check with no move = %v; want nil", err)
+		}
+	}
+	for i := range reshard.MovesPerHour {
+		if err := l.Admit(); err != nil {
+			t.Fatalf("move %d: Admit = %v; want nil", i+1, err)
+		}
+	}
+	err := l.Check()
+	if !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), "3 moves in the last hour") {
+		t.Fatalf("Check after 3 moves = %v; want the refusal Admit gives", err)
+	}
+	c.Advance(time.Hour)
+	if err := l.Check(); err != nil {
+		t.Fatalf("Check an hour later = %v; want nil", err)
+	}
+}
