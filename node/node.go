@@ -14,7 +14,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +24,7 @@ import (
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/reshard"
 	"github.com/shardfs/shardfs/shardfs"
 )
 
@@ -90,7 +90,7 @@ type Config struct {
 	Gateway string
 
 	// Reshard moves the node to a larger plan when a shard closes 4011
-	// (serve --total auto; see reshard.go). Without it a 4011 leaves the
+	// (serve --total auto; see package reshard). Without it a 4011 leaves the
 	// shard FATAL and `reshard N` on /ctl moves by hand.
 	Reshard bool
 	// Etcd, when set, makes the node one of a fleet sharing the bot (see
@@ -125,13 +125,12 @@ type Node struct {
 	log       *slog.Logger
 	clock     clock.Clock
 	events    *journal.Log // /events, whatever the plan
-	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
 
 	planMu sync.RWMutex
 	cur    *planRun // the plan the tree shows
-	move   mover
+	move   *reshard.Mover
 }
 
 // New assembles a node. Nothing connects until Start.
@@ -142,7 +141,6 @@ func New(cfg Config) (*Node, error) {
 	}
 	clk := clock.Or(cfg.Clock)
 	s := &Node{cfg: cfg, log: log, clock: clk, events: journal.New(1 << 20)}
-	s.move.limiter = core.NewReshardLimiter(clk)
 	if cfg.Flavor == core.Fluxer {
 		s.Pacer = core.NewFluxerPacer(clk, fluxerPacing(cfg))
 	} else {
@@ -168,6 +166,7 @@ func New(cfg Config) (*Node, error) {
 		}
 		s.Fleet, s.cfg.Sessions = f, f.Store
 	}
+	s.move = s.newMover()
 	p, err := s.buildPlan(cfg.Plan, nil)
 	if err != nil {
 		if s.Fleet != nil {
@@ -270,20 +269,8 @@ func (s *Node) Close() error {
 		if s.Fleet != nil {
 			s.Fleet.shutdown() // hands the shards over first
 		}
-		s.closed.Store(true)
-		m := &s.move
-		m.mu.Lock()
-		if m.cancel != nil {
-			m.cancel()
-		}
-		m.mu.Unlock()
-		m.wg.Wait()
-		var errs []error
-		if next := s.moveNext(); next != nil {
-			// A move cut short: the new plan's sessions are of no use.
-			next.core.End()
-			errs = append(errs, next.transport.Close())
-		}
+		// A move cut short ends its new plan: its sessions are of no use.
+		errs := []error{s.move.Close()}
 		// After a move the first plan ended at the switch, its transport
 		// closed with it.
 		cur := s.current()

@@ -12,6 +12,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/journal"
+	"github.com/shardfs/shardfs/reshard"
 )
 
 // waitNewReady waits until the move's new plan has every one of its total
@@ -21,10 +22,8 @@ func waitNewReady(t *testing.T, s *Node, total int, bound time.Duration) {
 	timeout := time.After(bound)
 	for {
 		notify := s.events.Notify()
-		if p := s.moveNext(); p != nil {
-			if ready, _ := p.readyCount(); ready == total {
-				return
-			}
+		if st := s.move.Status(); st.State == reshard.Starting && st.Ready == total {
+			return
 		}
 		select {
 		case <-notify:
@@ -108,8 +107,8 @@ func checkOnce(t *testing.T, sent, got map[string]int) {
 func TestReshardAbortDuringSwitchWait(t *testing.T) {
 	s, sim := startSmall(t, core.Discord, 4, 40, Config{})
 	gate := make(chan struct{})
-	s.move.switchGate = gate
-	if _, err := s.command("reshard 8"); err != nil {
+	s.move.HoldSwitch(gate)
+	if _, err := s.move.Command("reshard 8"); err != nil {
 		t.Fatal(err)
 	}
 	waitNewReady(t, s, 8, 60*time.Second)
@@ -120,7 +119,7 @@ func TestReshardAbortDuringSwitchWait(t *testing.T) {
 	}
 	waitEvent(t, s, "event=reshard-aborted", 30*time.Second)
 	close(gate) // the wait ends: a move still running would switch now
-	s.move.wg.Wait()
+	s.move.Wait()
 	if c, _ := s.Current(); c != s.Scheduler {
 		t.Fatalf("the node switched to the aborted plan of %d shards", c.Plan().Total)
 	}
@@ -128,7 +127,7 @@ func TestReshardAbortDuringSwitchWait(t *testing.T) {
 	if strings.Contains(events, "event=reshard-switch") {
 		t.Errorf("a switch after the abort:\n%s", events)
 	}
-	if got := string(s.reshardFile()); !strings.Contains(got, "state aborted\n") {
+	if got := string(s.move.File()); !strings.Contains(got, "state aborted\n") {
 		t.Errorf("/reshard = %q; want state aborted", got)
 	}
 	for _, d := range s.Scheduler.Snapshot(nil) {
@@ -149,7 +148,7 @@ func TestReshardAbortKeepsEvents(t *testing.T) {
 	s, sim := startSmallBeating(t, core.Discord, 4, guilds, Config{Reshard: true}, 100*time.Millisecond)
 	gate := make(chan struct{})
 	defer close(gate)
-	s.move.switchGate = gate
+	s.move.HoldSwitch(gate)
 	sim.SetShards(8)
 	if n := sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
 		t.Fatalf("Inject(1, 4011) reached %d connections; want 1", n)
@@ -169,7 +168,7 @@ func TestReshardAbortKeepsEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 		sent[id] = n
-		if core.ShardOf(g, 4) == 1 && n > 0 {
+		if reshard.ShardOf(g, 4) == 1 && n > 0 {
 			deadOnly++
 		}
 	}
@@ -220,17 +219,17 @@ func TestReshardOld4011DuringMove(t *testing.T) {
 	s, _ := startSmall(t, core.Discord, 4, 40, Config{Reshard: true})
 	gate := make(chan struct{})
 	defer close(gate)
-	s.move.switchGate = gate
-	if _, err := s.command("reshard 8"); err != nil {
+	s.move.HoldSwitch(gate)
+	if _, err := s.move.Command("reshard 8"); err != nil {
 		t.Fatal(err)
 	}
 	waitEvent(t, s, "event=reshard-start", 30*time.Second)
 	// What the old plan's core calls when its shard 2 goes FATAL on a
 	// 4011 (shard 2 is in both plans, so the simulator cannot close
 	// only the old plan's connection).
-	s.onFatal(s.current())(2, 4011)
+	s.move.OnFatal(s.current())(2, 4011)
 	waitEvent(t, s, "event=reshard-running shard=2 plan=old old_total=4 new_total=8", 10*time.Second)
-	if got := string(s.reshardFile()); !strings.Contains(got, "state starting\n") {
+	if got := string(s.move.File()); !strings.Contains(got, "state starting\n") {
 		t.Errorf("/reshard = %q; want the move still starting", got)
 	}
 }

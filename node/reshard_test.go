@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/reshard"
 )
 
 // readLog returns what a journal holds, from its oldest line.
@@ -150,8 +151,8 @@ func TestReshardOn4011(t *testing.T) {
 			for id, n := range sent {
 				var i int
 				fmt.Sscan(id, &i)
-				if g := gatewaysim.GuildID(1 + i%tc.guilds); n == 0 && core.ShardOf(g, tc.oldTotal) != tc.fatal {
-					t.Errorf("message %s of guild %d (old shard %d, serving) reached no session", id, g, core.ShardOf(g, tc.oldTotal))
+				if g := gatewaysim.GuildID(1 + i%tc.guilds); n == 0 && reshard.ShardOf(g, tc.oldTotal) != tc.fatal {
+					t.Errorf("message %s of guild %d (old shard %d, serving) reached no session", id, g, reshard.ShardOf(g, tc.oldTotal))
 				}
 			}
 			// Per guild, /dispatch has the messages in the order they

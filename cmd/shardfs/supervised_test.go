@@ -2,18 +2,19 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/node"
+	"github.com/shardfs/shardfs/reshard"
 )
 
 // A supervised child that runs the whole plan (supervise --processes 1)
-// refuses `reshard` as its parent does, and says so without pointing at a
-// /ctl that would refuse too.
+// refuses `reshard` as its parent does, as the write's error, and says so
+// without pointing at a /ctl that would refuse too.
 func TestSupervisedChildRefusesMoves(t *testing.T) {
 	n, err := node.New(node.Config{Flavor: core.Discord, Token: "sim-token", GatewayURL: "ws://127.0.0.1:1", Plan: core.Range(2, 0, 1)})
 	if err != nil {
@@ -24,26 +25,15 @@ func TestSupervisedChildRefusesMoves(t *testing.T) {
 	var nilLink *childLink
 	nilLink.refuseMoves(n) // serve without supervise: nothing to do
 	ctl := n.Tree.Root().Lookup("ctl").(*fsrv.Ctl)
-	if err := ctl.Handle("reshard 4"); err != nil {
-		t.Fatalf("reshard 4 = %v; want it taken, refused in the background", err)
+	err = ctl.Handle("reshard 4")
+	if !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), "supervise does not move to a larger plan yet") || strings.Contains(err.Error(), "/ctl") {
+		t.Fatalf("reshard 4 = %v; want it refused as it is written, naming supervise and pointing at no /ctl", err)
 	}
 	events := n.Scheduler.Events()
-	timeout := time.After(10 * time.Second)
-	for {
-		notify := events.Notify()
-		buf := make([]byte, 1<<16)
-		k, _ := events.ReadAt(buf, events.Oldest())
-		if line := buf[:k]; bytes.Contains(line, []byte("event=reshard-refused")) {
-			if !strings.Contains(string(line), "supervise does not move to a larger plan yet") || strings.Contains(string(line), "/ctl") {
-				t.Fatalf("the refusal does not name supervise, or points at /ctl:\n%s", line)
-			}
-			break
-		}
-		select {
-		case <-notify:
-		case <-timeout:
-			t.Fatal("no reshard-refused line within 10s")
-		}
+	buf := make([]byte, 1<<16)
+	k, _ := events.ReadAt(buf, events.Oldest())
+	if line := buf[:k]; !bytes.Contains(line, []byte("event=rejected")) || !bytes.Contains(line, []byte("supervise does not move to a larger plan yet")) {
+		t.Fatalf("no rejected line naming supervise:\n%s", line)
 	}
 	if c, _ := n.Current(); c != n.Scheduler {
 		t.Fatal("the child moved to another plan")

@@ -1,4 +1,4 @@
-package core_test
+package reshard_test
 
 import (
 	"errors"
@@ -10,30 +10,31 @@ import (
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/reshard"
 )
 
-// TestSplitShardsCarryTheirGuilds: every guild of old shard k lands, in
-// the plan of M×N, on one of SplitShards(k, N, M×N), and those shards
+// TestSplitCarryTheirGuilds: every guild of old shard k lands, in
+// the plan of M×N, on one of Split(k, N, M×N), and those shards
 // carry no guild of another old shard.
-func TestSplitShardsCarryTheirGuilds(t *testing.T) {
+func TestSplitCarryTheirGuilds(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		n := rapid.IntRange(1, 2048).Draw(rt, "N")
 		m := rapid.IntRange(1, 16).Draw(rt, "M")
 		k := rapid.IntRange(0, n-1).Draw(rt, "k")
-		children, err := core.SplitShards(k, n, m*n)
+		children, err := reshard.Split(k, n, m*n)
 		if err != nil {
-			rt.Fatalf("SplitShards(%d, %d, %d) = %v", k, n, m*n, err)
+			rt.Fatalf("Split(%d, %d, %d) = %v", k, n, m*n, err)
 		}
 		if len(children) != m {
-			rt.Fatalf("SplitShards(%d, %d, %d) has %d shards; want %d", k, n, m*n, len(children), m)
+			rt.Fatalf("Split(%d, %d, %d) has %d shards; want %d", k, n, m*n, len(children), m)
 		}
 		for i, c := range children {
 			if c != k+i*n {
-				rt.Fatalf("SplitShards(%d, %d, %d)[%d] = %d; want %d", k, n, m*n, i, c, k+i*n)
+				rt.Fatalf("Split(%d, %d, %d)[%d] = %d; want %d", k, n, m*n, i, c, k+i*n)
 			}
 		}
 		g := rapid.Uint64().Draw(rt, "guild")
-		before, after := core.ShardOf(g, n), core.ShardOf(g, m*n)
+		before, after := reshard.ShardOf(g, n), reshard.ShardOf(g, m*n)
 		owns := false
 		for _, c := range children {
 			owns = owns || c == after
@@ -44,12 +45,12 @@ func TestSplitShardsCarryTheirGuilds(t *testing.T) {
 	})
 }
 
-func TestSplitShardsRefuses(t *testing.T) {
+func TestSplitRefuses(t *testing.T) {
 	for _, c := range []struct{ k, old, new int }{
 		{0, 0, 4}, {0, 4, 0}, {-1, 4, 8}, {4, 4, 8}, {1, 4, 6},
 	} {
-		if got, err := core.SplitShards(c.k, c.old, c.new); err == nil {
-			t.Errorf("SplitShards(%d, %d, %d) = %v; want an error", c.k, c.old, c.new, got)
+		if got, err := reshard.Split(c.k, c.old, c.new); err == nil {
+			t.Errorf("Split(%d, %d, %d) = %v; want an error", c.k, c.old, c.new, got)
 		}
 	}
 }
@@ -78,37 +79,37 @@ func TestNextTotal(t *testing.T) {
 		{"fluxer ignores max_concurrency", core.Fluxer, 1, 4001, 16, 3, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := core.NextTotal(c.flavor, c.current, c.answer, c.maxConc)
+			got, err := reshard.NextTotal(c.flavor, c.current, c.answer, c.maxConc)
 			if c.wantErr == "" {
 				if err != nil || got != c.want {
 					t.Fatalf("NextTotal(%v, %d, %d, %d) = %d, %v; want %d", c.flavor, c.current, c.answer, c.maxConc, got, err, c.want)
 				}
 				return
 			}
-			if err == nil || !errors.Is(err, core.ErrReshard) || !strings.Contains(err.Error(), c.wantErr) {
+			if err == nil || !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), c.wantErr) {
 				t.Fatalf("NextTotal(%v, %d, %d, %d) = %d, %v; want an ErrReshard saying %q", c.flavor, c.current, c.answer, c.maxConc, got, err, c.wantErr)
 			}
 		})
 	}
 }
 
-func TestCheckReshardBudget(t *testing.T) {
-	if err := core.CheckReshardBudget(32, 42, 10); err != nil {
-		t.Errorf("CheckReshardBudget(32, 42, 10) = %v; want nil (exactly the budget above the reserve)", err)
+func TestCheckBudget(t *testing.T) {
+	if err := reshard.CheckBudget(32, 42, 10); err != nil {
+		t.Errorf("CheckBudget(32, 42, 10) = %v; want nil (exactly the budget above the reserve)", err)
 	}
-	err := core.CheckReshardBudget(32, 41, 10)
-	if !errors.Is(err, core.ErrReshard) || !strings.Contains(err.Error(), "needs 32 identifies and the budget has 31 left above its reserve of 10") {
-		t.Errorf("CheckReshardBudget(32, 41, 10) = %v; want a refusal naming 32, 31 and 10", err)
+	err := reshard.CheckBudget(32, 41, 10)
+	if !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), "needs 32 identifies and the budget has 31 left above its reserve of 10") {
+		t.Errorf("CheckBudget(32, 41, 10) = %v; want a refusal naming 32, 31 and 10", err)
 	}
-	if err := core.CheckReshardBudget(1, 5, 10); err == nil || !strings.Contains(err.Error(), "has 0 left") {
-		t.Errorf("CheckReshardBudget(1, 5, 10) = %v; want a refusal with 0 left", err)
+	if err := reshard.CheckBudget(1, 5, 10); err == nil || !strings.Contains(err.Error(), "has 0 left") {
+		t.Errorf("CheckBudget(1, 5, 10) = %v; want a refusal with 0 left", err)
 	}
 }
 
-func TestReshardLimiterRollingHour(t *testing.T) {
+func TestLimiterRollingHour(t *testing.T) {
 	c := clock.NewFake()
-	l := core.NewReshardLimiter(c)
-	for i := range core.ReshardMovesPerHour {
+	l := reshard.NewLimiter(c)
+	for i := range reshard.MovesPerHour {
 		if err := l.Admit(); err != nil {
 			t.Fatalf("move %d: Admit = %v; want nil", i+1, err)
 		}
@@ -118,7 +119,7 @@ func TestReshardLimiterRollingHour(t *testing.T) {
 	// clock step back by two hours changes nothing.
 	c.JumpWall(-2 * time.Hour)
 	err := l.Admit()
-	if !errors.Is(err, core.ErrReshard) || !strings.Contains(err.Error(), "3 moves in the last hour") {
+	if !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), "3 moves in the last hour") {
 		t.Fatalf("fourth move within the hour: Admit = %v; want a refusal", err)
 	}
 	c.Advance(30*time.Minute - time.Nanosecond)
@@ -128,5 +129,30 @@ func TestReshardLimiterRollingHour(t *testing.T) {
 	c.Advance(time.Nanosecond)
 	if err := l.Admit(); err != nil {
 		t.Fatalf("an hour after the first move: Admit = %v; want nil", err)
+	}
+}
+
+// Check refuses as Admit would and records nothing: a refused write does
+// not use up one of the hour's moves, nor does an accepted check.
+func TestLimiterCheckRecordsNothing(t *testing.T) {
+	c := clock.NewFake()
+	l := reshard.NewLimiter(c)
+	for range 2 * reshard.MovesPerHour {
+		if err := l.Check(); err != nil {
+			t.Fatalf("Check with no move = %v; want nil", err)
+		}
+	}
+	for i := range reshard.MovesPerHour {
+		if err := l.Admit(); err != nil {
+			t.Fatalf("move %d: Admit = %v; want nil", i+1, err)
+		}
+	}
+	err := l.Check()
+	if !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), "3 moves in the last hour") {
+		t.Fatalf("Check after 3 moves = %v; want the refusal Admit gives", err)
+	}
+	c.Advance(time.Hour)
+	if err := l.Check(); err != nil {
+		t.Fatalf("Check an hour later = %v; want nil", err)
 	}
 }
