@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
@@ -81,7 +82,7 @@ func TestReshardRefusals(t *testing.T) {
 		command string // empty: shard 1 closes 4011 (Config.Reshard)
 		want    string
 	}{
-		{name: "budget too small", cfg: Config{IdentifyTotal: 10}, command: "reshard 8",
+		{name: "budget too small", cfg: Config{IdentifyTotal: 10, IdentifyReserve: gateway.DefaultReserve}, command: "reshard 8",
 			want: "the new plan needs 8 identifies and the budget has 5 left above its reserve of 1"},
 		// Discovery's 4, rounded up to max_concurrency 8, is no more
 		// than the 8 shards now.
