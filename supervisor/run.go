@@ -85,20 +85,10 @@ func Run(ctx context.Context, rc RunConfig) error {
 		return err
 	}
 	defer ls.Close()
-	flavor, total := rc.Pacing.Flavor, rc.Total
-	var limit *core.StartLimit
-	if total == 0 || (flavor == core.Discord && !rc.Pacing.Fixed) {
-		d, ok, err := gateway.DiscoverBeforeStart(ctx, flavor, rc.API, rc.Token, total == 0, log,
-			"the identify budget is unknown until a child's shard discovers and reports it")
-		if err != nil {
-			return err
-		}
-		if ok {
-			limit = &d.StartLimit
-			if total == 0 {
-				total = d.Shards
-			}
-		}
+	flavor := rc.Pacing.Flavor
+	total, limit, err := rc.discover(ctx, log)
+	if err != nil {
+		return err
 	}
 	a, err := rc.AssignmentFor(total)
 	if err != nil {
@@ -117,37 +107,10 @@ func Run(ctx context.Context, rc RunConfig) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	sessions := rc.SessionsDir
-	if sessions == "" {
-		sessions = filepath.Join(tmp, "sessions")
+	ex, sessions, err := rc.newExec(tmp, a, total, pacer)
+	if err != nil {
+		return err
 	}
-	if err := os.MkdirAll(sessions, 0o700); err != nil {
-		return fmt.Errorf("--sessions: %w", err)
-	}
-	self := rc.Path
-	if self == "" {
-		if self, err = os.Executable(); err != nil {
-			return err
-		}
-	}
-	// A child's socket is named by its block's index, not its ID: the
-	// parent dials the full path, which must fit sun_path (108 bytes)
-	// whatever the ID (up to 128 characters) and the temporary folder.
-	index := map[string]int{}
-	for i, b := range a.Blocks {
-		index[b.ID] = i
-	}
-	childArgs := func(l Launch) []string {
-		args := []string{"serve", "--flavor", flavor.String(), "--total", strconv.Itoa(total),
-			"--shards", FormatShards(l.Shards),
-			"--listen", "unix!" + filepath.Join(tmp, strconv.Itoa(index[l.ID])+".sock"),
-			"--sessions", filepath.Join(sessions, l.ID),
-			"--max-concurrency", strconv.Itoa(pacer.MaxConcurrency()),
-		}
-		return append(args, rc.PassOn...)
-	}
-	out := NewOutput(rc.Output)
-	ex := &Exec{Path: self, Args: childArgs, Env: rc.Env, Token: rc.Token, Pacer: NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out}
 	var tree *Tree // set below, before the first launch
 	launch := func(l Launch, r *Reports) (Process, error) {
 		if l.Crashed {
@@ -178,15 +141,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 	log.Info("starting children", "children", len(a.Blocks), "total", total)
 	sup.Start()
 
-	sctx, stopServing := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, l := range ls.List {
-		wg.Go(func() {
-			if err := srv.Serve(sctx, l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
-				log.Error("serving 9P", "addr", fsrv.AddrString(l), "err", err)
-			}
-		})
-	}
+	stopServing := serve(srv, ls, log)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: stopping every child, each saving its sessions")
@@ -194,16 +149,91 @@ func Run(ctx context.Context, rc RunConfig) error {
 	}
 	sup.Close()
 	ex.Wait()
-	out.Close()
+	ex.Output.Close()
 	stopServing()
-	srv.Close()
-	wg.Wait()
 	tree.Close()
 	if err := sup.Err(); err != nil {
 		return err
 	}
 	log.Info("every child stopped")
 	return nil
+}
+
+// newExec is how the children start: serve, with a block of the shards, a
+// sessions folder each under sessions (SessionsDir, or one in tmp) and a
+// socket each in tmp.
+func (rc RunConfig) newExec(tmp string, a Assignment, total int, pacer *core.Pacer) (*Exec, string, error) {
+	sessions := rc.SessionsDir
+	if sessions == "" {
+		sessions = filepath.Join(tmp, "sessions")
+	}
+	if err := os.MkdirAll(sessions, 0o700); err != nil {
+		return nil, "", fmt.Errorf("--sessions: %w", err)
+	}
+	self := rc.Path
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return nil, "", err
+		}
+	}
+	// A child's socket is named by its block's index, not its ID: the
+	// parent dials the full path, which must fit sun_path (108 bytes)
+	// whatever the ID (up to 128 characters) and the temporary folder.
+	index := map[string]int{}
+	for i, b := range a.Blocks {
+		index[b.ID] = i
+	}
+	childArgs := func(l Launch) []string {
+		args := []string{"serve", "--flavor", rc.Pacing.Flavor.String(), "--total", strconv.Itoa(total),
+			"--shards", FormatShards(l.Shards),
+			"--listen", "unix!" + filepath.Join(tmp, strconv.Itoa(index[l.ID])+".sock"),
+			"--sessions", filepath.Join(sessions, l.ID),
+			"--max-concurrency", strconv.Itoa(pacer.MaxConcurrency()),
+		}
+		return append(args, rc.PassOn...)
+	}
+	discord := rc.Pacing.Flavor == core.Discord
+	ex := &Exec{Path: self, Args: childArgs, Env: rc.Env, Token: rc.Token, Pacer: NewSpacedPacer(pacer, discord, nil), Output: NewOutput(rc.Output)}
+	return ex, sessions, nil
+}
+
+// discover runs discovery before the start: with Total 0 for the
+// recommended count, and for Discord the session start limit the shared
+// pacer must know before the first child identifies.
+func (rc RunConfig) discover(ctx context.Context, log *slog.Logger) (total int, limit *core.StartLimit, err error) {
+	total = rc.Total
+	if total != 0 && (rc.Pacing.Flavor != core.Discord || rc.Pacing.Fixed) {
+		return total, nil, nil
+	}
+	d, ok, err := gateway.DiscoverBeforeStart(ctx, rc.Pacing.Flavor, rc.API, rc.Token, total == 0, log,
+		"the identify budget is unknown until a child's shard discovers and reports it")
+	if !ok {
+		return total, nil, err
+	}
+	if total == 0 {
+		total = d.Shards
+	}
+	return total, &d.StartLimit, nil
+}
+
+// serve serves the tree on every listener; stop stops serving and waits
+// for the connections.
+func serve(srv *fsrv.Server, ls *fsrv.Listeners, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, l := range ls.List {
+		wg.Go(func() {
+			if err := srv.Serve(ctx, l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
+				log.Error("serving 9P", "addr", fsrv.AddrString(l), "err", err)
+			}
+		})
+	}
+	return func() {
+		cancel()
+		srv.Close()
+		wg.Wait()
+	}
 }
 
 // dropSnapshots removes the snapshots of a child that crashed or was
