@@ -34,7 +34,8 @@ type Pacing struct {
 	// Fixed says the gateway URL was given: no discovery will say the
 	// session start limit.
 	Fixed bool
-	// Fluxer is Fluxer's identify budget.
+	// Fluxer is Fluxer's identify budget (default
+	// core.DefaultFluxerPacing).
 	Fluxer core.FluxerPacing
 }
 
@@ -42,6 +43,9 @@ type Pacing struct {
 // clock).
 func NewPacer(clk clock.Clock, p Pacing) *core.Pacer {
 	if p.Flavor == core.Fluxer {
+		if p.Fluxer.Budget < 1 {
+			p.Fluxer = core.DefaultFluxerPacing
+		}
 		return core.NewFluxerPacer(clk, p.Fluxer)
 	}
 	pacer := core.NewDiscordPacer(clk, p.MaxConcurrency)

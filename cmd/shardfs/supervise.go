@@ -8,7 +8,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/supervisor"
 )
@@ -80,7 +79,7 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	rc := supervisor.RunConfig{
 		Pacing: gateway.Pacing{Flavor: o.flavor, MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal,
-			IdentifyReserve: *f.idReserve, Fixed: *f.gatewayURL != "", Fluxer: core.DefaultFluxerPacing},
+			IdentifyReserve: *f.idReserve, Fixed: *f.gatewayURL != ""},
 		API: *f.api, Total: o.total,
 		Processes: *processes, ShardsPerProcess: *perProcess, Assign: *assign, Policy: pol,
 		Listen: f.listenAddrs(), TLS: f.tls.files(), MaxConns: *f.maxConns,
