@@ -122,6 +122,8 @@ func (n *nodeRole) start([]string) (string, error) {
 		Plan:        core.Range(n.total, 0, n.shards-1),
 		Intents:     gatewaysim.IntentGuilds | gatewaysim.IntentGuildMessages,
 		Compression: n.compression,
+		// The binary's default: 1% of the session starts kept back.
+		IdentifyReserve: gateway.DefaultReserve,
 	}
 	if n.latency {
 		cfg.ObserveEvent = n.observe

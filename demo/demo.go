@@ -98,7 +98,7 @@ func Start(ctx context.Context, cfg Config) (*Demo, error) {
 		Plan:        core.Range(cfg.Shards, 0, cfg.Shards-1),
 		Compression: cfg.Compression, Backoff: cfg.Backoff,
 		Intents: gatewaysim.IntentGuilds | gatewaysim.IntentGuildMessages,
-		Clock:   cfg.Clock, Logger: log,
+		Clock:   cfg.Clock, Logger: log, IdentifyReserve: gateway.DefaultReserve,
 	})
 	if err != nil {
 		sim.Close()

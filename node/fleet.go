@@ -182,9 +182,7 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 			f.close()
 			return err
 		}
-		if cfg.IdentifyReserve != 0 {
-			f.Identify.SetReserve(max(cfg.IdentifyReserve, 0))
-		}
+		f.Identify.SetReserve(cfg.IdentifyReserve)
 	}
 	return nil
 }

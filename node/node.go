@@ -47,8 +47,9 @@ type Config struct {
 	// and caps what discovery says otherwise (0: no cap).
 	IdentifyTotal int
 	// IdentifyReserve is how many of those starts automatic new sessions
-	// leave to the operator's identify and retry: 0 means the default (1%
-	// of the total, at least 1), negative means none.
+	// leave to the operator's identify and retry: gateway.DefaultReserve
+	// (negative) for 1% of the total, at least 1; 0 for none. Its zero
+	// value keeps none: set it to gateway.DefaultReserve for the default.
 	IdentifyReserve int
 	// FluxerPacing overrides Fluxer's identify budget.
 	FluxerPacing core.FluxerPacing
@@ -141,21 +142,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	clk := clock.Or(cfg.Clock)
 	s := &Node{cfg: cfg, log: log, clock: clk, events: journal.New(1 << 20)}
-	if cfg.Flavor == core.Fluxer {
-		s.Pacer = core.NewFluxerPacer(clk, fluxerPacing(cfg))
-	} else {
-		s.Pacer = core.NewDiscordPacer(clk, cfg.MaxConcurrency)
-		if cfg.IdentifyReserve != 0 {
-			s.Pacer.SetReserve(max(cfg.IdentifyReserve, 0))
-		}
-		total := cfg.IdentifyTotal
-		if total == 0 && cfg.GatewayURL != "" {
-			// No discovery will say: Discord's documented figure, and the
-			// period starts with the first identify.
-			total = core.DiscordStartTotal
-		}
-		s.Pacer.LimitTotal(total)
-	}
+	s.Pacer = gateway.NewPacer(clk, gateway.Pacing{Flavor: cfg.Flavor, MaxConcurrency: cfg.MaxConcurrency,
+		IdentifyTotal: cfg.IdentifyTotal, IdentifyReserve: cfg.IdentifyReserve,
+		Fixed: cfg.GatewayURL != "", Fluxer: fluxerPacing(cfg)})
 	if cfg.Etcd != nil {
 		if cfg.Sessions != nil {
 			return nil, errors.New("node: Config.Sessions and Config.Etcd are exclusive (etcd keeps the sessions)")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 )
 
@@ -40,10 +41,10 @@ func TestIdentifyBudgetWithoutDiscovery(t *testing.T) {
 		total, reserve      int
 		wantTotal, wantRsrv int
 	}{
-		{"ws://127.0.0.1:1", 0, 0, 1000, 10},
+		{"ws://127.0.0.1:1", 0, gateway.DefaultReserve, 1000, 10},
 		{"ws://127.0.0.1:1", 200, 5, 200, 5},
-		{"ws://127.0.0.1:1", 200, -1, 200, 0},
-		{"", 0, 0, 0, 0}, // discovery will say
+		{"ws://127.0.0.1:1", 200, 0, 200, 0},
+		{"", 0, gateway.DefaultReserve, 0, 0}, // discovery will say
 	} {
 		s, err := New(Config{Flavor: core.Discord, Token: "t", GatewayURL: tc.gateway, Plan: core.Range(1, 0, 0),
 			IdentifyTotal: tc.total, IdentifyReserve: tc.reserve})

@@ -18,6 +18,7 @@ import (
 	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 	"github.com/shardfs/shardfs/reshard"
@@ -94,7 +95,7 @@ func TestReshardRefusals(t *testing.T) {
 		atWrite error
 		want    string
 	}{
-		{name: "budget too small", cfg: Config{IdentifyTotal: 10}, command: "reshard 8", atWrite: core.ErrUsage,
+		{name: "budget too small", cfg: Config{IdentifyTotal: 10, IdentifyReserve: gateway.DefaultReserve}, command: "reshard 8", atWrite: core.ErrUsage,
 			want: "the new plan needs 8 identifies and the budget has 5 left above its reserve of 1"},
 		{name: "as many shards as now, by hand", command: "reshard 4", atWrite: core.ErrUsage,
 			want: "the new plan would have 4 shards, not more than the current 4"},

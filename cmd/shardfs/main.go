@@ -1,23 +1,9 @@
 // Command shardfs keeps a chat bot's gateway shards alive and serves them as
 // a file tree over 9P; it is also a small 9P client for that tree.
+// `shardfs help` prints its usage, `shardfs COMMAND -h` a command's flags.
 //
-//	shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
-//	shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
-//	               [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
-//	               [--sessions DIR [--resume-window D]]
-//	               token: SHARDFS_TOKEN or --token-file FILE (never a flag value)
-//	               listeners by default: unix socket read-write, tcp!127.0.0.1!5640,ro
-//	               [--tls-cert F --tls-key F --tls-client-ca F]  (tls!HOST!PORT listeners)
-//	shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline '...'] [--token-file F]
-//	               [--tls-cert F --tls-key F --tls-client-ca F] [--etcd-ca F --etcd-cert F --etcd-key F]
-//	               [--ca-bundle F] [--init F] [--dry-run]
-//	shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
-//	shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
-//	shardfs ls|cat|write|tail [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]
-//	shardfs supervise (serve's flags) --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
-//	               [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
-//	               [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
-//	shardfs version
+// Each command parses its flags and calls one Run of a package: serve
+// node.Run, supervise supervisor.Run, demo demo.Run.
 //
 // Decisions. When serve takes its token from SHARDFS_TOKEN it re-executes
 // itself in place (same PID, so signals and the exit status are
@@ -37,15 +23,6 @@
 // still serves the tree, its shards FATAL with "no token". netboot puts
 // the running binary in the image, so it must be static (CGO_ENABLED=0);
 // it refuses a dynamic one.
-//
-// With --sessions DIR, serve locks the folder before it discovers or
-// connects, so a second serve on it fails at once and names the first's
-// PID, and closes it only after the node's Close has saved every shard.
-// For Fluxer it discovers before the start even with --total N: the core
-// checks each Fluxer snapshot against the endpoint, which it must know
-// before the first load. A failed early discovery is not fatal (a store
-// problem never stops a shard): every Fluxer shard then starts a new
-// session.
 package main
 
 import (
@@ -56,6 +33,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 )
@@ -76,14 +54,28 @@ func main() {
 	}
 }
 
-const usage = `usage:
-  shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
-  shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
-                 [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
-                 [--sessions DIR [--resume-window D]]
+// usage is the one usage text: a test checks that it names every flag
+// each command registers, and no other. A new command goes into commands
+// and here, a new flag into its command's lines.
+const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes each flag)
+  shardfs demo   [--flavor discord|fluxer] [--shards 4] [--traffic 1] [--chaos DURATION]
+                 [--compress none|zlib-stream|zstd-stream] [--debug]
+                 [--listen ADDR]... [--tls-cert F --tls-key F --tls-client-ca F]
+  shardfs serve  --flavor discord|fluxer --total N|auto [--shards 0-3,7]
+                 [--api URL] [--gateway URL] [--intents N]
+                 [--compress none|zlib-stream|zstd-stream] [--backoff default|fixed:DURATION]
+                 [--max-concurrency N] [--identify-total N] [--identify-reserve -1|0|N]
+                 [--listen ADDR[,ro][,insecure]]... [--max-conns N]
+                 [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
+                 [--sessions DIR [--resume-window D]] [--debug]
+                 [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]
+                  [--etcd-ca F --etcd-cert F --etcd-key F] [--fluxer-identify-budget N]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
-                 [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
+  shardfs supervise (serve's flags, but for --shards and the etcd ones)
+                 --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
+                 [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
+                 [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
   shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline 'shardfs.x=y ...']
                  [--token-file FILE] [--tls-cert F --tls-key F --tls-client-ca F]
                  [--etcd-ca F --etcd-cert F --etcd-key F] [--ca-bundle FILE] [--init F] [--dry-run]
@@ -96,71 +88,101 @@ const usage = `usage:
   shardfs cat    [--addr ADDR] [--cert F --key F --ca F] PATH
   shardfs write  [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]     (TEXT or standard input)
   shardfs tail   [--addr ADDR] [--cert F --key F --ca F] [-n LINES] [--once] PATH
-  shardfs supervise (serve's flags) --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
-                 [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
-                 [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
   shardfs version
+  shardfs help
 `
+
+// subcommand runs one command with its arguments.
+type subcommand func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error
+
+// commands are the subcommands but help. Each parses its flags and calls
+// one Run of a package.
+var commands = map[string]subcommand{
+	"demo": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runDemo(ctx, args, stdout, stderr)
+	},
+	"serve": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runServe(ctx, args, stdout, stderr)
+	},
+	"supervise": func(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
+		return runSupervise(ctx, args, stderr)
+	},
+	"netboot": func(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runNetboot(args, stdout, stderr)
+	},
+	"mount": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runMount(ctx, args, stdout, stderr)
+	},
+	"certs": func(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runCerts(args, stdout, stderr)
+	},
+	"ls":    clientCommand("ls"),
+	"cat":   clientCommand("cat"),
+	"write": clientCommand("write"),
+	"tail":  clientCommand("tail"),
+	"version": func(_ context.Context, _ []string, _ io.Reader, stdout, _ io.Writer) error {
+		bi, _ := debug.ReadBuildInfo()
+		fmt.Fprintln(stdout, "shardfs", version(bi))
+		return nil
+	},
+}
+
+func clientCommand(name string) subcommand {
+	return func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		return runClient(ctx, name, args, stdin, stdout, stderr)
+	}
+}
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return flag.ErrHelp
 	}
-	cmd, args := args[0], args[1:]
-	switch cmd {
-	case "demo":
-		return runDemo(ctx, args, stdout, stderr)
-	case "serve":
-		return runServe(ctx, args, stdout, stderr)
-	case "netboot":
-		return runNetboot(args, stdout, stderr)
-	case "supervise":
-		return runSupervise(ctx, args, stderr)
-	case "ls", "cat", "write", "tail":
-		return runClient(ctx, cmd, args, stdin, stdout, stderr)
-	case "mount":
-		return runMount(ctx, args, stdout, stderr)
-	case "certs":
-		return runCerts(args, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "shardfs", version())
-		return nil
+	name, args := args[0], args[1:]
+	if cmd, ok := commands[name]; ok {
+		return cmd(ctx, args, stdin, stdout, stderr)
+	}
+	switch name {
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q", cmd)
+	return fmt.Errorf("unknown command %q", name)
 }
 
-// version is the module version, or the VCS revision of a development
-// build.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
+// version says which shardfs this is: the module version (what go
+// install ...@VERSION built), or for a build from a checkout "devel" with
+// the VCS revision, "+dirty" when the tree had changes, and the commit
+// time; then the Go version and the platform. bi is nil when the binary
+// carries no build information.
+func version(bi *debug.BuildInfo) string {
+	platform := runtime.GOOS + "/" + runtime.GOARCH
+	if bi == nil {
+		return "unknown " + runtime.Version() + " " + platform
 	}
 	v := bi.Main.Version
-	var rev, dirty string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "+dirty"
+	if v == "" || v == "(devel)" {
+		v = "devel"
+		var rev, dirty, at string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				if s.Value == "true" {
+					dirty = "+dirty"
+				}
+			case "vcs.time":
+				at = s.Value
 			}
 		}
-	}
-	if (v == "" || v == "(devel)") && rev != "" {
-		if len(rev) > 12 {
-			rev = rev[:12]
+		if rev != "" {
+			v += " " + rev[:min(len(rev), 12)] + dirty
 		}
-		return "devel-" + rev + dirty
+		if at != "" {
+			v += " " + at
+		}
 	}
-	if v == "" {
-		return "(devel)"
-	}
-	return v + " " + bi.GoVersion
+	return v + " " + bi.GoVersion + " " + platform
 }

@@ -334,7 +334,7 @@ func TestExamplesAgainstDemo(t *testing.T) {
 		<-served
 		d.Close()
 	}()
-	tree := "9p!" + addrString(l)
+	tree := "9p!" + fsrv.AddrString(l)
 	run := func(env []string, script string, args ...string) string {
 		t.Helper()
 		return runExample(t, dir, env, script, args...)
@@ -342,7 +342,7 @@ func TestExamplesAgainstDemo(t *testing.T) {
 	run(nil, "wait-ready.sh", tree, "60")
 	// Read-only, as serve's TCP listener is: scripts that read work, a
 	// script that writes fails and says why.
-	roTree := "9p!" + addrString(rl)
+	roTree := "9p!" + fsrv.AddrString(rl)
 	run(nil, "wait-ready.sh", roTree, "60")
 	if out, err := exampleCmd(dir, []string{"ROUNDS=1"}, "keep-lease.sh", roTree, "30s", "1", "true").CombinedOutput(); err == nil || !strings.Contains(string(out), "read-only listener") {
 		t.Errorf("keep-lease.sh on a read-only listener = %v, %q; want a failure that names the read-only listener", err, out)

@@ -16,6 +16,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/node"
 	"github.com/shardfs/shardfs/shardfs"
 )
 
@@ -98,7 +99,14 @@ func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Scheduler, *n
 	if total == 0 {
 		total = 1
 	}
-	plan, err := planFor(total, s.Shards)
+	var ids []int
+	if s.Shards != "" {
+		var err error
+		if ids, err = core.ParseShardList(s.Shards); err != nil {
+			return nil, nil, nil, fmt.Errorf("--shards: %w", err)
+		}
+	}
+	plan, err := node.Plan(total, ids)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -116,26 +124,26 @@ func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Scheduler, *n
 // nothing. With shardfs.total=auto (discovery needs the token) the plan is
 // shard 0 of 1.
 func serveNoToken(ctx context.Context, s baremetal.Settings, console io.Writer) error {
-	ls, err := listen(s.Listen, nil, &tlsFlags{cert: s.TLSCert, key: s.TLSKey, clientCA: s.TLSClientCA})
+	ls, err := fsrv.Open(s.Listen, fsrv.TLSFiles{Cert: s.TLSCert, Key: s.TLSKey, ClientCA: s.TLSClientCA})
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(console, nil))
 	n, tr, tree, err := newNoTokenNode(s, log)
 	if err != nil {
-		closeListeners(ls)
+		ls.Close()
 		return err
 	}
 	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p")}
-	for _, l := range ls {
-		log.Info("serving the tree over 9P without a token: every shard is FATAL", "addr", addrString(l.l), "access", l.access())
+	for _, l := range ls.List {
+		log.Info("serving the tree over 9P without a token: every shard is FATAL", "addr", fsrv.AddrString(l), "access", fsrv.Access(l))
 	}
 	n.Start()
 	var wg sync.WaitGroup
-	errs := make([]error, len(ls))
-	for i, l := range ls {
+	errs := make([]error, len(ls.List))
+	for i, l := range ls.List {
 		wg.Go(func() {
-			if err := srv.Serve(ctx, l.l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
+			if err := srv.Serve(ctx, l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
 				errs[i] = err
 			}
 		})

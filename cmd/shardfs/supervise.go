@@ -2,33 +2,20 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"time"
 
-	"github.com/shardfs/shardfs/core"
-	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
-	"github.com/shardfs/shardfs/sessions/dir"
 	"github.com/shardfs/shardfs/supervisor"
 )
 
 // runSupervise runs children (serve, this binary) that own blocks of the
 // shards, restarts them under the restart policy, and serves one tree for
-// all of them (DESIGN.md section 7.4; package supervisor).
-//
-// Each child gets its own sessions folder, --sessions DIR/ID (or one in a
-// private temporary folder when --sessions is not given), so that a
-// restart resumes its shards; and a unix socket in a private temporary
-// folder, where the parent reaches its tree.
+// all of them (supervisor.Run). Child ID's sessions folder is
+// --sessions DIR/ID, or one in a private temporary folder.
 func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	fl := flag.NewFlagSet("supervise", flag.ContinueOnError)
 	fl.SetOutput(stderr)
@@ -73,8 +60,6 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	flavor, total := o.flavor, o.total
-	api, gatewayURL, totalFlag, sessDir, debug := f.api, f.gatewayURL, f.total, f.sessions, f.debug
 	ways := 0
 	for _, set := range []bool{*processes != 0, *perProcess != 0, *assign != ""} {
 		if set {
@@ -92,183 +77,35 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	case pol.HealthyReset <= 0 || pol.StartupTimeout <= 0 || pol.ShutdownTimeout <= 0:
 		return flagErr(fl, "--healthy-reset, --startup-timeout and --shutdown-timeout must be positive")
 	}
-	if *totalFlag != "auto" {
-		if _, err := assignment(total, *processes, *perProcess, *assign); err != nil {
+	rc := supervisor.RunConfig{
+		Pacing: gateway.Pacing{Flavor: o.flavor, MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal,
+			IdentifyReserve: *f.idReserve, Fixed: *f.gatewayURL != ""},
+		API: *f.api, Total: o.total,
+		Processes: *processes, ShardsPerProcess: *perProcess, Assign: *assign, Policy: pol,
+		Listen: f.listenAddrs(), TLS: f.tls.files(), MaxConns: *f.maxConns,
+		SessionsDir: *f.sessions, Env: childEnv(),
+	}
+	if o.total != 0 {
+		if _, err := rc.AssignmentFor(o.total); err != nil {
 			return flagErr(fl, "%v", err)
 		}
 	}
 	// The gateway's flags go on to every child as the operator gave them
 	// (checked above, so that a bad one fails the parent, not every
 	// child in turn).
-	var passed [][2]string
 	fl.Visit(func(v *flag.Flag) {
 		switch v.Name {
 		case "api", "gateway", "intents", "compress", "backoff", "resume-window", "debug":
-			passed = append(passed, [2]string{v.Name, v.Value.String()})
+			rc.PassOn = append(rc.PassOn, "--"+v.Name+"="+v.Value.String())
 		}
 	})
-	token, err := readToken(*f.tokenFile)
-	if err != nil {
+	if rc.Token, err = readToken(*f.tokenFile); err != nil {
 		return err
 	}
-	ls, err := listen(f.listens, serveListeners(), &f.tls)
-	if err != nil {
-		return err
-	}
-	defer closeListeners(ls)
-	log, _, stopLog := newLogger(stderr, *debug)
+	log, _, stopLog := newLogger(stderr, *f.debug)
 	defer stopLog()
-
-	var limit *core.StartLimit
-	if *totalFlag == "auto" || (flavor == core.Discord && *gatewayURL == "") {
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		disc, err := gateway.Discover(dctx, nil, flavor, *api, token)
-		cancel()
-		switch {
-		case err != nil && *totalFlag == "auto":
-			return fmt.Errorf("--total auto: %w", err)
-		case err != nil:
-			log.Error("discovery before the start failed: the identify budget is unknown until a child's shard discovers and reports it", "err", err)
-		default:
-			limit = &disc.StartLimit
-			if *totalFlag == "auto" {
-				total = disc.Shards
-				log.Info("discovered the recommended shard count", "total", total)
-			}
-		}
-	}
-	a, err := assignment(total, *processes, *perProcess, *assign)
-	if err != nil {
-		return flagErr(fl, "%v", err)
-	}
-	if len(a.Unowned) > 0 {
-		log.Warn("some shards of the total are in no child's block: they run nowhere here", "unowned", supervisor.FormatShards(a.Unowned))
-	}
-
-	// The shared pacer: the children identify as one node would.
-	var pacer *core.Pacer
-	if flavor == core.Fluxer {
-		pacer = core.NewFluxerPacer(nil, core.DefaultFluxerPacing)
-	} else {
-		pacer = core.NewDiscordPacer(nil, *f.maxConc)
-		if *f.idReserve != -1 {
-			pacer.SetReserve(*f.idReserve)
-		}
-		lt := *f.idTotal
-		if lt == 0 && *gatewayURL != "" {
-			lt = core.DiscordStartTotal
-		}
-		pacer.LimitTotal(lt)
-		if limit != nil {
-			pacer.SetStartLimit(*limit)
-		}
-	}
-
-	run, err := os.MkdirTemp("", "shardfs-supervise-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(run)
-	sessions := *sessDir
-	if sessions == "" {
-		sessions = filepath.Join(run, "sessions")
-	}
-	if err := os.MkdirAll(sessions, 0o700); err != nil {
-		return fmt.Errorf("--sessions: %w", err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	// A child's socket is named by its block's index, not its ID: the
-	// parent dials the full path, which must fit sun_path (108 bytes)
-	// whatever the ID (up to 128 characters) and the temporary folder.
-	index := map[string]int{}
-	for i, b := range a.Blocks {
-		index[b.ID] = i
-	}
-	childArgs := func(l supervisor.Launch) []string {
-		args := []string{"serve", "--flavor", flavor.String(), "--total", strconv.Itoa(total),
-			"--shards", supervisor.FormatShards(l.Shards),
-			"--listen", "unix!" + filepath.Join(run, strconv.Itoa(index[l.ID])+".sock"),
-			"--sessions", filepath.Join(sessions, l.ID),
-			"--max-concurrency", strconv.Itoa(pacer.MaxConcurrency()),
-		}
-		for _, kv := range passed {
-			args = append(args, "--"+kv[0]+"="+kv[1])
-		}
-		return args
-	}
-	out := supervisor.NewOutput(stderr)
-	ex := &supervisor.Exec{Path: self, Args: childArgs, Env: childEnv(), Token: token, Pacer: supervisor.NewSpacedPacer(pacer, flavor == core.Discord, nil), Output: out}
-	var tree *supervisor.Tree // set below, before the first launch
-	launch := func(l supervisor.Launch, r *supervisor.Reports) (supervisor.Process, error) {
-		if l.Crashed {
-			folder := filepath.Join(sessions, l.ID)
-			dropSnapshots(folder, l.Shards, log)
-			if flavor == core.Discord {
-				resumeCrashed(tree, l.ID, folder, flavor, total, log)
-			}
-		}
-		return ex.Launch(l, r)
-	}
-	sup := supervisor.New(supervisor.Config{Assignment: a, Policy: pol, Launch: launch, Logger: log.With("component", "supervisor")})
-	tree = supervisor.NewTree(supervisor.TreeConfig{
-		Supervisor: sup, Assignment: a, Flavor: flavor, Identify: pacer.Budget,
-		Info: func() [][2]string {
-			return [][2]string{{"max_concurrency", strconv.Itoa(pacer.MaxConcurrency())}}
-		},
-		Logger: log.With("component", "tree"),
-	})
-	ex.Lines, ex.Sessions = tree.Line, tree.Session
-	if flavor == core.Discord {
-		// What the children's discoveries learn reaches the shared
-		// pacer: it lowers what remains, never raises it.
-		ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
-	}
-	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: *f.maxConns}
-	for _, l := range ls {
-		log.Info("serving the tree over 9P", "addr", addrString(l.l), "access", l.access())
-	}
-	log.Info("starting children", "children", len(a.Blocks), "total", total)
-	sup.Start()
-
-	sctx, stopServing := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, l := range ls {
-		wg.Go(func() {
-			if err := srv.Serve(sctx, l.l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
-				log.Error("serving 9P", "addr", addrString(l.l), "err", err)
-			}
-		})
-	}
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: stopping every child, each saving its sessions")
-	case <-sup.Done():
-	}
-	sup.Close()
-	ex.Wait()
-	out.Close()
-	stopServing()
-	srv.Close()
-	wg.Wait()
-	tree.Close()
-	if err := sup.Err(); err != nil {
-		return err
-	}
-	log.Info("every child stopped")
-	return nil
-}
-
-func assignment(total, processes, perProcess int, assign string) (supervisor.Assignment, error) {
-	switch {
-	case processes != 0:
-		return supervisor.ByProcesses(total, processes)
-	case perProcess != 0:
-		return supervisor.ByShardsPerProcess(total, perProcess)
-	}
-	return supervisor.ParseAssign(total, assign)
+	rc.Logger, rc.Output = log, stderr
+	return supervisor.Run(ctx, rc)
 }
 
 // childEnv is the environment without the token (readToken re-executed
@@ -281,52 +118,4 @@ func childEnv() []string {
 		}
 	}
 	return env
-}
-
-// dropSnapshots removes the snapshots of a child that crashed or was
-// killed: what it saved, if anything, may be past the last line the
-// parent got, and a resume from there would skip what the parent never
-// saw (a killed stop saves some shards, not all). Its shards start new
-// sessions, or resume from the parent's points (resumeCrashed). The file
-// name is sessions/dir's (shard-N.json).
-func dropSnapshots(folder string, shards []int, log *slog.Logger) {
-	for _, id := range shards {
-		p := filepath.Join(folder, "shard-"+strconv.Itoa(id)+".json")
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.Error("cannot remove a crashed child's snapshot: its shard may resume past what the parent has", "file", p, "err", err)
-		}
-	}
-}
-
-// resumeCrashed writes, into a crashed child's sessions folder, a
-// snapshot of each of its shards' sessions at the last sequence the
-// parent's /dispatch holds, so that the next child resumes them and the
-// gateway replays, once, what the parent had not seen (package
-// supervisor's doc says when this is safe). Discord only: Fluxer trims
-// its replay buffer to the sequence the child's heartbeats acknowledged,
-// which may be past the parent's, and refuses such a resume.
-func resumeCrashed(tree *supervisor.Tree, id, folder string, flavor core.Flavor, total int, log *slog.Logger) {
-	points := tree.ResumePoints(id)
-	if len(points) == 0 {
-		return
-	}
-	store, err := dir.Open(folder, dir.Options{Logger: log})
-	if err != nil {
-		log.Error("cannot resume the crashed child's sessions: its shards start new ones", "child", id, "err", err)
-		return
-	}
-	defer store.Close()
-	now := time.Now()
-	saved := 0
-	for _, p := range points {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := store.Save(ctx, p.Shard, core.Snapshot{Flavor: flavor, Session: p.Session, Sequence: p.Sequence, Total: total, SavedAt: now})
-		cancel()
-		if err != nil {
-			log.Error("saving a crashed child's session failed: that shard starts a new one", "child", id, "shard", p.Shard, "err", err)
-			continue
-		}
-		saved++
-	}
-	log.Info("the crashed child's shards resume from the last sequence the parent has", "child", id, "shards", saved)
 }

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -28,7 +27,6 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
-	"github.com/shardfs/shardfs/sessions/dir"
 )
 
 type superviseProc struct{ *serveProc }
@@ -563,34 +561,6 @@ func TestSuperviseLongIDAndGap(t *testing.T) {
 			if strings.Contains(string(b), token) || !strings.Contains(string(b), "SHARDFS") && file == "environ" {
 				t.Errorf("child %q: /proc/%d/%s holds the token (or is not the child's)", id, pid, file)
 			}
-		}
-	}
-}
-
-// TestDropSnapshots: a killed child's snapshots are gone before its next
-// start (the file names are sessions/dir's).
-func TestDropSnapshots(t *testing.T) {
-	folder := t.TempDir()
-	store, err := dir.Open(folder, dir.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, shard := range []int{3, 4} {
-		snap := core.Snapshot{Flavor: core.Discord, Session: core.Session{ID: "s", ResumeURL: "wss://x"}, Sequence: 9, Total: 8, SavedAt: time.Now()}
-		if err := store.Save(t.Context(), shard, snap); err != nil {
-			t.Fatal(err)
-		}
-	}
-	store.Close()
-	dropSnapshots(folder, []int{3, 4, 5}, slog.New(slog.DiscardHandler))
-	store, err = dir.Open(folder, dir.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	for _, shard := range []int{3, 4} {
-		if _, ok, err := store.Load(t.Context(), shard); ok || err != nil {
-			t.Errorf("shard %d: snapshot still there (%v)", shard, err)
 		}
 	}
 }

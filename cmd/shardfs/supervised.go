@@ -15,6 +15,7 @@ import (
 // and shuts down when the parent asks or goes away.
 type childLink struct {
 	*supervisor.Link
+	log    *slog.Logger // serve's
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
 	// copying ends the copies of the logs, only in Close: after the node
@@ -44,14 +45,23 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 	return ctx, c, nil
 }
 
-// configure makes the node ask the parent for identify slots, write each
+// Configure makes the node ask the parent for identify slots, write each
 // identify no sooner than its grant's floor and report each write (the
 // parent spaces a bucket's identifies across children from the writes).
-func (c *childLink) configure(cfg *node.Config) {
-	if c != nil {
-		cfg.IdentifyPacer = c.Pacer()
-		cfg.OnSession = c.Session
-		cfg.IdentifyNotBefore, cfg.IdentifyWritten = c.IdentifyNotBefore, c.IdentifyWritten
+func (c *childLink) Configure(cfg *node.Config) {
+	cfg.IdentifyPacer = c.Pacer()
+	cfg.OnSession = c.Session
+	cfg.IdentifyNotBefore, cfg.IdentifyWritten = c.IdentifyNotBefore, c.IdentifyWritten
+}
+
+// Starting makes the node refuse moves (see childMoveRefusal) and links
+// its pacer to the parent's before it starts: what the child's discovery
+// learnt reaches the shared pacer before the child's first identify
+// request, and later discoveries follow.
+func (c *childLink) Starting(n *node.Node) {
+	c.refuseMoves(n)
+	if n.Pacer != nil {
+		c.LimitsFrom(n.Pacer)
 	}
 }
 
@@ -69,30 +79,11 @@ func (c *childLink) refuseMoves(n *node.Node) {
 	}
 }
 
-// reportLimits links the node's pacer to the parent before the node
-// starts: what the child's discovery learnt reaches the shared pacer before
-// the child's first identify request, and later discoveries follow.
-func (c *childLink) reportLimits(n *node.Node) {
-	if c != nil && n.Pacer != nil {
-		c.LimitsFrom(n.Pacer)
-	}
-}
-
-// started tells the parent the node serves, at its first unix listener,
-// and reports its shards until ctx ends.
-func (c *childLink) started(ctx context.Context, n *node.Node, ls []listener, log *slog.Logger) {
-	if c == nil {
-		return
-	}
-	socket := ""
-	for _, l := range ls {
-		if l.l.Addr().Network() == "unix" {
-			socket = l.l.Addr().String()
-			break
-		}
-	}
+// Serving tells the parent the node serves, at socket, and reports its
+// shards until ctx ends.
+func (c *childLink) Serving(ctx context.Context, n *node.Node, socket string) {
 	if err := c.Ready(socket); err != nil {
-		log.Error("telling the supervisor this child is ready", "err", err)
+		c.log.Error("telling the supervisor this child is ready", "err", err)
 	}
 	c.wg.Go(func() { c.Watch(ctx, n.Scheduler) })
 	c.wg.Go(func() { c.Copy(c.copying, n.Tree.NodeDispatchLog()) })

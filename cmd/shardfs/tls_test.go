@@ -84,7 +84,7 @@ func serveDemoTLS(t *testing.T, pki, opts string) string {
 		<-served
 		d.Close()
 	})
-	return addrString(l)
+	return fsrv.AddrString(l)
 }
 
 func clientArgs(pki, cert string) []string {
@@ -317,21 +317,22 @@ func TestExamplesOverTLS(t *testing.T) {
 // valid now or expires within 30 days.
 func TestLogTLSCert(t *testing.T) {
 	pki := testPKI(t)
-	tf := &tlsFlags{cert: filepath.Join(pki, "server.crt"), key: filepath.Join(pki, "server.key"), clientCA: filepath.Join(pki, "ca.crt")}
-	if _, err := tf.config([]string{"tls!127.0.0.1!0"}); err != nil {
+	tf := fsrv.TLSFiles{Cert: filepath.Join(pki, "server.crt"), Key: filepath.Join(pki, "server.key"), ClientCA: filepath.Join(pki, "ca.crt")}
+	_, leaf, err := tf.Config([]string{"tls!127.0.0.1!0"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		now  time.Time
 		want string
 	}{
-		{time.Now(), `level=INFO msg="TLS listeners' certificate" cert=` + tf.cert + " cn=server names=127.0.0.1"},
-		{tf.leaf.NotAfter.Add(-24 * time.Hour), "level=WARN msg=\"the TLS listeners' certificate expires within 30 days"},
-		{tf.leaf.NotAfter.Add(time.Hour), "level=WARN msg=\"the TLS listeners' certificate is not valid now"},
-		{tf.leaf.NotBefore.Add(-time.Hour), "or this machine's clock is wrong"},
+		{time.Now(), `level=INFO msg="TLS listeners' certificate" cert=` + tf.Cert + " cn=server names=127.0.0.1"},
+		{leaf.NotAfter.Add(-24 * time.Hour), "level=WARN msg=\"the TLS listeners' certificate expires within 30 days"},
+		{leaf.NotAfter.Add(time.Hour), "level=WARN msg=\"the TLS listeners' certificate is not valid now"},
+		{leaf.NotBefore.Add(-time.Hour), "or this machine's clock is wrong"},
 	} {
 		var b strings.Builder
-		tf.logCert(slog.New(slog.NewTextHandler(&b, nil)), tc.now)
+		fsrv.LogCert(slog.New(slog.NewTextHandler(&b, nil)), tf.Cert, leaf, tc.now)
 		if !strings.Contains(b.String(), tc.want) {
 			t.Errorf("at %v: log %q; want %q", tc.now, b.String(), tc.want)
 		}

@@ -1,0 +1,300 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/sessions/dir"
+)
+
+// RunConfig configures Run: what serve's flags say, checked. Config is
+// New's, but for Plan, Sessions, Gateway and Reshard, which Run sets.
+type RunConfig struct {
+	Config
+	// Total is the plan's total; 0 means auto, discovery's recommendation.
+	Total int
+	// Shards are the node's shards; nil means all of the total.
+	Shards []int
+	// Listen are the 9P listeners' addresses (see fsrv.ParseListenAddr),
+	// TLS the files its tls! ones serve with, MaxConns the connections
+	// served at once (0: fsrv's default).
+	Listen   []string
+	TLS      fsrv.TLSFiles
+	MaxConns int
+	// SessionsDir, when set, is the folder of session snapshots
+	// (sessions/dir): Run locks it before anything is spent on the
+	// gateway, and closes it after the node saved every shard.
+	SessionsDir string
+	// Status, when set, draws the startup progress as one line (a
+	// terminal's); else the progress is logged every 10 s.
+	Status func(line string, final bool)
+	// Parent is the supervisor the node runs under, if any.
+	Parent Parent
+}
+
+// Parent is the supervisor a node runs under as one of its children
+// (serve started by supervise): the node takes its identify slots from
+// it and reports to it.
+type Parent interface {
+	// Configure sets cfg's identify hooks, before New.
+	Configure(cfg *Config)
+	// Starting is told of the node before its Start.
+	Starting(n *Node)
+	// Serving is told that the node serves its tree, at socket (its first
+	// unix listener, or empty); it reports n until ctx ends.
+	Serving(ctx context.Context, n *Node, socket string)
+}
+
+// Run opens the listeners, locks the sessions folder, discovers before
+// the start when it must, assembles the node for the plan, starts it and
+// serves its tree until ctx ends, then closes it cleanly: every session
+// stays resumable, and saved with SessionsDir.
+//
+// Listeners open first, so that a refused one fails Run before discovery
+// spends a request. For Fluxer with SessionsDir, Run discovers before the
+// start even with a Total: the core checks each Fluxer snapshot against
+// the endpoint, which it must know before the first load. A failed early
+// discovery is not fatal (a store problem never stops a shard): every
+// Fluxer shard then starts a new session.
+func Run(ctx context.Context, rc RunConfig) error {
+	log := rc.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ls, err := fsrv.Open(rc.Listen, rc.TLS)
+	if err != nil {
+		return err
+	}
+	// The folder is locked before anything is spent on the gateway: a
+	// second serve on it stops here, naming the first's PID.
+	var store *dir.Store
+	if rc.SessionsDir != "" {
+		if store, err = dir.Open(rc.SessionsDir, dir.Options{Logger: log.With("component", "sessions")}); err != nil {
+			ls.Close()
+			return fmt.Errorf("--sessions: %w", err)
+		}
+		// After the node closed: Close saves every shard into it.
+		defer func() {
+			if err := store.Close(); err != nil {
+				log.Error("closing the sessions folder", "err", err)
+			}
+		}()
+	}
+	n, limit, err := assemble(ctx, rc, store, log)
+	if err != nil {
+		ls.Close()
+		return err
+	}
+	n.Server.MaxConns = rc.MaxConns
+	switch {
+	case rc.Flavor != core.Discord:
+	case limit != nil && n.Fleet != nil && n.Fleet.Identify != nil:
+		n.Fleet.Identify.SetStartLimit(*limit)
+	case limit != nil:
+		n.Pacer.SetStartLimit(*limit) // what discovery said, before the first identify
+	case rc.GatewayURL == "":
+		// The identify budget must be known before the first identify:
+		// until then the pacer enforces nothing. A failure is the
+		// shards' to report, as they discover again when they connect.
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := n.Transport.Discover(dctx); err != nil {
+			log.Debug("discovery before the start failed; the shards discover when they connect", "err", err)
+		}
+		cancel()
+	}
+	ls.Log(log)
+	if rc.Parent != nil {
+		rc.Parent.Starting(n)
+	}
+	n.Start()
+	pctx, stopProgress := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	if rc.Parent != nil {
+		rc.Parent.Serving(pctx, n, ls.Socket())
+	}
+	var refused error
+	if n.Fleet == nil {
+		wg.Go(func() { progress(pctx, n, log, rc.Status) })
+	} else {
+		// A node etcd refuses (a plan mismatch) stops serving and exits
+		// with the refusal, which names both plans.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		wg.Go(func() {
+			select {
+			case refused = <-n.Fleet.Refused():
+				cancel()
+			case <-pctx.Done():
+			}
+		})
+	}
+	err = n.ServeAndClose(ctx, ls.List...)
+	stopProgress()
+	wg.Wait()
+	if refused != nil {
+		return refused
+	}
+	return err
+}
+
+// assemble discovers before the start when it must, and makes the node of
+// the plan; limit is discovery's session start limit, if it said one.
+func assemble(ctx context.Context, rc RunConfig, store *dir.Store, log *slog.Logger) (n *Node, limit *core.StartLimit, err error) {
+	cfg, total := rc.Config, rc.Total
+	// Gateway is the discovered endpoint, what Fluxer snapshots are
+	// checked against: the URL the gateway client stores in a Fluxer
+	// session is the one it connected to, discovery's (or GatewayURL).
+	fluxerResume := cfg.Flavor == core.Fluxer && store != nil && cfg.GatewayURL == ""
+	if total == 0 || fluxerResume {
+		d, ok, err := gateway.DiscoverBeforeStart(ctx, cfg.Flavor, cfg.API, cfg.Token, total == 0, log,
+			"no saved Fluxer session can be checked, so every shard starts a new one")
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok {
+			cfg.Gateway, limit = d.URL, &d.StartLimit
+		}
+		if total == 0 {
+			total = d.Shards
+		}
+	}
+	if cfg.Plan, err = Plan(total, rc.Shards); err != nil {
+		return nil, nil, err
+	}
+	// A 4011 moves to a larger plan only when the plan is the platform's
+	// and this node runs all of it, alone (DESIGN 7.5).
+	cfg.Reshard = rc.Total == 0 && rc.Shards == nil && cfg.Etcd == nil && rc.Parent == nil
+	if store != nil {
+		cfg.Sessions = store // a nil *dir.Store would be a non-nil interface
+	}
+	if rc.Parent != nil {
+		rc.Parent.Configure(&cfg)
+	}
+	n, err = New(cfg)
+	return n, limit, err
+}
+
+// Plan is the plan of the shards local of total (all of them when local
+// is nil).
+func Plan(total int, local []int) (core.Plan, error) {
+	if total > core.MaxTotal {
+		return core.Plan{}, fmt.Errorf("total %d is over %d", total, core.MaxTotal)
+	}
+	plan := core.Plan{Total: total, Local: local}
+	if local == nil {
+		plan = core.Range(total, 0, total-1)
+	}
+	if err := plan.Validate(); err != nil {
+		return plan, fmt.Errorf("plan: %w", err)
+	}
+	return plan, nil
+}
+
+// ServeAndClose serves the tree on ls until ctx ends (or serving fails),
+// then closes the node: its gateway connections close with 4000, so that
+// the sessions stay resumable.
+func (s *Node) ServeAndClose(ctx context.Context, ls ...net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, ls...) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		cancel()
+	}
+	s.log.Info("shutting down: closing gateway connections with 4000 so that sessions stay resumable")
+	cerr := s.Close()
+	if err == nil {
+		err = <-served
+	}
+	return errors.Join(err, cerr)
+}
+
+// progress reports startup: shards READY out of the local total, the next
+// identify slot and an estimate of the time left. With status (a
+// terminal) it redraws one status line; else it logs every 10 s. It looks
+// again at every lifecycle event and returns once every shard is READY
+// (or FATAL), or ctx ends.
+func progress(ctx context.Context, n *Node, log *slog.Logger, status func(line string, final bool)) {
+	tty := status != nil
+	interval := 10 * time.Second
+	if tty {
+		interval = 500 * time.Millisecond
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	start := time.Now()
+	diags := make([]core.Diag, 0, len(n.Scheduler.Plan().Local))
+	events := n.Scheduler.Events()
+	var line string
+	for {
+		cur, _ := n.Current() // after a move to a larger plan, the new one
+		diags = cur.Snapshot(diags[:0])
+		ready, fatal := 0, 0
+		for _, d := range diags {
+			switch d.State {
+			case core.Ready:
+				ready++
+			case core.Fatal:
+				fatal++
+			}
+		}
+		waiting, next := n.Pacer.Waiting()
+		left := n.Pacer.DrainTime().Round(time.Second)
+		nextIn := "none"
+		if !next.IsZero() {
+			nextIn = time.Until(next).Round(100 * time.Millisecond).String()
+		}
+		done := ready+fatal == len(diags)
+		if tty {
+			line = fmt.Sprintf("startup: %d/%d READY, %d FATAL, %d waiting to identify, next slot in %s, about %s left", ready, len(diags), fatal, waiting, nextIn, left)
+			if done {
+				status(fmt.Sprintf("startup done in %s: %d READY, %d FATAL", time.Since(start).Round(time.Second), ready, fatal), true)
+			} else {
+				status(line, false)
+			}
+		} else if done {
+			log.Info("startup done", "ready", ready, "fatal", fatal, "took", time.Since(start).Round(time.Second))
+		} else {
+			log.Info("startup", "ready", ready, "total", len(diags), "fatal", fatal, "identify_waiting", waiting, "next_slot_in", nextIn, "left", left)
+		}
+		if done {
+			return
+		}
+		for quiet := true; quiet; {
+			select {
+			case <-ctx.Done():
+				if tty {
+					status(line, true)
+				}
+				return
+			case <-tick.C:
+				quiet = false
+			case <-events.Notify():
+				// Check for the end at once; report only on the tick.
+				cur, _ := n.Current()
+				quiet = !allSettled(cur.Snapshot(diags[:0]))
+			}
+		}
+	}
+}
+
+func allSettled(diags []core.Diag) bool {
+	for _, d := range diags {
+		if d.State != core.Ready && d.State != core.Fatal {
+			return false
+		}
+	}
+	return true
+}
