@@ -131,7 +131,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		Flavor: flavor, Token: token, API: *apiURL, GatewayURL: *gatewayURL,
 		Plan: plan, Intents: *f.intents, Compression: comp, Backoff: backoff, Logger: log,
 		MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal, IdentifyReserve: reserve,
-		ResumeWindow: *f.resumeWindow, Gateway: endpoint, Etcd: etcdCfg,
+		ResumeWindow: *f.resumeWindow, Gateway: endpoint, Etcd: etcdCfg, MetricsListen: *f.metricsListen,
 		// A 4011 moves to a larger plan only when the plan is the
 		// platform's and this node runs all of it, alone (DESIGN 7.5).
 		Reshard: *totalFlag == "auto" && *shards == "" && etcdCfg == nil && link == nil,
@@ -234,6 +234,7 @@ type serveFlags struct {
 	sessions                               *string
 	resumeWindow                           *time.Duration
 	etcd                                   etcdFlags
+	metricsListen                          *string
 }
 
 func (f *serveFlags) register(fl *flag.FlagSet) {
@@ -256,6 +257,7 @@ func (f *serveFlags) register(fl *flag.FlagSet) {
 	f.sessions = fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
 	f.resumeWindow = fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
 	f.etcd.register(fl)
+	f.metricsListen = fl.String("metrics-listen", "", "serve /metrics over HTTP for Prometheus on HOST:PORT, e.g. 127.0.0.1:9464 (loopback only unless ,insecure follows)")
 }
 
 // serveOpts are the checked values of serveFlags.
