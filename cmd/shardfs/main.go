@@ -78,6 +78,7 @@ func main() {
 
 const usage = `usage:
   shardfs demo   [--flavor discord|fluxer] [--shards 4] [--listen ADDR]... [--chaos DURATION]
+  shardfs sim    [--flavor discord|fluxer] [--listen HOST:PORT] [--token-file FILE] [--shards N] [--guilds N] [--traffic PER_SECOND] [--ctl ADDR]
   shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
                  [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
                  [--sessions DIR [--resume-window D]]
@@ -111,6 +112,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	switch cmd {
 	case "demo":
 		return runDemo(ctx, args, stdout, stderr)
+	case "sim":
+		return runSim(ctx, args, stdout, stderr)
 	case "serve":
 		return runServe(ctx, args, stdout, stderr)
 	case "netboot":
