@@ -29,3 +29,24 @@ func TestNodeCtlUsage(t *testing.T) {
 		}
 	}
 }
+
+// A refused line on the node's /ctl gives the whole usage, reshard
+// included, in its error and its events line.
+func TestNodeCtlRefusalUsage(t *testing.T) {
+	n, err := New(Config{Flavor: core.Discord, Token: "t", API: "http://127.0.0.1:1", Plan: core.Range(1, 0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctl := n.Server.Root.Lookup("ctl").(*fsrv.Ctl)
+	err = ctl.Handle("frob all")
+	if err == nil || !strings.HasSuffix(err.Error(), "| lease off | reshard N|auto") {
+		t.Errorf("frob all = %v; want the usage with reshard", err)
+	}
+	l := n.Scheduler.Events()
+	buf := make([]byte, l.Size())
+	k, _ := l.ReadAt(buf, 0)
+	if !strings.Contains(string(buf[:k]), `| reshard N|auto" `) && !strings.Contains(string(buf[:k]), `| reshard N|auto"`+"\n") {
+		t.Errorf("events lack the usage with reshard:\n%s", buf[:k])
+	}
+}

@@ -193,9 +193,9 @@ func (c *Control) exec(w []string) (done []string, err error) {
 		if err != nil || id < 0 {
 			return nil, usage("publish: %q: want a shard number", args[0])
 		}
-		data, _ := json.Marshal(map[string]string{
+		data, _ := json.Marshal(map[string]any{
 			"id": strconv.FormatInt(c.clock.Now().UnixNano(), 10), "channel_id": "1",
-			"content": strings.Join(args[1:], " "), "type": "0",
+			"content": strings.Join(args[1:], " "), "type": 0,
 		})
 		n, err := c.sim.Publish(id, gatewaysim.Event{Name: "MESSAGE_CREATE", Data: data})
 		if err != nil {
