@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"io/fs"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
+	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -50,8 +52,18 @@ type rejectLimit struct {
 // refuse logs a refusal of line with err's reason to the node's events
 // and, for a shard's file (sl set), to the shard's, and returns err.
 func (t *Tree) refuse(sl *shardLogs, line string, err error) error {
-	t.logRefusal(sl, line, err.Error())
+	t.logRefusal(sl, line, reason(err))
 	return err
+}
+
+// reason is err's text without the kind fsrv answers with (the errno
+// says that much), as the core's lines give it.
+func reason(err error) string {
+	s := err.Error()
+	for _, kind := range []error{fs.ErrInvalid, fsrv.ErrBusy} {
+		s = strings.TrimPrefix(s, kind.Error()+": ")
+	}
+	return s
 }
 
 func (t *Tree) logRefusal(sl *shardLogs, line, reason string) {
