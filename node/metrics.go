@@ -25,26 +25,37 @@ var ErrMetricsInsecure = errors.New("metrics over plain HTTP beyond loopback")
 // (":9464", "0.0.0.0:9464") is beyond loopback. A host name must resolve
 // to loopback addresses only.
 func listenMetrics(addr string) (net.Listener, error) {
+	if err := CheckMetricsListen(addr); err != nil {
+		return nil, err
+	}
+	base, _, _ := strings.Cut(addr, ",")
+	l, err := net.Listen("tcp", base)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	return l, nil
+}
+
+// CheckMetricsListen refuses a metrics address New would refuse, without
+// listening: a command checks its flags with it before it spends time on
+// discovery.
+func CheckMetricsListen(addr string) error {
 	base, opt, _ := strings.Cut(addr, ",")
 	if opt != "" && opt != "insecure" {
-		return nil, fmt.Errorf("--metrics-listen %q: unknown option %q (known: insecure)", addr, opt)
+		return fmt.Errorf("--metrics-listen %q: unknown option %q (known: insecure)", addr, opt)
 	}
 	host, port, err := net.SplitHostPort(base)
 	if err != nil {
-		return nil, fmt.Errorf("--metrics-listen %q: want HOST:PORT, e.g. 127.0.0.1:9464: %v", addr, err)
+		return fmt.Errorf("--metrics-listen %q: want HOST:PORT, e.g. 127.0.0.1:9464: %v", addr, err)
 	}
 	if opt != "insecure" && !loopback(host) {
 		h := host
 		if h == "" {
 			h = "every interface"
 		}
-		return nil, fmt.Errorf("--metrics-listen %q: %w (%s): listen on 127.0.0.1:%s and let the scraper reach it through a tunnel or proxy, or add ,insecure to serve it anyway", addr, ErrMetricsInsecure, h, port)
+		return fmt.Errorf("--metrics-listen %q: %w (%s): listen on 127.0.0.1:%s and let the scraper reach it through a tunnel or proxy, or add ,insecure to serve it anyway", addr, ErrMetricsInsecure, h, port)
 	}
-	l, err := net.Listen("tcp", base)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-listen: %w", err)
-	}
-	return l, nil
+	return nil
 }
 
 // loopback reports whether every address host stands for is loopback.
