@@ -81,7 +81,7 @@ const usage = `usage:
   shardfs sim    [--flavor discord|fluxer] [--listen HOST:PORT] [--token-file FILE] [--shards N] [--guilds N] [--traffic PER_SECOND] [--ctl ADDR]
   shardfs serve  --flavor discord|fluxer [--api URL] [--gateway URL] --total N|auto
                  [--shards 0-3,7] [--intents N] [--listen ADDR[,ro][,insecure]]...
-                 [--sessions DIR [--resume-window D]]
+                 [--sessions DIR [--resume-window D]] [--metrics-listen HOST:PORT]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
                  [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
