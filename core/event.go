@@ -13,6 +13,10 @@ import (
 //
 //	ts=2026-11-30T07:00:00.123Z shard=3 event=backoff state=BACKOFF reconnects=4 err="..." tcp=failed tls=none ws=closed
 //
+// A node-level line has no shard key:
+//
+//	ts=2026-11-30T07:00:00.123Z event=rejected cmd="frob all" err="..."
+//
 // The same pairs go to the node's slog logger.
 type eventLine struct {
 	b      []byte
@@ -30,11 +34,15 @@ func newEventLine(now time.Time, shard int, event string, level slog.Level, log 
 	e.logged = log != nil && log.Enabled(context.Background(), level)
 	e.b = append(e.b, "ts="...)
 	e.b = now.UTC().AppendFormat(e.b, "2006-01-02T15:04:05.000Z07:00")
-	e.b = append(e.b, " shard="...)
-	e.b = strconv.AppendInt(e.b, int64(shard), 10)
+	// A node-level line (shard -1: the node's ctl, a discovery's budget
+	// mark) has no shard key rather than a shard that does not exist.
+	if shard >= 0 {
+		e.b = append(e.b, " shard="...)
+		e.b = strconv.AppendInt(e.b, int64(shard), 10)
+	}
 	e.b = append(e.b, " event="...)
 	e.b = append(e.b, event...)
-	if e.logged {
+	if e.logged && shard >= 0 {
 		e.attrs = append(e.attrs, slog.Int("shard", shard))
 	}
 	return e

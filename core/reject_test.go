@@ -120,7 +120,7 @@ func TestRejectionsBounded(t *testing.T) {
 }
 
 // eventsOf returns shard id's events, or the node's lines of its own ctl
-// (shard=-1) when id is -1.
+// (those without a shard key) when id is -1.
 func eventsOf(t *testing.T, e *env, id int) string {
 	if id >= 0 {
 		return e.events(id)
@@ -130,7 +130,7 @@ func eventsOf(t *testing.T, e *env, id int) string {
 	n, _ := l.ReadAt(buf, l.Oldest())
 	var own []string
 	for _, line := range strings.Split(string(buf[:n]), "\n") {
-		if strings.Contains(line, " shard=-1 ") {
+		if line != "" && !strings.Contains(line, " shard=") {
 			own = append(own, line)
 		}
 	}
@@ -151,7 +151,11 @@ func rejectedLines(ev string) []string {
 func summaries(ev string, id int) []int {
 	var out []int
 	for _, l := range strings.Split(ev, "\n") {
-		_, rest, ok := strings.Cut(l, " shard="+strconv.Itoa(id)+" event=rejected-suppressed suppressed=")
+		key := " shard=" + strconv.Itoa(id)
+		if id < 0 {
+			key = "" // a node-level line names no shard
+		}
+		_, rest, ok := strings.Cut(l, key+" event=rejected-suppressed suppressed=")
 		if !ok {
 			continue
 		}
@@ -203,5 +207,28 @@ func TestRejectionWindowGrows(t *testing.T) {
 	e.clk.Advance(time.Minute)
 	if last := e.lastEvent(0); !strings.HasSuffix(last, "event=rejected-suppressed suppressed=1 window=1m0s") {
 		t.Errorf("after a quiet window the last line is %q; want one suppressed in a window of 1m0s", last)
+	}
+}
+
+// A refusal on the node's ctl is a node-level line: it names no shard
+// (no shard=-1), and Reject, for commands outside the core, writes the
+// same line.
+func TestNodeRejectionNamesNoShard(t *testing.T) {
+	e := newEnv(t, core.Config{})
+	if err := e.node.ExecNode("frob all"); !errors.Is(err, core.ErrUsage) {
+		t.Fatalf("ExecNode(frob all) = %v; want ErrUsage", err)
+	}
+	e.node.Reject("drain now", errors.New("drain takes no argument"))
+	lines := rejectedLines(eventsOf(t, e, -1))
+	if len(lines) != 2 {
+		t.Fatalf("node-level rejected lines = %q; want 2", lines)
+	}
+	for _, l := range lines {
+		if strings.Contains(l, "shard=") {
+			t.Errorf("node-level line %q names a shard", l)
+		}
+	}
+	if want := `event=rejected cmd="drain now" err="drain takes no argument"`; !strings.HasSuffix(lines[1], want) {
+		t.Errorf("Reject's line = %q; want it to end %s", lines[1], want)
 	}
 }

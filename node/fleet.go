@@ -287,8 +287,7 @@ func (f *Fleet) command(line string) (bool, error) {
 	if len(words) > 1 {
 		err := fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(words[1:], " "))
 		if n := f.core(); n != nil {
-			now := n.Clock().Now()
-			n.Events().Append([]byte(fmt.Sprintf("ts=%s shard=-1 event=rejected cmd=%q err=%q\n", now.UTC().Format("2006-01-02T15:04:05.000Z07:00"), line, err.Error())), now)
+			n.Reject(line, err)
 		}
 		return true, err
 	}

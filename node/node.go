@@ -97,6 +97,10 @@ type Config struct {
 	// Etcd, when set, makes the node one of a fleet sharing the bot (see
 	// Etcd); Sessions is then etcd's and must be nil.
 	Etcd *Etcd
+	// MetricsListen, when set, serves /metrics over HTTP for Prometheus
+	// on HOST:PORT from Start to Close: loopback only, unless ",insecure"
+	// follows (see listenMetrics).
+	MetricsListen string
 }
 
 // Format hides the token from every fmt verb.
@@ -132,10 +136,26 @@ type Node struct {
 	planMu sync.RWMutex
 	cur    *planRun // the plan the tree shows
 	move   *reshard.Mover
+
+	metrics        *metricsServer // nil without Config.MetricsListen
+	metricsStarted bool
 }
 
 // New assembles a node. Nothing connects until Start.
-func New(cfg Config) (*Node, error) {
+func New(cfg Config) (_ *Node, err error) {
+	var metrics net.Listener
+	if cfg.MetricsListen != "" {
+		// First, so that a refused address fails New before anything is
+		// built.
+		if metrics, err = listenMetrics(cfg.MetricsListen); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				metrics.Close()
+			}
+		}()
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -172,6 +192,9 @@ func New(cfg Config) (*Node, error) {
 		Lookup: func(name string) fsrv.File { return s.current().tree.Root().Lookup(name) },
 	}
 	s.Server = &fsrv.Server{Root: root, Logger: log.With("component", "9p")}
+	if metrics != nil {
+		s.metrics = newMetricsServer(metrics, func() *prometheus.Registry { return s.current().tree.Registry() })
+	}
 	return s, nil
 }
 
@@ -229,6 +252,10 @@ func (s *Node) Start() {
 	if s.Fleet != nil {
 		s.Fleet.start(c)
 	}
+	if s.metrics != nil {
+		s.metrics.start()
+		s.metricsStarted = true
+	}
 }
 
 // Serve exports the tree on every listener until ctx ends or Close is
@@ -266,6 +293,9 @@ func (s *Node) Close() error {
 		cur.core.Close()
 		errs = append(errs, cur.transport.Close())
 		errs = append(errs, s.Server.Close())
+		if s.metrics != nil {
+			errs = append(errs, s.metrics.close(s.metricsStarted))
+		}
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr

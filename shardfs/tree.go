@@ -134,7 +134,23 @@ func (t *Tree) nodeCommand(line string) error {
 			return fsError(err)
 		}
 	}
-	return fsError(t.node.ExecNode(line))
+	if t.cfg.CommandUsage == "" {
+		return fsError(t.node.ExecNode(line))
+	}
+	// ExecNode, with the usage of a refusal naming the commands the hook
+	// adds (reshard, drain) too, since /ctl takes them.
+	c, err := core.ParseCommand(line)
+	var ce *core.CommandError
+	if errors.As(err, &ce) && ce.Usage == core.NodeUsage {
+		ce.Usage += t.cfg.CommandUsage
+	}
+	if err == nil {
+		err = t.node.Apply(c)
+	}
+	if err != nil {
+		t.node.Reject(line, err)
+	}
+	return fsError(err)
 }
 
 // Root returns the root directory, to serve with fsrv.Server.

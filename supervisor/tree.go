@@ -15,8 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
-	"golang.org/x/sys/unix"
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
@@ -66,6 +66,8 @@ type Tree struct {
 
 	mu      sync.Mutex
 	clients map[string]*childClient // by child id
+
+	rejects rejectLimit // the parent's own refusal lines in /events
 }
 
 type shardLogs struct {
@@ -85,6 +87,7 @@ type shardLogs struct {
 	readyWaits bool
 	once       sync.Once
 	dir        *fsrv.Dir
+	rejects    rejectLimit // the parent's own refusal lines in its events
 }
 
 type childClient struct {
@@ -114,7 +117,7 @@ func NewTree(cfg TreeConfig) *Tree {
 		}
 	}
 	t.top = []fsrv.File{
-		&fsrv.Ctl{Name: "ctl", Handle: t.ctl, Usage: func() string { return core.NodeUsage + "restart ID|all\n" }},
+		&fsrv.Ctl{Name: "ctl", Handle: t.ctl, Usage: func() string { return Usage }},
 		&fsrv.Text{Name: "children", Content: t.children},
 		&fsrv.Log{Name: "events", Source: t.events},
 		&fsrv.Text{Name: "status", Content: t.status},
@@ -309,13 +312,13 @@ func (t *Tree) shardDir(sl *shardLogs) *fsrv.Dir {
 			&fsrv.Text{Name: "state", Content: word("state", func() string { return "ASSIGNED" })},
 			&fsrv.Text{Name: "sequence", Content: word("sequence", func() string { return t.lastSeq(sl) })},
 			&fsrv.Text{Name: "reconnects", Content: word("reconnects", func() string { return "0" })},
-			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return t.write(sl.owner, name+"/ctl", line) }, Usage: func() string { return core.ShardUsage }},
+			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return t.forward(sl.owner, sl, name+"/ctl", line) }, Usage: func() string { return core.ShardUsage }},
 			&fsrv.Log{Name: "events", Source: sl.events},
 			&fsrv.Text{Name: "diag", Content: word("diag", func() string {
 				return "child " + t.cfg.Assignment.Blocks[sl.owner].ID + " " + string(t.childState(sl.owner))
 			})},
 			&fsrv.Log{Name: "dispatch", Source: sl.dispatch, Private: true},
-			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return t.write(sl.owner, name+"/send", line) }, Private: true},
+			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return t.forward(sl.owner, sl, name+"/send", line) }, Private: true},
 		)
 	})
 	return sl.dir
@@ -402,13 +405,29 @@ func (t *Tree) identify() []byte {
 	return shardfs.FormatIdentify(t.cfg.Identify(), t.clk.Now())
 }
 
+// Usage is what reading the parent's /ctl shows: the node commands,
+// which go to the children that own their shards, and restart.
+const Usage = core.NodeUsage + RestartUsage
+
+// RestartUsage is the parent's own command.
+const RestartUsage = "restart ID|all\n"
+
 // ctl applies one line of the parent's /ctl: restart ID|all for the
 // children, or a node command, sent to the children that own its shards.
+// A refusal says why, in its error and in /events (see reject.go).
 func (t *Tree) ctl(line string) error {
+	err := t.command(line)
+	if err != nil && !logged(err) {
+		t.refuse(nil, line, err)
+	}
+	return err
+}
+
+func (t *Tree) command(line string) error {
 	words := strings.Fields(line)
 	if len(words) > 0 && words[0] == "restart" {
 		if len(words) != 2 {
-			return fmt.Errorf("%w: %q: usage: restart ID|all", fs.ErrInvalid, line)
+			return fmt.Errorf("%w: %q: usage: %s", fs.ErrInvalid, line, strings.TrimSpace(RestartUsage))
 		}
 		var err error
 		if words[1] == "all" {
@@ -431,6 +450,10 @@ func (t *Tree) ctl(line string) error {
 	}
 	c, err := core.ParseCommand(line)
 	if err != nil {
+		var ce *core.CommandError
+		if errors.As(err, &ce) && ce.Usage == core.NodeUsage {
+			ce.Usage = Usage // restart too
+		}
 		return fmt.Errorf("%w: %w", fs.ErrInvalid, err)
 	}
 	per := map[int][]int{}
@@ -452,8 +475,11 @@ func (t *Tree) ctl(line string) error {
 			}
 			sub.Shards = per[i]
 		}
-		if err := t.write(i, "ctl", sub.String()); err != nil {
-			errs = append(errs, fmt.Errorf("child %s: %w", blk.ID, err))
+		if err := t.forward(i, nil, "ctl", sub.String()); err != nil {
+			if cr := (*childRefusal)(nil); !errors.As(err, &cr) {
+				err = &loggedRefusal{fmt.Errorf("child %s: %w", blk.ID, err)} // a childRefusal names it
+			}
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -493,22 +519,6 @@ func (t *Tree) read(i int, path string) ([]byte, error) {
 	return out, err
 }
 
-// write writes one line to a file of child i's tree.
-func (t *Tree) write(i int, path, line string) error {
-	return t.call(i, func(root p9.File) error {
-		f, err := walkTo(root, path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if _, _, err := f.Open(p9.WriteOnly); err != nil {
-			return err
-		}
-		_, err = f.WriteAt([]byte(line+"\n"), 0)
-		return err
-	})
-}
-
 // call runs f against child i's root within the timeout. A child that is
 // not running is busy; one that does not answer in time loses its
 // connection (the next call dials again).
@@ -528,7 +538,7 @@ func (t *Tree) call(i int, f func(root p9.File) error) error {
 	defer timer.Stop()
 	select {
 	case err = <-done:
-		var errno unix.Errno
+		var errno linux.Errno
 		if err != nil && !errors.As(err, &errno) {
 			t.drop(id, cc) // the connection failed, not the request
 		}
@@ -604,18 +614,18 @@ func walkTo(root p9.File, path string) (p9.File, error) {
 // errnoToFS gives a child's errno back the kind fsrv turns into the same
 // errno for the parent's client.
 func errnoToFS(err error) error {
-	var errno unix.Errno
+	var errno linux.Errno
 	if !errors.As(err, &errno) {
 		return err
 	}
 	switch errno {
-	case unix.EINVAL:
+	case linux.EINVAL:
 		return fmt.Errorf("%w: the child refused it (its events say why)", fs.ErrInvalid)
-	case unix.EACCES, unix.EPERM:
+	case linux.EACCES, linux.EPERM:
 		return fs.ErrPermission
-	case unix.ENOENT:
+	case linux.ENOENT:
 		return fs.ErrNotExist
-	case unix.EBUSY:
+	case linux.EBUSY:
 		return fmt.Errorf("%w: the child is busy", fsrv.ErrBusy)
 	}
 	return err

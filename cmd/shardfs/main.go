@@ -61,13 +61,15 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
   shardfs demo   [--flavor discord|fluxer] [--shards 4] [--traffic 1] [--chaos DURATION]
                  [--compress none|zlib-stream|zstd-stream] [--debug]
                  [--listen ADDR]... [--tls-cert F --tls-key F --tls-client-ca F]
+  shardfs sim    [--flavor discord|fluxer] [--listen HOST:PORT] [--token-file FILE] [--shards N]
+                 [--guilds N] [--traffic PER_SECOND] [--ctl ADDR]
   shardfs serve  --flavor discord|fluxer --total N|auto [--shards 0-3,7]
                  [--api URL] [--gateway URL] [--intents N]
                  [--compress none|zlib-stream|zstd-stream] [--backoff default|fixed:DURATION]
                  [--max-concurrency N] [--identify-total N] [--identify-reserve -1|0|N]
                  [--listen ADDR[,ro][,insecure]]... [--max-conns N]
                  [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
-                 [--sessions DIR [--resume-window D]] [--debug]
+                 [--sessions DIR [--resume-window D]] [--metrics-listen HOST:PORT] [--debug]
                  [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]
                   [--etcd-ca F --etcd-cert F --etcd-key F] [--fluxer-identify-budget N]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
@@ -100,6 +102,9 @@ type subcommand func(ctx context.Context, args []string, stdin io.Reader, stdout
 var commands = map[string]subcommand{
 	"demo": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return runDemo(ctx, args, stdout, stderr)
+	},
+	"sim": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runSim(ctx, args, stdout, stderr)
 	},
 	"serve": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return runServe(ctx, args, stdout, stderr)

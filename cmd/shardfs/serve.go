@@ -70,6 +70,7 @@ type serveFlags struct {
 	sessions                               *string
 	resumeWindow                           *time.Duration
 	etcd                                   etcdFlags
+	metricsListen                          *string
 }
 
 func (f *serveFlags) register(fl *flag.FlagSet) {
@@ -92,6 +93,7 @@ func (f *serveFlags) register(fl *flag.FlagSet) {
 	f.sessions = fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
 	f.resumeWindow = fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
 	f.etcd.register(fl)
+	f.metricsListen = fl.String("metrics-listen", "", "serve /metrics over HTTP for Prometheus on HOST:PORT, e.g. 127.0.0.1:9464 (loopback only unless ,insecure follows)")
 }
 
 // runConfig is node.Run's configuration from the flags, checked (but
@@ -105,12 +107,18 @@ func (f *serveFlags) runConfig(fl *flag.FlagSet) (node.RunConfig, error) {
 	if err != nil {
 		return node.RunConfig{}, flagErr(fl, "%v", err)
 	}
+	if *f.metricsListen != "" {
+		// Before discovery spends a request, like a refused listener.
+		if err := node.CheckMetricsListen(*f.metricsListen); err != nil {
+			return node.RunConfig{}, flagErr(fl, "--metrics-listen: %v", err)
+		}
+	}
 	return node.RunConfig{
 		Config: node.Config{
 			Flavor: o.flavor, API: *f.api, GatewayURL: *f.gatewayURL,
 			Intents: *f.intents, Compression: o.compression, Backoff: o.backoff,
 			MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal, IdentifyReserve: *f.idReserve,
-			ResumeWindow: *f.resumeWindow, Etcd: etcdCfg,
+			ResumeWindow: *f.resumeWindow, Etcd: etcdCfg, MetricsListen: *f.metricsListen,
 		},
 		Total: o.total, Shards: o.shards,
 		Listen: f.listenAddrs(), TLS: f.tls.files(), MaxConns: *f.maxConns,
