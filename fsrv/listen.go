@@ -16,6 +16,20 @@ import (
 // DefaultAddr is the address Listen uses for "".
 const DefaultAddr = "tcp!127.0.0.1!5640"
 
+// DefaultSocket is the unix socket a node listens on by default and a
+// client tries first: /run/shardfs.sock for root, else
+// shardfs-UID.sock in $XDG_RUNTIME_DIR or the temporary directory.
+func DefaultSocket() string {
+	if os.Getuid() == 0 {
+		return "/run/shardfs.sock"
+	}
+	dir := os.Getenv("XDG_RUNTIME_DIR")
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	return fmt.Sprintf("%s/shardfs-%d.sock", dir, os.Getuid())
+}
+
 // ListenAddr is a listen address taken apart: where to listen, and the
 // options written after it.
 type ListenAddr struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/demo"
@@ -167,68 +165,6 @@ func TestServeTLSFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.says) || strings.Contains(err.Error(), "discover") {
 			t.Errorf("serve %v = %v; want an error containing %q", tc.extra, err, tc.says)
 		}
-	}
-}
-
-// The relay of shardfs mount, with a 9P client standing in for the
-// kernel on the socketpair: it carries the session over TLS, reports the
-// kernel's close as an unmount and the server's as a lost connection.
-func TestMountRelay(t *testing.T) {
-	pki := testPKI(t)
-	addr := serveDemoTLS(t, pki, "")
-	conf, err := fsrv.ClientTLSConfig(filepath.Join(pki, "client.crt"), filepath.Join(pki, "client.key"), filepath.Join(pki, "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair := func() (kernel, ours net.Conn) {
-		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cs [2]net.Conn
-		for i, fd := range fds {
-			f := os.NewFile(uintptr(fd), "pair")
-			if cs[i], err = net.FileConn(f); err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
-		}
-		return cs[0], cs[1]
-	}
-	for _, who := range []string{"kernel", "server"} {
-		t.Run(who+" closes", func(t *testing.T) {
-			server, err := fsrv.Dial(context.Background(), addr, conf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			kernel, ours := pair()
-			ends := relay(ours, server)
-			cl, err := p9.NewClient(kernel)
-			if err != nil {
-				t.Fatalf("9P through the relay: %v", err)
-			}
-			root, err := cl.Attach("")
-			if err != nil {
-				t.Fatal(err)
-			}
-			plan, err := dotlRead(root, "plan")
-			if err != nil || !strings.Contains(plan, "flavor discord") {
-				t.Errorf("read plan through the relay = %v, %q", err, plan)
-			}
-			if who == "kernel" {
-				cl.Close()
-			} else {
-				server.Close()
-			}
-			e := <-ends
-			if e.kernel != (who == "kernel") {
-				t.Errorf("the %s closed: relay ended with %+v; want kernel=%t", who, e, who == "kernel")
-			}
-			<-ends
-			if who == "server" {
-				cl.Close()
-			}
-		})
 	}
 }
 
