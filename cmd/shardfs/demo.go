@@ -24,7 +24,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	compress := fl.String("compress", "none", "transport compression: none, zlib-stream or zstd-stream")
 	debug := fl.Bool("debug", false, "log at debug level")
 	var listens listenFlag
-	fl.Var(&listens, "listen", "9P listener: tcp!host!port, host:port, unix!path, a path or tls!host!port, with ,ro or ,insecure after it (repeatable; default: "+fsrv.DefaultAddr+" and unix!"+defaultSocket()+", both read-write)")
+	fl.Var(&listens, "listen", "9P listener: tcp!host!port, host:port, unix!path, a path or tls!host!port, with ,ro or ,insecure after it (repeatable; default: "+fsrv.DefaultAddr+" and unix!"+fsrv.DefaultSocket()+", both read-write)")
 	var tf tlsFlags
 	tf.register(fl)
 	if err := fl.Parse(args); err != nil {

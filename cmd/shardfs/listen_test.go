@@ -19,7 +19,7 @@ import (
 // serve's defaults are DESIGN.md section 7.7's: read-write on the unix
 // socket only, read-only on loopback TCP; demo keeps TCP read-write.
 func TestDefaultListeners(t *testing.T) {
-	sock := "unix!" + defaultSocket()
+	sock := "unix!" + fsrv.DefaultSocket()
 	for _, tc := range []struct {
 		name string
 		got  []string

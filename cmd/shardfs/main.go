@@ -86,7 +86,7 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  tls.cpio.gz, the token and etcd's TLS files in secrets.cpio.gz)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
   shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
-  shardfs ls     [--addr ADDR] [--cert F --key F --ca F] PATH
+  shardfs ls     [--addr ADDR] [--cert F --key F --ca F] [PATH]
   shardfs cat    [--addr ADDR] [--cert F --key F --ca F] PATH
   shardfs write  [--addr ADDR] [--cert F --key F --ca F] PATH [TEXT]     (TEXT or standard input)
   shardfs tail   [--addr ADDR] [--cert F --key F --ca F] [-n LINES] [--once] PATH

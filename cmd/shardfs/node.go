@@ -19,29 +19,17 @@ type listenFlag []string
 func (l *listenFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listenFlag) Set(s string) error { *l = append(*l, s); return nil }
 
-// defaultSocket is the unix socket serve and demo listen on by default.
-func defaultSocket() string {
-	if os.Getuid() == 0 {
-		return "/run/shardfs.sock"
-	}
-	dir := os.Getenv("XDG_RUNTIME_DIR")
-	if dir == "" {
-		dir = os.TempDir()
-	}
-	return fmt.Sprintf("%s/shardfs-%d.sock", dir, os.Getuid())
-}
-
 // serveListeners are DESIGN.md's defaults (section 7.7): read-write on a
 // unix socket only its owner can use (mode 0600), read-only on loopback
 // TCP, whose port any local user can reach.
 func serveListeners() []string {
-	return []string{"unix!" + defaultSocket(), fsrv.DefaultAddr + ",ro"}
+	return []string{"unix!" + fsrv.DefaultSocket(), fsrv.DefaultAddr + ",ro"}
 }
 
 // demoListeners keep loopback TCP read-write: the demo holds no token and
 // drives a simulator, and its how-to mounts over TCP.
 func demoListeners() []string {
-	return []string{fsrv.DefaultAddr, "unix!" + defaultSocket()}
+	return []string{fsrv.DefaultAddr, "unix!" + fsrv.DefaultSocket()}
 }
 
 // tlsFlags are serve's --tls-cert, --tls-key and --tls-client-ca.

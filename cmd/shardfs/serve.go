@@ -88,7 +88,7 @@ func (f *serveFlags) register(fl *flag.FlagSet) {
 	f.tokenFile = fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
 	f.debug = fl.Bool("debug", false, "log at debug level")
 	f.tls.register(fl)
-	fl.Var(&f.listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+defaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca)")
+	fl.Var(&f.listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+fsrv.DefaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca)")
 	f.maxConns = fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
 	f.sessions = fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
 	f.resumeWindow = fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
