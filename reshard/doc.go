@@ -23,8 +23,8 @@
 //     --shards): a node that runs part of a plan cannot choose its part
 //     of the next one. With --etcd (MoverConfig.Fleet) and under supervise (a
 //     child refuses even when it runs the whole plan: Mover.Refuse) a
-//     move is refused with a line that says so; the README says what
-//     each would need.
+//     move is refused with a line that says so; doc/reshard.md says
+//     what each would need.
 //   - Automatic moves answer a close 4011 when MoverConfig.Auto is set (serve
 //     --total auto); `reshard N` on /ctl moves by hand to N shards,
 //     `reshard auto` to what discovery recommends, with the same checks.

@@ -69,7 +69,7 @@ func (c *childLink) Starting(n *node.Node) {
 // plan, by hand or on a 4011, even when it runs the whole plan
 // (supervise --processes 1): its parent decides the plan and refuses the
 // move on its own /ctl too.
-const childMoveRefusal = "supervise does not move to a larger plan yet (each child runs a block of the plan the parent chose; README, Bigger plans without downtime, says what it needs): stop supervise and start it again with the new --total"
+const childMoveRefusal = "supervise does not move to a larger plan yet (each child runs a block of the plan the parent chose; doc/reshard.md says what it needs): stop supervise and start it again with the new --total"
 
 // refuseMoves makes a supervised node refuse every move (see
 // childMoveRefusal).
