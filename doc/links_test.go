@@ -10,14 +10,6 @@ import (
 	"unicode"
 )
 
-// pending are pages that other branches of issue 20 write (the tour with
-// shardfs sim, the metrics page with --metrics-listen). A link to one
-// is checked once it exists; until then it is allowed.
-var pending = map[string]bool{
-	"doc/tour.md":    true,
-	"doc/metrics.md": true,
-}
-
 // outside are files that users of the repository do not have: the team's
 // design notes and measured facts.
 var outside = regexp.MustCompile(`\b(DESIGN|FACTS|STYLE)\.md\b|\.\./shared\b|/work/`)
@@ -74,9 +66,7 @@ func TestLinks(t *testing.T) {
 				continue
 			}
 			if _, err := os.Stat(filepath.Join("..", rel)); err != nil {
-				if !pending[rel] {
-					t.Errorf("%s links to %s: %v", page, target, err)
-				}
+				t.Errorf("%s links to %s: %v", page, target, err)
 				continue
 			}
 			if anchor == "" {
@@ -102,7 +92,7 @@ func TestLinks(t *testing.T) {
 			if fi, err := os.Stat(filepath.Join("..", top)); err != nil || !fi.IsDir() {
 				continue // not a folder of the repository: a path on the user's machine
 			}
-			if _, err := os.Stat(filepath.Join("..", p)); err != nil && !pending[p] {
+			if _, err := os.Stat(filepath.Join("..", p)); err != nil {
 				t.Errorf("%s names %s, which is not in the repository", page, p)
 			}
 		}
