@@ -23,7 +23,7 @@ type env struct {
 	t     testing.TB
 	clk   *clock.Fake
 	tr    *coretest.Transport
-	lease *local.Lease
+	lease *local.OperatorLease
 	node  *core.Scheduler
 }
 

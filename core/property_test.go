@@ -468,7 +468,7 @@ func checkGrants(t *rapid.T, flavor core.Flavor, grants []grant) {
 	}
 }
 
-func local2(c *clock.Fake) *local.Lease { return local.New(c) }
+func local2(c *clock.Fake) *local.OperatorLease { return local.New(c) }
 
 func indexOf(ids []int, id int) int {
 	for i, v := range ids {

@@ -232,7 +232,7 @@ func mode(f fsrv.File) (string, bool) {
 		return "directory", f.Private
 	case *fsrv.Text:
 		return "read", f.Private
-	case *fsrv.Log:
+	case *fsrv.LogFile:
 		return "read", f.Private
 	case *fsrv.Ctl:
 		if f.Usage == nil {

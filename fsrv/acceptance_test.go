@@ -27,7 +27,7 @@ func TestAcceptance(t *testing.T) {
 			&fsrv.Text{Name: "state", Content: func() []byte { return []byte("READY\n") }},
 			&fsrv.Ctl{Name: "ctl", Handle: func(string) error { return nil }, Usage: func() string { return "stop\n" }},
 			&fsrv.Ctl{Name: "send", Handle: func(string) error { return nil }},
-			&fsrv.Log{Name: "events", Source: events},
+			&fsrv.LogFile{Name: "events", Source: events},
 		)
 		shards[name] = d
 		list = append(list, d)

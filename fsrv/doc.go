@@ -7,9 +7,9 @@
 // a callback at walk and listing time, so entries come and go; a *Text
 // computes its content at open and keeps it for that open; a *Ctl applies
 // the lines written to it, one command each, keeping a line cut between two
-// writes until its newline or the clunk (see Ctl); a *Log reads an
+// writes until its newline or the clunk (see Ctl); a *LogFile reads an
 // append-only LogSource by absolute offset. Permissions do not depend on
-// the user: directories are r-x, Text and Log files r, Ctl files rw (or w
+// the user: directories are r-x, Text and LogFile files r, Ctl files rw (or w
 // without a Usage). Clients cannot create, remove or rename anything.
 //
 // # Dialects

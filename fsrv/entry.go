@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// A File is one file or directory of the tree: a *Dir, *Text, *Ctl or *Log.
+// A File is one file or directory of the tree: a *Dir, *Text, *Ctl or *LogFile.
 //
 // A node's identity is its pointer. Its QID path (the inode number Linux
 // shows, and what tail -f and the kernel's caches key on) is taken from a
@@ -122,7 +122,7 @@ type Ctl struct {
 // MaxCtlWrite is the largest write a Ctl accepts.
 const MaxCtlWrite = 64 << 10
 
-// LogSource is the append-only log behind a Log file. Offsets are absolute
+// LogSource is the append-only log behind a LogFile. Offsets are absolute
 // byte offsets that are never reused. journal.Log implements it.
 type LogSource interface {
 	// ReadAt copies bytes starting at absolute offset off into p without
@@ -136,14 +136,14 @@ type LogSource interface {
 	ModTime() time.Time
 }
 
-// Log is a read-only file over an append-only log: its size is the log's
+// LogFile is a read-only file over an append-only log: its size is the log's
 // Size, a read at the end returns end of file at once (cat terminates; tail
 // -f follows by polling the size), and a read below the oldest retained
 // offset returns data from the oldest retained line. The open file then
 // remembers how far it was moved and applies that shift to its later reads,
 // so a reader that reads at increasing offsets sees no byte twice. Its mode
 // is r for everyone.
-type Log struct {
+type LogFile struct {
 	Name   string
 	Source LogSource
 
@@ -245,7 +245,7 @@ func FileName(n File) string {
 		return n.Name
 	case *Ctl:
 		return n.Name
-	case *Log:
+	case *LogFile:
 		return n.Name
 	}
 	return ""
@@ -260,7 +260,7 @@ func isPrivate(n File) bool {
 		return n.Private
 	case *Ctl:
 		return n.Private
-	case *Log:
+	case *LogFile:
 		return n.Private
 	}
 	return false
@@ -319,7 +319,7 @@ func isNil(n File) bool {
 		return n == nil
 	case *Ctl:
 		return n == nil
-	case *Log:
+	case *LogFile:
 		return n == nil
 	}
 	return false

@@ -38,7 +38,7 @@ func Example() {
 			},
 			Usage: func() string { return "stop\n" },
 		},
-		&fsrv.Log{Name: "events", Source: events},
+		&fsrv.LogFile{Name: "events", Source: events},
 		fsrv.NewDir("0", &fsrv.Text{Name: "state", Content: current}),
 	)
 	srv := &fsrv.Server{Root: root}

@@ -32,7 +32,7 @@ func perm(n File) uint32 {
 	switch n := n.(type) {
 	case *Dir:
 		return permRead | permExec
-	case *Text, *Log:
+	case *Text, *LogFile:
 		return permRead
 	case *Ctl:
 		var p uint32
@@ -68,7 +68,7 @@ func (s *session) stat(n File) attr {
 		u := n.usage()
 		a.size = uint64(len(u))
 		a.vers, a.mtime = e.observe(digest([]byte(u)), s.now)
-	case *Log:
+	case *LogFile:
 		size := n.Source.Size()
 		a.size = uint64(size)
 		// The log only grows, so its size is a version that changes with
@@ -101,7 +101,7 @@ func (s *session) statOpen(h *handle) attr {
 // calling its callbacks; directory listings use it, since stat'ing every
 // entry of a listing would compute every file's content.
 func qidVersion(n File) uint32 {
-	if l, ok := n.(*Log); ok {
+	if l, ok := n.(*LogFile); ok {
 		return uint32(l.Source.Size())
 	}
 	e := n.base()
@@ -139,7 +139,7 @@ type handle struct {
 	// partial is the start of a Ctl line that a write left without its
 	// newline; guarded by the Ctl's writeMu.
 	partial []byte
-	// shift is how far a Log read was moved forward because the data it
+	// shift is how far a LogFile read was moved forward because the data it
 	// asked for had been dropped; later reads of this open apply it.
 	shift atomic.Int64
 }
@@ -181,7 +181,7 @@ func (h *handle) read(p []byte, off int64) int {
 			return 0
 		}
 		return copy(p, h.text[off:])
-	case *Log:
+	case *LogFile:
 		shift := h.shift.Load()
 		want := off + shift
 		k, start := n.Source.ReadAt(p, want)

@@ -70,7 +70,7 @@ func newFixture() *fixture {
 		return []byte(f.status)
 	}}
 	shard := NewDir("1", &Text{Name: "state", Content: func() []byte { return []byte("STARTING\n") }})
-	f.root = NewDir("", f.ctl, send, status, &Log{Name: "events", Source: f.events}, shard)
+	f.root = NewDir("", f.ctl, send, status, &LogFile{Name: "events", Source: f.events}, shard)
 	return f
 }
 

@@ -119,7 +119,7 @@ func (c Config) LogValue() slog.Value {
 type Node struct {
 	Transport *gateway.Transport
 	Pacer     *core.Pacer
-	Lease     *local.Lease
+	Lease     *local.OperatorLease
 	Scheduler *core.Scheduler
 	Tree      *shardfs.Tree
 	Server    *fsrv.Server

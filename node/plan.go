@@ -19,7 +19,7 @@ type planRun struct {
 	transport *gateway.Transport
 	core      *core.Scheduler
 	tree      *shardfs.Tree
-	lease     *local.Lease
+	lease     *local.OperatorLease
 	route     *reshard.Route // the transport's sink
 }
 

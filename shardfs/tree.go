@@ -105,12 +105,12 @@ func New(cfg Config) *Tree {
 	t.reg.MustRegister(&collector{t: t}, t.events.vec)
 	t.top = []fsrv.File{
 		&fsrv.Ctl{Name: "ctl", Handle: t.nodeCommand, Usage: func() string { return core.NodeUsage + cfg.CommandUsage }},
-		&fsrv.Log{Name: "events", Source: t.node.Events()},
+		&fsrv.LogFile{Name: "events", Source: t.node.Events()},
 		&fsrv.Text{Name: "status", Content: t.status},
 		&fsrv.Text{Name: "plan", Content: t.plan},
 		&fsrv.Text{Name: "lease", Content: t.lease},
 		&fsrv.Text{Name: "metrics", Content: t.metrics},
-		&fsrv.Log{Name: "dispatch", Source: t.dispatch, Private: true},
+		&fsrv.LogFile{Name: "dispatch", Source: t.dispatch, Private: true},
 	}
 	if cfg.Identify != nil {
 		t.top = append(t.top, &fsrv.Text{Name: "identify", Content: t.identify})
@@ -207,9 +207,9 @@ func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {
 			&fsrv.Text{Name: "sequence", Content: func() []byte { return t.word(id, sequenceWord) }},
 			&fsrv.Text{Name: "reconnects", Content: func() []byte { return t.word(id, reconnectsWord) }},
 			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecShard(id, line)) }, Usage: func() string { return core.ShardUsage }},
-			&fsrv.Log{Name: "events", Source: events},
+			&fsrv.LogFile{Name: "events", Source: events},
 			&fsrv.Text{Name: "diag", Content: func() []byte { return t.diag(id) }},
-			&fsrv.Log{Name: "dispatch", Source: sf.dispatch, Private: true},
+			&fsrv.LogFile{Name: "dispatch", Source: sf.dispatch, Private: true},
 			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return fsError(t.node.Send(id, []byte(line))) }, Private: true},
 		)
 	})

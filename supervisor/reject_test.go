@@ -74,11 +74,11 @@ func TestParentRefusalsSayWhy(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "a.sock")
 	serveChild(t, fsrv.NewDir("/",
 		&fsrv.Ctl{Name: "ctl", Handle: func(l string) error { return child.refuse(-1, l) }},
-		&fsrv.Log{Name: "events", Source: child.events},
+		&fsrv.LogFile{Name: "events", Source: child.events},
 		fsrv.NewDir("0",
 			&fsrv.Ctl{Name: "ctl", Handle: func(l string) error { return child.refuse(0, l) }},
 			&fsrv.Ctl{Name: "send", Handle: func(l string) error { return child.refuse(0, l) }},
-			&fsrv.Log{Name: "events", Source: child.shard0},
+			&fsrv.LogFile{Name: "events", Source: child.shard0},
 		),
 	), sock)
 	h.last("a").reports.Ready(sock)

@@ -119,12 +119,12 @@ func NewTree(cfg TreeConfig) *Tree {
 	t.top = []fsrv.File{
 		&fsrv.Ctl{Name: "ctl", Handle: t.ctl, Usage: func() string { return Usage }},
 		&fsrv.Text{Name: "children", Content: t.children},
-		&fsrv.Log{Name: "events", Source: t.events},
+		&fsrv.LogFile{Name: "events", Source: t.events},
 		&fsrv.Text{Name: "status", Content: t.status},
 		&fsrv.Text{Name: "plan", Content: t.plan},
 		&fsrv.Text{Name: "identify", Content: t.identify},
 		&fsrv.Text{Name: "metrics", Content: t.metrics},
-		&fsrv.Log{Name: "dispatch", Source: t.dispatch, Private: true},
+		&fsrv.LogFile{Name: "dispatch", Source: t.dispatch, Private: true},
 	}
 	t.root = &fsrv.Dir{List: t.list, Lookup: t.lookup}
 	return t
@@ -313,11 +313,11 @@ func (t *Tree) shardDir(sl *shardLogs) *fsrv.Dir {
 			&fsrv.Text{Name: "sequence", Content: word("sequence", func() string { return t.lastSeq(sl) })},
 			&fsrv.Text{Name: "reconnects", Content: word("reconnects", func() string { return "0" })},
 			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return t.forward(sl.owner, sl, name+"/ctl", line) }, Usage: func() string { return core.ShardUsage }},
-			&fsrv.Log{Name: "events", Source: sl.events},
+			&fsrv.LogFile{Name: "events", Source: sl.events},
 			&fsrv.Text{Name: "diag", Content: word("diag", func() string {
 				return "child " + t.cfg.Assignment.Blocks[sl.owner].ID + " " + string(t.childState(sl.owner))
 			})},
-			&fsrv.Log{Name: "dispatch", Source: sl.dispatch, Private: true},
+			&fsrv.LogFile{Name: "dispatch", Source: sl.dispatch, Private: true},
 			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return t.forward(sl.owner, sl, name+"/send", line) }, Private: true},
 		)
 	})

@@ -34,7 +34,7 @@ func TestTreeOfEveryKind(t *testing.T) {
 		List: func() []fsrv.File {
 			return append([]fsrv.File{
 				text("status", "0 READY 12 0 41\n"),
-				&fsrv.Log{Name: "events", Source: events},
+				&fsrv.LogFile{Name: "events", Source: events},
 				text("empty", ""),
 			}, shards...)
 		},

@@ -16,24 +16,24 @@ import (
 	"github.com/shardfs/shardfs/core"
 )
 
-// Lease is the local lease of one node's shards. Every shard starts with
+// OperatorLease is the local lease of one node's shards. Every shard starts with
 // its lease off (enforcement disabled), generation 0.
-type Lease struct {
+type OperatorLease struct {
 	clock clock.Clock
 
 	mu     sync.Mutex
 	grants map[int]core.LeaseGrant
 }
 
-var _ core.Lease = (*Lease)(nil)
+var _ core.Lease = (*OperatorLease)(nil)
 
 // New returns a lease reading time from c (nil = real time).
-func New(c clock.Clock) *Lease {
-	return &Lease{clock: clock.Or(c), grants: map[int]core.LeaseGrant{}}
+func New(c clock.Clock) *OperatorLease {
+	return &OperatorLease{clock: clock.Or(c), grants: map[int]core.LeaseGrant{}}
 }
 
 // Arm arms or renews the leases of shards for d.
-func (l *Lease) Arm(shards []int, d time.Duration) ([]core.LeaseGrant, error) {
+func (l *OperatorLease) Arm(shards []int, d time.Duration) ([]core.LeaseGrant, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.Now()
@@ -51,7 +51,7 @@ func (l *Lease) Arm(shards []int, d time.Duration) ([]core.LeaseGrant, error) {
 }
 
 // Off turns enforcement off for shards.
-func (l *Lease) Off(shards []int) ([]core.LeaseGrant, error) {
+func (l *OperatorLease) Off(shards []int) ([]core.LeaseGrant, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]core.LeaseGrant, len(shards))
@@ -77,7 +77,7 @@ type Summary struct {
 }
 
 // Summarize summarizes the leases of shards.
-func (l *Lease) Summarize(shards []int) Summary {
+func (l *OperatorLease) Summarize(shards []int) Summary {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.Now()

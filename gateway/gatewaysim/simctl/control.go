@@ -87,7 +87,7 @@ func (c *Control) Root() *fsrv.Dir {
 	return fsrv.NewDir("/",
 		&fsrv.Ctl{Name: "ctl", Handle: c.Exec, Usage: func() string { return Usage }},
 		&fsrv.Text{Name: "status", Content: c.Status},
-		&fsrv.Log{Name: "events", Source: c.events},
+		&fsrv.LogFile{Name: "events", Source: c.events},
 	)
 }
 
