@@ -62,7 +62,7 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--compress none|zlib-stream|zstd-stream] [--debug]
                  [--listen ADDR]... [--tls-cert F --tls-key F --tls-client-ca F]
   shardfs sim    [--flavor discord|fluxer] [--listen HOST:PORT] [--token-file FILE] [--shards N]
-                 [--guilds N] [--traffic PER_SECOND] [--ctl ADDR]
+                 [--guilds N] [--max-concurrency N] [--traffic PER_SECOND] [--ctl ADDR] [--debug]
   shardfs serve  --flavor discord|fluxer --total N|auto [--shards 0-3,7]
                  [--api URL] [--gateway URL] [--intents N]
                  [--compress none|zlib-stream|zstd-stream] [--backoff default|fixed:DURATION]
