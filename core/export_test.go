@@ -7,7 +7,7 @@ package core
 func (n *Scheduler) SetOnMove(f func(shard int, from, to State)) { n.onMove = f }
 
 // MoveListed reports whether the lifecycle table lists the move.
-func MoveListed(from, to State) bool { return stateMoves[from].has(to) }
+func MoveListed(from, to State) bool { return stateMoves[from].Has(to) }
 
 // NumStates is how many lifecycle states there are.
 const NumStates = numStates

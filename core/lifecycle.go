@@ -2,33 +2,15 @@ package core
 
 import (
 	"fmt"
-	"math/bits"
 	"time"
+
+	"github.com/shardfs/shardfs/moveset"
 )
 
-// stateSet is a set of states, one bit each.
-type stateSet uint8
+// stateSet is a set of States, one bit each.
+type stateSet = moveset.Set[State]
 
-func states(ss ...State) stateSet {
-	var set stateSet
-	for _, st := range ss {
-		set |= 1 << st
-	}
-	return set
-}
-
-func (set stateSet) has(st State) bool { return st < numStates && set&(1<<st) != 0 }
-
-func (set stateSet) String() string {
-	out := "{"
-	for x := set; x != 0; x &= x - 1 {
-		if len(out) > 1 {
-			out += " "
-		}
-		out += State(bits.TrailingZeros8(uint8(x))).String()
-	}
-	return out + "}"
-}
+func states(ss ...State) stateSet { return moveset.Of(ss...) }
 
 // stateMoves lists, for each state, the states a shard may move to: the
 // whole lifecycle of DESIGN.md section 2 in one place. Staying in a state
@@ -71,7 +53,7 @@ func (s *shard) moveLocked(to State, now time.Time) {
 	if f := s.node.onMove; f != nil {
 		f(s.id, from, to)
 	}
-	if !stateMoves[from].has(to) {
+	if !stateMoves[from].Has(to) {
 		panic(fmt.Sprintf("core: shard %d cannot move from %v to %v", s.id, from, to))
 	}
 	if from == Ready {

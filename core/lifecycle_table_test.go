@@ -14,7 +14,7 @@ func TestLifecycleMoves(t *testing.T) {
 	then, now := clock.Epoch, clock.Epoch.Add(time.Minute)
 	for from := range numStates {
 		for to := range numStates {
-			listed := stateMoves[from].has(to)
+			listed := stateMoves[from].Has(to)
 			s := &shard{node: &Scheduler{}, id: 7, state: from, since: then}
 			panicked := tryMove(s, to, now)
 			switch {
@@ -57,13 +57,13 @@ func TestLifecycleTable(t *testing.T) {
 	connected := states(Starting, Ready)
 	for from := range numStates {
 		moves := stateMoves[from]
-		if moves.has(Assigned) {
+		if moves.Has(Assigned) {
 			t.Errorf("%v moves to %v; nothing goes back to ASSIGNED", from, moves)
 		}
-		if moves.has(from) {
+		if moves.Has(from) {
 			t.Errorf("%v moves to %v; staying is not a move", from, moves)
 		}
-		if !connected.has(from) && (moves.has(Ready) || moves.has(Fatal)) {
+		if !connected.Has(from) && (moves.Has(Ready) || moves.Has(Fatal)) {
 			t.Errorf("%v moves to %v; only a shard with a connection reaches READY or FATAL", from, moves)
 		}
 		if from == Fatal && moves&^states(Starting, Stopped) != 0 {
@@ -71,7 +71,7 @@ func TestLifecycleTable(t *testing.T) {
 		}
 		if from != Fatal && from != Stopped {
 			for _, to := range []State{Backoff, Stopped} {
-				if to != from && !moves.has(to) {
+				if to != from && !moves.Has(to) {
 					t.Errorf("%v moves to %v; the panic handling needs %v", from, moves, to)
 				}
 			}
@@ -80,7 +80,7 @@ func TestLifecycleTable(t *testing.T) {
 	reached := states(Assigned)
 	for range numStates {
 		for st := range numStates {
-			if reached.has(st) {
+			if reached.Has(st) {
 				reached |= stateMoves[st]
 			}
 		}

@@ -138,7 +138,7 @@ func (c *conn) phase() phase { return phase(c.ph.Load()) }
 // first: Close, report and the reader race). A move phaseMoves does not
 // list is a bug in the caller, whatever the timing, and panics.
 func (c *conn) setPhaseLocked(from, to phase) bool {
-	if !phaseMoves[from].has(to) {
+	if !phaseMoves[from].Has(to) {
 		panic(fmt.Sprintf("gateway: connection phase %v cannot move to %v", from, to))
 	}
 	if c.phase() != from {
@@ -1012,7 +1012,7 @@ func (c *conn) endHandshake(what string, from ...phase) error {
 		c.mu.Unlock()
 		return errClosing
 	}
-	if !phases(from...).has(p) {
+	if !phases(from...).Has(p) {
 		c.mu.Unlock()
 		return transient(faultProtocol, fmt.Errorf("%s while %v", what, p))
 	}

@@ -2,7 +2,8 @@ package gateway
 
 import (
 	"fmt"
-	"math/bits"
+
+	"github.com/shardfs/shardfs/moveset"
 )
 
 // phase is where a connection is in its life. Every change goes through
@@ -42,28 +43,9 @@ func (p phase) String() string {
 }
 
 // phaseSet is a set of phases, one bit each.
-type phaseSet uint16
+type phaseSet = moveset.Set[phase]
 
-func phases(ps ...phase) phaseSet {
-	var s phaseSet
-	for _, p := range ps {
-		s |= 1 << p
-	}
-	return s
-}
-
-func (s phaseSet) has(p phase) bool { return p < numPhases && s&(1<<p) != 0 }
-
-func (s phaseSet) String() string {
-	out := "{"
-	for x := s; x != 0; x &= x - 1 {
-		if len(out) > 1 {
-			out += " "
-		}
-		out += phase(bits.TrailingZeros16(uint16(x))).String()
-	}
-	return out + "}"
-}
+func phases(ss ...phase) phaseSet { return moveset.Of(ss...) }
 
 // ending is where any phase before failed may go: a failure, a Close, or
 // a panic that ends the reader at once.

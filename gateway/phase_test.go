@@ -18,7 +18,7 @@ func TestPhaseMoves(t *testing.T) {
 	tr := &Transport{}
 	for from := range numPhases {
 		for to := range numPhases {
-			listed := phaseMoves[from].has(to)
+			listed := phaseMoves[from].Has(to)
 			c := &conn{t: tr}
 			c.ph.Store(uint32(from))
 			got, panicked := tryMove(c, from, to)
@@ -77,14 +77,14 @@ func TestPhaseOrder(t *testing.T) {
 				t.Errorf("ended moves to %v; want nowhere", moves)
 			}
 		}
-		if moves.has(phaseDialing) || p != phaseDialing && moves.has(phaseHello) {
+		if moves.Has(phaseDialing) || p != phaseDialing && moves.Has(phaseHello) {
 			t.Errorf("%v moves to %v: a connection dials and awaits Hello once", p, moves)
 		}
 	}
 	reached := phases(phaseDialing)
 	for range numPhases {
 		for p := range numPhases {
-			if reached.has(p) {
+			if reached.Has(p) {
 				reached |= phaseMoves[p]
 			}
 		}

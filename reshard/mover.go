@@ -176,7 +176,7 @@ func (m *Mover) HoldSwitch(gate <-chan struct{}) {
 // mover is no longer in from. A move that stateMoves does not list is a
 // bug: it panics.
 func (m *Mover) moveLocked(from, to State) bool {
-	if !stateMoves[from].has(to) {
+	if !stateMoves[from].Has(to) {
 		panic(fmt.Sprintf("reshard: state %v cannot move to %v", from, to))
 	}
 	if m.state != from {

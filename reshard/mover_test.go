@@ -512,7 +512,7 @@ func TestMoverRandomSequences(t *testing.T) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for _, mv := range e.moves {
-			if !stateMoves[mv[0]].has(mv[1]) {
+			if !stateMoves[mv[0]].Has(mv[1]) {
 				rt.Fatalf("move %v not in the table", mv)
 			}
 		}

@@ -2,7 +2,8 @@ package reshard
 
 import (
 	"fmt"
-	"math/bits"
+
+	"github.com/shardfs/shardfs/moveset"
 )
 
 // State is where a node's moves are, as /reshard's state line shows it.
@@ -32,29 +33,10 @@ func (s State) String() string {
 // running reports whether a move is under way: a further move is refused.
 func (s State) running() bool { return s == Checking || s == Starting }
 
-// stateSet is a set of states, one bit each.
-type stateSet uint8
+// stateSet is a set of States, one bit each.
+type stateSet = moveset.Set[State]
 
-func states(ss ...State) stateSet {
-	var set stateSet
-	for _, s := range ss {
-		set |= 1 << s
-	}
-	return set
-}
-
-func (set stateSet) has(s State) bool { return s < numStates && set&(1<<s) != 0 }
-
-func (set stateSet) String() string {
-	out := "{"
-	for x := set; x != 0; x &= x - 1 {
-		if len(out) > 1 {
-			out += " "
-		}
-		out += State(bits.TrailingZeros8(uint8(x))).String()
-	}
-	return out + "}"
-}
+func states(ss ...State) stateSet { return moveset.Of(ss...) }
 
 // settled is where a node that runs no move may go: a move starts
 // (checking), or is refused at once (a refusal known when it is asked

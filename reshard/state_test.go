@@ -10,7 +10,7 @@ import (
 func TestStateMoves(t *testing.T) {
 	for from := range numStates {
 		for to := range numStates {
-			listed := stateMoves[from].has(to)
+			listed := stateMoves[from].Has(to)
 			var seen [][2]State
 			m := &Mover{state: from, onMove: func(f, t State) { seen = append(seen, [2]State{f, t}) }}
 			got, panicked := tryMove(m, from, to)
@@ -56,20 +56,20 @@ func TestStateTable(t *testing.T) {
 	for changed := true; changed; {
 		changed = false
 		for s := range numStates {
-			if reached.has(s) && reached|stateMoves[s] != reached {
+			if reached.Has(s) && reached|stateMoves[s] != reached {
 				reached |= stateMoves[s]
 				changed = true
 			}
 		}
 	}
 	for s := range numStates {
-		if !reached.has(s) {
+		if !reached.Has(s) {
 			t.Errorf("%v is not reachable from idle", s)
 		}
-		if stateMoves[s].has(Idle) {
+		if stateMoves[s].Has(Idle) {
 			t.Errorf("%v may move back to idle: %v", s, stateMoves[s])
 		}
-		if s.running() && stateMoves[s].has(Checking) {
+		if s.running() && stateMoves[s].Has(Checking) {
 			t.Errorf("%v, a running move, may start another: %v", s, stateMoves[s])
 		}
 		if !s.running() && stateMoves[s] != settled {
