@@ -136,17 +136,25 @@ func TestReshardOn4011(t *testing.T) {
 					}
 				}
 			}()
+			// A test that fails early stops the publisher before the
+			// simulator closes.
+			defer func() {
+				limit.Store(0)
+				wg.Wait()
+			}()
 
 			// The switch waits for the test, so that the plans overlap
 			// by construction, not by the timing of a loaded machine.
 			gate := make(chan struct{})
+			release := sync.OnceFunc(func() { close(gate) })
+			defer release()
 			s.move.HoldSwitch(gate)
 			sim.SetShards(tc.newTotal)
 			injectLive(t, sim, tc.fatal, tc.oldTotal, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."})
 			waitEvent(t, s, "event=reshard-start", 30*time.Second)
 			waitNewReady(t, s, tc.newTotal, 60*time.Second)
 			overlap(t, sim, &mu, sent, &published, progress, tc.oldTotal, tc.newTotal)
-			close(gate)
+			release()
 			waitEvent(t, s, "event=reshard-switch", 60*time.Second)
 			c, _ := s.Current()
 			if got := c.Plan().Total; got != tc.newTotal {
