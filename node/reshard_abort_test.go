@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,26 @@ func waitNewReady(t *testing.T, s *Node, total int, bound time.Duration) {
 		case <-timeout:
 			t.Fatalf("the new plan's %d shards were not all READY within %v:\n%s", total, bound, readLog(s.events))
 		}
+	}
+}
+
+// injectLive applies f to shard's connection in the plan of total shards
+// once that shard has a live session and no other (a shard that is
+// reconnecting has no connection for the fault to reach), and fails
+// unless it reached exactly one connection.
+func injectLive(t *testing.T, sim *gatewaysim.Server, shard, total int, f gatewaysim.Fault) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := sim.Wait(ctx, func() bool {
+		ss := sim.Sessions(shard)
+		return len(ss) > 0 && !slices.ContainsFunc(ss, func(si gatewaysim.SessionInfo) bool { return !si.Live || si.Total != total })
+	})
+	if err != nil {
+		t.Fatalf("shard %d of %d has no live session alone: %v (%+v)", shard, total, err, sim.Sessions(shard))
+	}
+	if n := sim.Inject(shard, f); n != 1 {
+		t.Fatalf("Inject(%d, %v) on shard %d of %d reached %d connections; want 1", shard, f.Code, shard, total, n)
 	}
 }
 
@@ -143,16 +164,18 @@ func TestReshardAbortDuringSwitchWait(t *testing.T) {
 // out once.
 func TestReshardAbortKeepsEvents(t *testing.T) {
 	const guilds = 40
-	// Heartbeats every 100 ms tell the simulator how far the node has
-	// read each session.
-	s, sim := startSmallBeating(t, core.Discord, 4, guilds, Config{Reshard: true}, 100*time.Millisecond)
+	// Heartbeats tell the simulator how far the node has read each
+	// session. One a second is few enough that a loaded machine does not
+	// miss one (the client calls a connection whose ACK takes an interval
+	// a zombie; at 100 ms that happened, and 4008s for sending too
+	// often), and a reconnect that happens anyway waits a fixed short
+	// time, not a backoff grown past the test's bounds.
+	s, sim := startSmallBeating(t, core.Discord, 4, guilds, Config{Reshard: true, Backoff: core.Fixed(100 * time.Millisecond)}, time.Second)
 	gate := make(chan struct{})
 	defer close(gate)
 	s.move.HoldSwitch(gate)
 	sim.SetShards(8)
-	if n := sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
-		t.Fatalf("Inject(1, 4011) reached %d connections; want 1", n)
-	}
+	injectLive(t, sim, 1, 4, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."})
 	waitEvent(t, s, "event=reshard-start", 30*time.Second)
 	waitNewReady(t, s, 8, 60*time.Second)
 
@@ -196,9 +219,7 @@ func TestReshardAbortKeepsEvents(t *testing.T) {
 	}
 	// ... and the new plan's shard 1 closes 4011 after them (one
 	// connection delivers in order): they were held when the move aborts.
-	if n := sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
-		t.Fatalf("Inject(1, 4011) on the new plan reached %d connections; want 1", n)
-	}
+	injectLive(t, sim, 1, 8, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."})
 	waitEvent(t, s, "event=reshard-aborted", 30*time.Second)
 	got := waitMessages(t, s, sent, 30*time.Second)
 	checkOnce(t, sent, got)

@@ -32,13 +32,17 @@ func startSmall(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config)
 }
 
 // startSmallBeating is startSmall with the simulator's heartbeat interval.
+// The simulator never times a session out (these tests are not about
+// heartbeats): on a loaded machine a heartbeat may come late, and a 4009
+// would make the test depend on the scheduler.
 func startSmallBeating(t *testing.T, flavor core.Flavor, total, guilds int, cfg Config, heartbeat time.Duration) (*Node, *gatewaysim.Server) {
 	t.Helper()
 	sf := gatewaysim.Discord
 	if flavor == core.Fluxer {
 		sf = gatewaysim.Fluxer
 	}
-	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: sf, Shards: total, MaxConcurrency: 8, Guilds: guilds, HeartbeatInterval: heartbeat})
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: sf, Shards: total, MaxConcurrency: 8, Guilds: guilds,
+		HeartbeatInterval: heartbeat, HeartbeatTimeout: max(2*heartbeat, 2*time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}

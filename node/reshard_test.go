@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -81,7 +82,11 @@ func TestReshardOn4011(t *testing.T) {
 					closeMu.Unlock()
 				}
 			}
-			sim, err := gatewaysim.New(gatewaysim.Config{Flavor: tc.sim, Shards: tc.oldTotal, MaxConcurrency: 8, Guilds: tc.guilds, HeartbeatInterval: time.Hour, OnFrame: onFrame})
+			// Heartbeats tell the simulator how far the node has read
+			// each session (see overlap below): one every 2 s, which a
+			// loaded machine does not miss, and never a 4009.
+			sim, err := gatewaysim.New(gatewaysim.Config{Flavor: tc.sim, Shards: tc.oldTotal, MaxConcurrency: 8, Guilds: tc.guilds,
+				HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Hour, OnFrame: onFrame})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +107,9 @@ func TestReshardOn4011(t *testing.T) {
 
 			// Traffic on every guild, each message with its own id.
 			var mu sync.Mutex
-			sent := map[string]int{} // id -> sessions it was sequenced into
+			sent := map[string]int{}           // id -> sessions it was sequenced into
+			var published atomic.Int64         // how many messages the simulator has sequenced
+			progress := make(chan struct{}, 1) // a message was published
 			var limit atomic.Int64
 			limit.Store(1 << 62)
 			var wg sync.WaitGroup
@@ -119,17 +126,35 @@ func TestReshardOn4011(t *testing.T) {
 					mu.Lock()
 					sent[id] = n
 					mu.Unlock()
+					published.Store(int64(i + 1))
+					select {
+					case progress <- struct{}{}:
+					default:
+					}
 					if i%10 == 9 {
 						time.Sleep(time.Millisecond) // a steady flow, not a flood
 					}
 				}
 			}()
+			// A test that fails early stops the publisher before the
+			// simulator closes.
+			defer func() {
+				limit.Store(0)
+				wg.Wait()
+			}()
 
+			// The switch waits for the test, so that the plans overlap
+			// by construction, not by the timing of a loaded machine.
+			gate := make(chan struct{})
+			release := sync.OnceFunc(func() { close(gate) })
+			defer release()
+			s.move.HoldSwitch(gate)
 			sim.SetShards(tc.newTotal)
-			if n := sim.Inject(tc.fatal, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
-				t.Fatalf("Inject(4011) reached %d connections; want 1", n)
-			}
+			injectLive(t, sim, tc.fatal, tc.oldTotal, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."})
 			waitEvent(t, s, "event=reshard-start", 30*time.Second)
+			waitNewReady(t, s, tc.newTotal, 60*time.Second)
+			overlap(t, sim, &mu, sent, &published, progress, tc.oldTotal, tc.newTotal)
+			release()
 			waitEvent(t, s, "event=reshard-switch", 60*time.Second)
 			c, _ := s.Current()
 			if got := c.Plan().Total; got != tc.newTotal {
@@ -214,6 +239,61 @@ func TestReshardOn4011(t *testing.T) {
 				t.Errorf("simulator: %d identifies refused; want none (the new plan's identifies are paced with the old plan's)", tot.RefusedIdentifies)
 			}
 		})
+	}
+}
+
+// overlap makes sure that both plans of a move held at its switch bring
+// the Cut copies of one event: it waits until the publisher has sent 100
+// more messages (every new shard is READY, so those of the guilds of the
+// old plan's serving shards reach a session of each plan), then until the
+// node has read every live session of both plans that far (their
+// heartbeats say so).
+func overlap(t *testing.T, sim *gatewaysim.Server, mu *sync.Mutex, sent map[string]int, published *atomic.Int64, progress <-chan struct{}, oldTotal, newTotal int) {
+	t.Helper()
+	from := published.Load()
+	timeout := time.After(30 * time.Second)
+	for published.Load() < from+100 {
+		select {
+		case <-progress:
+		case <-timeout:
+			t.Fatalf("the publisher sent %d messages in 30 s; want 100", published.Load()-from)
+		}
+	}
+	mu.Lock()
+	both := 0
+	for i := from; i < from+100; i++ {
+		if sent[fmt.Sprint(i)] == 2 {
+			both++
+		}
+	}
+	mu.Unlock()
+	if both == 0 {
+		t.Fatal("no message reached both plans while both were live; the test proves nothing about the cut")
+	}
+	// The sequence each live session had reached once those were sent.
+	type session struct{ shard, total int }
+	reached := map[session]int64{}
+	for k := range newTotal {
+		for _, si := range sim.Sessions(k) {
+			if si.Live && (si.Total == oldTotal || si.Total == newTotal) {
+				reached[session{k, si.Total}] = si.Seq
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := sim.Wait(ctx, func() bool {
+		for k := range newTotal {
+			for _, si := range sim.Sessions(k) {
+				if seq, ok := reached[session{k, si.Total}]; ok && si.Acked < seq {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatalf("the node did not read both plans' sessions as far as the overlap: %v", err)
 	}
 }
 

@@ -115,10 +115,19 @@ func drawScenario(t *rapid.T) scenario {
 		if s.newOnly {
 			continue
 		}
-		if s.t < switchAt {
+		// A new session gets what is sent from its READY on, so an
+		// event sent at the very instant of both its READY and the
+		// switch still reaches one plan (with "after its READY" the
+		// model once sent such an event to neither, and the test
+		// blamed the Cut for losing it).
+		toOld, toNew := s.t < switchAt, s.t >= ready[s.guild%newM]
+		if !toOld && !toNew {
+			t.Fatalf("model: event %s sent at %d reaches neither plan (switch %d, READY %d)", s.payload, s.t, switchAt, ready[s.guild%newM])
+		}
+		if toOld {
 			deliver(true, s.guild%oldN, s)
 		}
-		if s.t > ready[s.guild%newM] {
+		if toNew {
 			deliver(false, s.guild%newM, s)
 		}
 	}
@@ -165,6 +174,10 @@ func run(sc scenario, c *Cut, fc *clock.Fake) {
 // to either plan comes out once (as a multiset: an identical d sent twice
 // comes out twice); and when the old connections have caught up by the
 // switch, each guild's events come out in the order they were sent.
+//
+// It holds within the Cut's contract today: byte-identical payloads are
+// sent more than two windows apart, so the model draws no closer repeat.
+// Closer ones are lost (TestCutFalseTwin, issue 25 item 1).
 func TestCutExactlyOnce(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		sc := drawScenario(rt)
@@ -211,6 +224,32 @@ func TestCutExactlyOnce(t *testing.T) {
 			last[s.guild] = pos[s.payload]
 		}
 	})
+}
+
+// TestCutFalseTwin: a reaction added on the old plan alone (its guild's
+// new shard not READY yet), then, after the switch, removed and added
+// again on the new plan: the second add is a new event with the same
+// bytes as the first, and comes out. The Cut pairs copies by fingerprint
+// within its window, so it takes the second add for the first one's copy
+// and drops it.
+func TestCutFalseTwin(t *testing.T) {
+	t.Skip("known defect, issue 25 item 1: the Cut pairs copies by payload fingerprint within its window, so a byte-identical event repeated within it (a reaction, mute or presence toggle) is dropped as a copy; the redesign of issue 25 un-skips this")
+	fc := clock.NewFake()
+	var out []string
+	c := New(Config{Clock: fc, Sink: func(old bool, ev Event) { out = append(out, fmt.Sprintf("%s %s", ev.Type, ev.D)) }})
+	add := Event{Type: "MESSAGE_REACTION_ADD", D: []byte(`{"message_id":"1","user_id":"2","emoji":{"name":"x"}}`)}
+	remove := Event{Type: "MESSAGE_REACTION_REMOVE", D: add.D}
+	c.Old(add)
+	c.Switch()
+	fc.Advance(time.Second)
+	c.New(remove)
+	c.New(add)
+	want := []string{
+		"MESSAGE_REACTION_ADD " + string(add.D), "MESSAGE_REACTION_REMOVE " + string(add.D), "MESSAGE_REACTION_ADD " + string(add.D),
+	}
+	if !slices.Equal(out, want) {
+		t.Fatalf("delivered %q; want %q", out, want)
+	}
 }
 
 // TestCutOverflow: past MaxHeld the oldest held events go out early and
