@@ -46,6 +46,9 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "Client frames %d (sender not found %d); after SIGCONT %d; for a shard the sender did not own %d.\n",
 		r.Frames, r.UnknownFrames, r.WakeFrames, len(r.ForeignFrames))
 	fmt.Fprintf(&b, "Paused nodes' sessions still on an open connection at SIGCONT (silent, not counted live; a frame on one would count): %d.\n", r.QuietAtWake)
+	if r.OverBound > 0 {
+		fmt.Fprintf(&b, "Failovers or recoveries over the bound of %v (converged within %v): %d.\n", r.Config.Bound(), r.Config.hangBound(), r.OverBound)
+	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "VIOLATION: %s\n", v)
 	}

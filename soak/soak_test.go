@@ -41,7 +41,10 @@ func TestSoak(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Config{Faults: 20, Serve: bin, Exe: exe, Dir: t.TempDir(), Log: testLog{t}})
+	// The bound is the product's claim, which the soak of bench/ holds
+	// the tree to; here, on a shared machine that may be loaded, a
+	// fault must still converge, within four times it.
+	rep, err := Run(ctx, Config{Faults: 20, Serve: bin, Exe: exe, Dir: t.TempDir(), Log: testLog{t}, HangBound: 4 * (Config{}).withDefaults().Bound()})
 	if rep != nil {
 		t.Logf("soak report:\n%s", rep.Table())
 	}
@@ -50,6 +53,9 @@ func TestSoak(t *testing.T) {
 	}
 	if err := rep.Err(); err != nil {
 		t.Fatal(err)
+	}
+	if rep.OverBound > 0 {
+		t.Logf("%d failovers or recoveries took longer than the bound of %v (a loaded machine); bench/'s soak fails on them", rep.OverBound, rep.Config.Bound())
 	}
 	total := 0
 	for _, k := range Kinds {
