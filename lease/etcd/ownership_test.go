@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/internal/poll"
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
 
@@ -443,12 +445,13 @@ func TestOwnershipSteadyStateCost(t *testing.T) {
 // waitForLong is waitFor with its own bound.
 func waitForLong(t *testing.T, bound time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	if err := poll.Until(t.Context(), what, bound, 5*time.Millisecond, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
