@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // lines is a console that hands each line to the test.
@@ -180,10 +181,14 @@ func TestReap(t *testing.T) {
 		t.Skipf("no /bin/sh to fork: %v", err)
 	}
 	reaped := map[int]int{}
-	for deadline := time.Now().Add(10 * time.Second); reaped[pid] == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		// A process boundary: the child exits on its own time.
+	// A process boundary: the child exits on its own time.
+	_ = poll.Until(t.Context(), "the child reaped", 10*time.Second, 10*time.Millisecond, func() error {
 		reap(func(p int, ws unix.WaitStatus) { reaped[p] = ws.ExitStatus() + 100 })
-	}
+		if reaped[pid] == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
 	if reaped[pid] != 103 {
 		t.Fatalf("reap saw %v; want pid %d with exit status 3", reaped, pid)
 	}

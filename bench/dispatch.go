@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 type throughput struct {
@@ -54,19 +57,18 @@ func floodClientOver(cfg config, w wire, side string) (throughput, error) {
 			return 0, 0, err
 		}
 		want := base + int64(n*per)
-		deadline := time.Now().Add(5 * time.Minute)
-		for {
+		err = poll.Until(context.Background(), fmt.Sprintf("%d events", want-base), 5*time.Minute, 10*time.Millisecond, func() error {
 			got, err := c.count()
 			if err != nil {
-				return 0, 0, err
+				return poll.Stop(err)
 			}
-			if got >= want {
-				break
+			if got < want {
+				return fmt.Errorf("%d of %d events", got-base, want-base)
 			}
-			if time.Now().After(deadline) {
-				return 0, 0, fmt.Errorf("%d of %d events after 5 min", got-base, want-base)
-			}
-			time.Sleep(10 * time.Millisecond)
+			return nil
+		})
+		if err != nil {
+			return 0, 0, err
 		}
 		elapsed := time.Since(start)
 		cpu1, err := cpuTime(c.pid())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/hugelgupf/p9/p9"
+
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // stateContent is what 0/state holds on a READY shard, and what diod's
@@ -345,23 +348,29 @@ func startDiod() (*diodServer, error) {
 		_ = d.cmd.Wait()
 		close(d.done)
 	}()
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	exited := errors.New("diod exited")
+	err = poll.Until(context.Background(), "diod listening on "+d.addr, 10*time.Second, 20*time.Millisecond, func() error {
 		c, err := net.DialTimeout("tcp", d.addr, time.Second)
 		if err == nil {
 			c.Close()
-			return d, nil
+			return nil
 		}
 		select {
 		case <-d.done:
-			d.cleanup()
-			return nil, fmt.Errorf("diod exited: %s", d.stderr)
+			return poll.Stop(exited)
 		default:
+			return err
 		}
-		if time.Now().After(deadline) {
-			d.close()
-			return nil, fmt.Errorf("diod does not listen on %s: %s", d.addr, d.stderr)
-		}
-		time.Sleep(20 * time.Millisecond)
+	})
+	switch {
+	case err == nil:
+		return d, nil
+	case err == exited:
+		d.cleanup()
+		return nil, fmt.Errorf("diod exited: %s", d.stderr)
+	default:
+		d.close()
+		return nil, fmt.Errorf("%w: %s", err, d.stderr)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 	"github.com/shardfs/shardfs/node"
 )
 
@@ -222,17 +223,17 @@ func (n *nodeRole) waitReady(args []string) (string, error) {
 
 // waitFor polls count until it reaches want.
 func waitFor(timeout time.Duration, want int, count func() int) (string, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		got := count()
-		if got >= want {
-			return strconv.Itoa(got), nil
+	var got int
+	err := poll.Until(context.Background(), fmt.Sprintf("%d ready", want), timeout, 20*time.Millisecond, func() error {
+		if got = count(); got < want {
+			return fmt.Errorf("%d of %d", got, want)
 		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("%d of %d after %v", got, want, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		return "", err
 	}
+	return strconv.Itoa(got), nil
 }
 
 // count: dispatches written to the dispatch logs.

@@ -2,7 +2,7 @@ package main
 
 import (
 	"bytes"
-	"errors"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // restartConfig sizes the restart comparison. The zero value is the smoke
@@ -139,20 +141,16 @@ func (p *serveProc) kill() {
 // waitReady polls serve's /status over 9P, at most for d, until every one
 // of n shards is READY.
 func waitReady(sock string, n int, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	var last string
-	for time.Now().Before(deadline) {
+	return poll.Until(context.Background(), "serve's shards all READY", d, 50*time.Millisecond, func() error {
 		text, err := readStatus(sock)
-		if err == nil && bytes.Count(text, []byte(" READY ")) == n {
-			return nil
+		if err != nil {
+			return err
 		}
-		last = fmt.Sprint(err)
-		if err == nil {
-			last = fmt.Sprintf("%d of %d READY", bytes.Count(text, []byte(" READY ")), n)
+		if got := bytes.Count(text, []byte(" READY ")); got != n {
+			return fmt.Errorf("%d of %d READY", got, n)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("serve's shards not all READY within %v: %s", d, last)
+		return nil
+	})
 }
 
 func readStatus(sock string) ([]byte, error) { return readTree(sock, "status") }
@@ -226,17 +224,18 @@ func restartRun(bin string, n, mc int) (restartResult, error) {
 	}
 	// serve has exited: every connection is closed. Wait for the
 	// simulator to see it, so that wait-live sees only the restart's.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+	err = poll.Until(context.Background(), "the simulator seeing no live session after serve exited", time.Minute, 10*time.Millisecond, func() error {
 		t, err := s.totals()
 		if err != nil {
-			return r, err
+			return poll.Stop(err)
 		}
-		if t.LiveSessions == 0 {
-			break
+		if t.LiveSessions != 0 {
+			return fmt.Errorf("%d live sessions", t.LiveSessions)
 		}
-		if time.Now().After(deadline) {
-			return r, errors.New("the simulator still sees live sessions a minute after serve exited")
-		}
+		return nil
+	})
+	if err != nil {
+		return r, err
 	}
 
 	p, resume, err := untilLive(s, n, timeout, start)

@@ -226,17 +226,11 @@ func (t *tracker) close() {
 	t.cond.Broadcast()
 }
 
-// inFlight and fidCount are for tests.
+// inFlight is for tests.
 func (t *tracker) inFlight() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.reqs)
-}
-
-func (t *tracker) fidCount() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.fids)
 }
 
 // watchdog bounds the time a connection may take to send the rest of a

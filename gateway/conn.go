@@ -218,7 +218,7 @@ func (c *conn) serve(ws *websocket.Conn) (parked bool) {
 // resume is a parked connection's new reader goroutine. The wait group
 // count it gives back is the one the connection took when it parked.
 func (c *conn) resume() {
-	defer c.t.wg.Done()
+	defer c.t.life.leave()
 	parked := false
 	defer func() {
 		if !parked {
@@ -354,7 +354,7 @@ func (c *conn) enqueue(p []byte) {
 	start := !c.writing
 	c.writing = true
 	c.mu.Unlock()
-	if start && !c.t.spawn(c.drainQueue) {
+	if start && !c.t.life.Go(c.drainQueue) {
 		c.mu.Lock()
 		c.writing = false
 		c.mu.Unlock()
@@ -1054,10 +1054,10 @@ func (c *conn) armLocked(now time.Time) {
 // tick runs when the timer fires: a timeout, a heartbeat, a zombie, or an
 // identify the gate held back.
 func (c *conn) tick() {
-	if !c.t.enter() {
+	if !c.t.life.enter() {
 		return
 	}
-	defer c.t.wg.Done()
+	defer c.t.life.leave()
 	defer c.link.Recover()
 	now := c.t.clock.Now()
 	c.mu.Lock()

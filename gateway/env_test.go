@@ -17,7 +17,10 @@ import (
 )
 
 // wait bounds every wait at the network boundary; a test never sleeps.
-const wait = 10 * time.Second
+// Only a hang reaches it, so it is generous: on a loaded machine under
+// -race the simulator's oversized (10 MiB) message took over 10 s to reach
+// the client's refusal.
+const wait = 60 * time.Second
 
 const testToken = "sim-token"
 

@@ -51,7 +51,7 @@ func (p *idler) startLocked() bool {
 		return false
 	}
 	p.epfd, p.stop, p.parked = epfd, stop, map[int]*conn{}
-	if !p.t.spawn(p.loop) {
+	if !p.t.life.Go(p.loop) {
 		syscall.Close(epfd)
 		syscall.Close(stop[0])
 		syscall.Close(stop[1])
@@ -83,7 +83,7 @@ func (p *idler) park(c *conn) bool {
 		p.mu.Unlock()
 		return false
 	}
-	c.t.wg.Add(1) // the reader ending now still holds its own count
+	c.t.life.extend() // the reader ending now still holds its own count
 	p.mu.Unlock()
 	if c.phase().closing() {
 		// Close may have looked for a parked reader before there was one.

@@ -133,10 +133,9 @@ type Transport struct {
 	// connection's mu.
 	onPhase func(c *conn, from, to phase)
 
-	// lifeMu guards closed and admission to wg; it is taken last.
-	lifeMu sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	// life admits the goroutines and timer callbacks Close waits for;
+	// its lock is taken last.
+	life lifetime
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -277,7 +276,7 @@ const maxDialing = 64
 // gives back through dialDone.
 func (t *Transport) start(c *conn) {
 	for c != nil {
-		if t.spawn(c.run) {
+		if t.life.Go(c.run) {
 			return
 		}
 		// A closed transport starts nothing: the connection never opens.
@@ -313,13 +312,9 @@ func (t *Transport) nextDial() *conn {
 // resumable, and waits for every goroutine the transport started. Close
 // the core.Scheduler first; connections asked for afterwards never open.
 func (t *Transport) Close() error {
-	t.lifeMu.Lock()
-	if t.closed {
-		t.lifeMu.Unlock()
+	if !t.life.close() {
 		return nil
 	}
-	t.closed = true
-	t.lifeMu.Unlock()
 	t.mu.Lock()
 	conns := make([]*conn, 0, len(t.conns))
 	for c := range t.conns {
@@ -331,41 +326,15 @@ func (t *Transport) Close() error {
 	}
 	t.idler.close()
 	t.gate.stop()
-	t.wg.Wait()
+	t.life.wait()
 	if t.ownClient {
 		t.cfg.HTTPClient.CloseIdleConnections()
 	}
 	return nil
 }
 
-// enter admits a goroutine or timer callback unless the transport closed.
-func (t *Transport) enter() bool {
-	t.lifeMu.Lock()
-	defer t.lifeMu.Unlock()
-	if t.closed {
-		return false
-	}
-	t.wg.Add(1)
-	return true
-}
-
-// spawn runs f in a goroutine that Close waits for.
-func (t *Transport) spawn(f func()) bool {
-	if !t.enter() {
-		return false
-	}
-	go func() {
-		defer t.wg.Done()
-		f()
-	}()
-	return true
-}
-
 func (t *Transport) track(c *conn) bool {
-	t.lifeMu.Lock()
-	closed := t.closed
-	t.lifeMu.Unlock()
-	if closed {
+	if t.life.isClosed() {
 		return false
 	}
 	t.mu.Lock()

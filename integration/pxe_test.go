@@ -22,6 +22,7 @@ import (
 
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // The gateway simulator's address inside the guest: QEMU's guestfwd
@@ -245,15 +246,15 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 	// The forward accepts (and drops) connections before the guest
 	// listens: poll, with a bound.
 	var status string
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if status, err = cli("cat", "status"); err == nil {
-			break
+	err := poll.Until(ctx, "shardfs cat status through the forward", 30*time.Second, 200*time.Millisecond, func() error {
+		var err error
+		if status, err = cli("cat", "status"); err != nil {
+			return fmt.Errorf("%w: %s", err, status)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shardfs cat status through the forward: %v\n%s", err, status)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	served := time.Since(m.Started)
 	t.Logf("%6.1fs  tree served over TLS: status\n%s", served.Seconds(), status)
@@ -360,11 +361,10 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 // (the guest is a separate machine: polling with a bound).
 func waitStatus(t *testing.T, cli func(...string) (string, error), ok func(lines [][]string) bool) {
 	t.Helper()
-	var out string
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-		var err error
-		if out, err = cli("cat", "status"); err != nil {
-			continue
+	err := poll.Until(t.Context(), "status in the expected state", 60*time.Second, 250*time.Millisecond, func() error {
+		out, err := cli("cat", "status")
+		if err != nil {
+			return err
 		}
 		var lines [][]string
 		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -372,11 +372,14 @@ func waitStatus(t *testing.T, cli func(...string) (string, error), ok func(lines
 				lines = append(lines, f)
 			}
 		}
-		if ok(lines) {
-			return
+		if !ok(lines) {
+			return fmt.Errorf("status:\n%s", out)
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("status did not reach the expected state within 60 s; last:\n%s", out)
 }
 
 // buildStatic builds shardfs as netboot needs it: static, stripped.

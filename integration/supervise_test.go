@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // lockedBuffer collects a subprocess's stderr while the test reads it.
@@ -68,13 +70,13 @@ func TestV9fsSupervise(t *testing.T) {
 		}
 	}()
 	// A process boundary: poll, bounded.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if strings.Contains(stderr.String(), `msg="child ready"`) && strings.Count(stderr.String(), `msg="child ready"`) == 2 {
-			break
+	if err := poll.Until(t.Context(), "supervise's two children ready", 30*time.Second, 50*time.Millisecond, func() error {
+		if n := strings.Count(stderr.String(), `msg="child ready"`); n != 2 {
+			return fmt.Errorf("%d children ready", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("supervise's children not ready in 30 s")
-		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	kernel := kernelImage(t, k)
 	initrd := guestImage(t, k, guestModules, nil)

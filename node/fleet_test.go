@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
@@ -57,12 +59,13 @@ func (w testWriter) Write(p []byte) (int, error) {
 // with a bound.
 func within(t *testing.T, bound time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", bound, what)
+	if err := poll.Until(t.Context(), what, bound, 10*time.Millisecond, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // A metrics address beyond loopback is refused unless it says
@@ -132,18 +133,18 @@ func TestPrometheusScrapesNode(t *testing.T) {
 		`up{job="shardfs"}`:             "1",
 		`shardfs_shards{state="READY"}`: "2",
 	} {
-		var got string
 		bound := 60 * time.Second
 		if runtime.GOARCH != "amd64" {
 			bound *= 2
 		}
-		deadline := time.Now().Add(bound)
-		for got != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("prometheus's %s = %q after %v; want %s", query, got, bound, want)
+		// A process boundary: poll prometheus's API.
+		if err := poll.Until(t.Context(), fmt.Sprintf("prometheus's %s = %s", query, want), bound, 100*time.Millisecond, func() error {
+			if got := promQuery(web, query); got != want {
+				return fmt.Errorf("%q", got)
 			}
-			time.Sleep(100 * time.Millisecond) // a process boundary: poll prometheus's API
-			got = promQuery(web, query)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // gwClient is a bare Discord client for the checks' test.
@@ -123,13 +124,16 @@ func TestChecksCatch(t *testing.T) {
 	// the history shows the change.
 	waitOwner := func(shard int, node string, want bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		err := poll.Until(ctx, fmt.Sprintf("the watch showing %s owning shard %d = %v", node, shard, want), 10*time.Second, 20*time.Millisecond, func() error {
 			now := time.Now()
-			if own.ownedBetween(node, shard, now, now) == want {
-				return
+			if own.ownedBetween(node, shard, now, now) != want {
+				return fmt.Errorf("%s owning shard %d = %v", node, shard, !want)
 			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Fatalf("the watch never showed %s owning shard %d = %v", node, shard, want)
 	}
 
 	put("shards/1", "node1")

@@ -2,7 +2,10 @@ package soak
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // A Node runs the real serve (without etcd here), reads its tree, gives up
@@ -37,19 +41,24 @@ func TestNodeProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Stop(syscall.SIGKILL, 10*time.Second)
-	readyBoth := func() (bool, string) {
+	readyBoth := func() error {
 		text, err := n.Read("status")
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
-		st, err := parseStatus(text)
-		return err == nil && st[0] == "READY" && st[1] == "READY", text
+		if st, err := parseStatus(text); err != nil || st[0] != "READY" || st[1] != "READY" {
+			return fmt.Errorf("status %q", text)
+		}
+		return nil
 	}
-	poll(t, "both shards READY", readyBoth)
+	waitFor(t, "both shards READY", readyBoth)
 
 	if err := n.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// The signal is delivered asynchronously: a read sent before the
+	// process stopped is answered.
+	waitStopped(t, n.Pid())
 	began := time.Now()
 	if _, err := n.Read("status"); err == nil {
 		t.Fatal("a stopped serve answered")
@@ -60,7 +69,7 @@ func TestNodeProcess(t *testing.T) {
 	if err := n.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "serve answering after SIGCONT", readyBoth)
+	waitFor(t, "serve answering after SIGCONT", readyBoth)
 	if err := n.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -88,16 +97,54 @@ func TestNodeProcess(t *testing.T) {
 	}
 }
 
-// poll checks f at a process boundary until it holds, for at most
+// waitFor polls cond at a process boundary until it holds, for at most
 // ReadyTimeout.
-func poll(t *testing.T, what string, f func() (bool, string)) {
+func waitFor(t *testing.T, what string, cond func() error) {
 	t.Helper()
-	var last string
-	for deadline := time.Now().Add(ReadyTimeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		var ok bool
-		if ok, last = f(); ok {
-			return
-		}
+	if err := poll.Until(context.Background(), what, ReadyTimeout, 100*time.Millisecond, cond); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s: never; last %q", what, last)
+}
+
+// waitStopped waits until every thread of process pid is stopped (state T
+// in /proc/PID/task/TID/stat): the stop of a group is delivered to each
+// thread asynchronously, and one running thread could still answer.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	err := poll.Until(context.Background(), fmt.Sprintf("process %d stopped", pid), ReadyTimeout, 10*time.Millisecond, func() error {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		if err != nil || len(tasks) == 0 {
+			return poll.Stop(fmt.Errorf("no threads of process %d: %v", pid, err))
+		}
+		for _, stat := range tasks {
+			st, err := procState(stat)
+			if err != nil {
+				return err // the thread ended between Glob and read
+			}
+			if st != "T" {
+				return fmt.Errorf("%s: state %s", stat, st)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// procState reads the scheduler state (R, S, D, T, ...) from a stat file of
+// /proc.
+func procState(stat string) (string, error) {
+	b, err := os.ReadFile(stat)
+	if err != nil {
+		return "", err
+	}
+	// The command name in parentheses may hold spaces and parentheses;
+	// the state follows the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+3 >= len(s) {
+		return "", fmt.Errorf("%s: %q", stat, s)
+	}
+	return s[i+2 : i+3], nil
 }

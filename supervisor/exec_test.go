@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 const testToken = "TEST-TOKEN-on-a-pipe-only"
@@ -219,12 +221,15 @@ func TestExecChildren(t *testing.T) {
 // waitFor polls cond, at a process boundary, for at most 30 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return
+	err := poll.Until(t.Context(), what, 30*time.Second, 20*time.Millisecond, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s: never happened", what)
 }
 
 // testExec returns an Exec running this test binary as the children of

@@ -24,6 +24,7 @@ import (
 	"github.com/shardfs/shardfs/demo"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 // The test binary doubles as the shardfs binary: with SHARDFS_TEST_MAIN set
@@ -156,14 +157,15 @@ func tcpHostPort(addr string) string {
 // eventually polls f, at a process boundary, for at most 30 s.
 func eventually(t *testing.T, what string, f func() (bool, string)) {
 	t.Helper()
-	var last string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		var ok bool
-		if ok, last = f(); ok {
-			return
+	err := poll.Until(t.Context(), what, 30*time.Second, 100*time.Millisecond, func() error {
+		if ok, last := f(); !ok {
+			return fmt.Errorf("%q", last)
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s: never happened; last seen %q", what, last)
 }
 
 func dotlRoot(t *testing.T, hostPort string) p9.File {

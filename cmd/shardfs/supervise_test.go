@@ -27,6 +27,7 @@ import (
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/internal/poll"
 )
 
 type superviseProc struct{ *serveProc }
@@ -315,12 +316,19 @@ func later(a, b time.Time) time.Time {
 
 func (p *superviseProc) waitReadyWithin(t *testing.T, shards int, d time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if s, err := dotlRead(p.root, "status"); err == nil && strings.Count(s, " READY ") == shards {
-			return
+	err := poll.Until(t.Context(), fmt.Sprintf("%d shards READY", shards), d, 50*time.Millisecond, func() error {
+		s, err := dotlRead(p.root, "status")
+		if err != nil {
+			return err
 		}
+		if strings.Count(s, " READY ") != shards {
+			return fmt.Errorf("status %q", s)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("not every shard READY within %v", d)
 }
 
 // TestSuperviseCrashLoop: a child that cannot start (its sessions folder
@@ -431,10 +439,14 @@ func (p *superviseProc) restartAll(t *testing.T, sim *gatewaysim.Server) (time.D
 	if err := writeFile(p.root, "ctl", "restart all\n"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Minute); !strings.Contains(p.stderr.String(), "restart all done"); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("restart all did not finish in 5 minutes")
+	err := poll.Until(t.Context(), "restart all done", 5*time.Minute, 50*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "restart all done") {
+			return errors.New("not in supervise's log")
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return time.Since(start), sim.Totals().Identifies - identifies
 }
@@ -662,14 +674,15 @@ func TestSuperviseOverhead(t *testing.T) {
 			prefix string
 		}{{p.root, "p"}, {n.root, "n"}} {
 			last := fmt.Sprintf(`"%s-%d-%d"`, side.prefix, sh, perShard-1)
-			for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			err := poll.Until(t.Context(), fmt.Sprintf("%s in %d/dispatch", last, sh), 5*time.Minute, 100*time.Millisecond, func() error {
 				d, err := dotlRead(side.root, strconv.Itoa(sh)+"/dispatch")
-				if strings.Contains(d, last) {
-					break
+				if !strings.Contains(d, last) {
+					return fmt.Errorf("%d bytes, %v", len(d), err)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s never in %d/dispatch (%d bytes, %v)", last, sh, len(d), err)
-				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
 		}
 	}

@@ -18,8 +18,10 @@ import (
 	"github.com/shardfs/shardfs/clock"
 )
 
-// netWait bounds every wait on the network; a test never sleeps.
-const netWait = 5 * time.Second
+// netWait bounds every wait on the network; a test never sleeps. Only a
+// hang reaches it, so it is generous: on a loaded machine under -race,
+// building and compressing the oversized fault's 10 MiB took over 5 s.
+const netWait = 60 * time.Second
 
 // gwFrame is a gateway payload as a client sees it.
 type gwFrame struct {

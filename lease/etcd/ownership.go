@@ -75,7 +75,7 @@ type Ownership struct {
 	pacer      *MovePacer
 	kick       chan struct{}
 
-	wg sync.WaitGroup // moves and acquisitions in flight
+	wg sync.WaitGroup // moves in flight; Add under mu, unless noMoves
 
 	mu       sync.Mutex
 	member   *Member
@@ -87,6 +87,7 @@ type Ownership struct {
 	holders  []Holder
 	draining bool
 	left     bool
+	noMoves  bool          // Drain waits for wg: no move starts any more
 	drained  chan struct{} // closed when draining and nothing is owned
 	moves    uint64
 	fenced   uint64
@@ -534,10 +535,14 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 			break
 		}
 		o.mu.Lock()
+		if o.noMoves {
+			o.mu.Unlock()
+			break
+		}
 		gen := o.owned[id]
 		o.busy[id] = true
-		o.mu.Unlock()
 		o.wg.Add(1)
+		o.mu.Unlock()
 		go func() {
 			defer o.wg.Done()
 			o.move(ctx, m, id, gen)
@@ -658,6 +663,9 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	case <-ctx.Done():
 		err = fmt.Errorf("etcd: drain of node %s: %w", o.cfg.Node, ctx.Err())
 	}
+	o.mu.Lock()
+	o.noMoves = true
+	o.mu.Unlock()
 	o.wg.Wait()
 	o.mu.Lock()
 	o.left = true

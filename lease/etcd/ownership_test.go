@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/internal/poll"
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
 
@@ -108,6 +110,19 @@ func startOwnershipWith(t *testing.T, cli *clientv3.Client, node string, plan Pl
 	return r
 }
 
+// advanceLeased moves r's clock by d when its membership's deadline is
+// more than d away, and reports whether it did. A fake clock advanced
+// faster than the real renewals land (each an etcd round trip, slow on a
+// loaded machine) would expire the lease the test means to keep: a test
+// waits for the renewal instead.
+func (r *ownRig) advanceLeased(d time.Duration) bool {
+	if r.o.Status().Remaining <= d {
+		return false
+	}
+	r.clk.Advance(d)
+	return true
+}
+
 func (r *ownRig) stop() {
 	if r.cancel != nil {
 		r.cancel()
@@ -158,7 +173,7 @@ func TestOwnershipJoinMoves(t *testing.T) {
 		t.Fatalf("b owns %d shards before a's pacing window passed; want 4", got)
 	}
 	for len(b.shards.owned(b.clk.Now())) < len(want) {
-		a.clk.Advance(MoveWindow)
+		waitFor(t, "a's lease renewed past the next window", func() bool { return a.advanceLeased(MoveWindow) })
 		n := len(b.shards.owned(b.clk.Now()))
 		waitFor(t, "the next moves", func() bool { return len(b.shards.owned(b.clk.Now())) >= min(n+4, len(want)) })
 	}
@@ -430,12 +445,13 @@ func TestOwnershipSteadyStateCost(t *testing.T) {
 // waitForLong is waitFor with its own bound.
 func waitForLong(t *testing.T, bound time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	if err := poll.Until(t.Context(), what, bound, 5*time.Millisecond, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -558,7 +574,7 @@ func TestOwnershipOperatorLeaseHoldsNodeOut(t *testing.T) {
 		return b.o.Status().Joins == 2
 	})
 	waitFor(t, "b's share back", func() bool {
-		a.clk.Advance(MoveWindow)
+		a.advanceLeased(MoveWindow)
 		return len(b.shards.owned(b.clk.Now())) == share
 	})
 }
@@ -588,7 +604,7 @@ func TestOwnershipDrainedWhileHeldStaysOut(t *testing.T) {
 		t.Fatal("a drained node's member key came back when its operator lease was renewed")
 	}
 	waitFor(t, "a to keep all 16", func() bool {
-		a.clk.Advance(MoveWindow)
+		a.advanceLeased(MoveWindow)
 		return len(a.shards.owned(a.clk.Now())) == 16 && string(a.o.MembersText()) == "a 16\n"
 	})
 }
