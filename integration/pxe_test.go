@@ -244,9 +244,11 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 		t.Logf("%6.1fs  %s", time.Since(m.Started).Seconds(), marker)
 	}
 	// The forward accepts (and drops) connections before the guest
-	// listens: poll, with a bound.
+	// listens: poll, with a bound on a hang only. The guest runs under
+	// TCG: on a loaded machine its TLS handshake alone took tens of
+	// seconds (a 176 s boot missed a 30 s bound here).
 	var status string
-	err := poll.Until(ctx, "shardfs cat status through the forward", 30*time.Second, 200*time.Millisecond, func() error {
+	err := poll.Until(ctx, "shardfs cat status through the forward", 2*time.Minute, 200*time.Millisecond, func() error {
 		var err error
 		if status, err = cli("cat", "status"); err != nil {
 			return fmt.Errorf("%w: %s", err, status)
