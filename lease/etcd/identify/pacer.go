@@ -439,9 +439,11 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		return false, nil // the budget: the counter's deletion kicks us
 	}
 	deadline := started.Add(p.hold)
-	// Every call of the attempt is bounded by the hold: a slot acquired
-	// after it could not be handed out anyway.
-	actx, cancel := context.WithTimeout(p.ctx, p.hold)
+	// The hold is judged on p.clock alone, never by a real-time context:
+	// a create cut off at the hold would leave its outcome unknown (a
+	// start perhaps counted for nothing, and no way to give it back),
+	// and with an injected clock it would fail attempts the clock allows.
+	actx, cancel := context.WithTimeout(p.ctx, readTimeout)
 	defer cancel()
 	kl, err := p.leases.Grant(actx, p.keySecs)
 	if err != nil {
@@ -451,8 +453,9 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	var put clientv3.Op
 	var pl *clientv3.LeaseGrantResponse
 	if live {
+		reset = c.reset
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)}
-		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, c.reset), clientv3.WithIgnoreLease())
+		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithIgnoreLease())
 	} else {
 		used = max(used, base)
 		if reset.IsZero() {
@@ -471,6 +474,18 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithLease(pl.ID))
 	}
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(bkey), "=", 0))
+	if p.clock.Now().After(deadline) {
+		// The grants were slow: a slot created now could not be handed
+		// out, so spend no start on it, and try again at once (a kick,
+		// not again: slowness is no race, and the next attempt may be
+		// quicker).
+		p.revoke(kl.ID)
+		if pl != nil {
+			p.revoke(pl.ID)
+		}
+		kick(q)
+		return false, nil
+	}
 	if p.beforeTxn != nil {
 		p.beforeTxn()
 	}
@@ -498,6 +513,9 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	if now := p.clock.Now(); now.After(deadline) {
 		p.mu.Unlock()
 		p.log.Warn("identify: slot acquired after the hold, lost", "bucket", q.bucket, "took", now.Sub(started))
+		// No identify goes out on it: give its start back. The bucket
+		// key stays; its expiry kicks the queue.
+		p.refund(tr.Header.Revision, used, reset, pl)
 		return false, nil
 	}
 	if len(q.waiters) == 0 {
@@ -511,6 +529,30 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	p.mu.Unlock()
 	w.grant()
 	return false, nil
+}
+
+// refund puts the counter back to used, the count before a lost slot's
+// create wrote it at revision rev; pl is the lease of a counter that
+// create started (nil if it only raised a live one). Guarded by rev: once
+// another slot counted on top, the lost start stays counted, which only
+// overcounts.
+func (p *Pacer) refund(rev int64, used int, reset time.Time, pl *clientv3.LeaseGrantResponse) {
+	ctx, cancel := context.WithTimeout(p.ctx, readTimeout)
+	defer cancel()
+	back := clientv3.OpPut(p.counterKey, encodeCounter(used, reset), clientv3.WithIgnoreLease())
+	if used == 0 {
+		// A period this slot would have started: none yet.
+		back = clientv3.OpDelete(p.counterKey)
+	}
+	r, err := p.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", rev)).Then(back).Commit()
+	switch {
+	case err != nil:
+		p.log.Warn("identify: give back the start of a lost slot: " + err.Error() + "; it stays counted")
+	case !r.Succeeded:
+		p.log.Info("identify: the start of a lost slot stays counted: the counter moved on")
+	case used == 0 && pl != nil:
+		p.revoke(pl.ID)
+	}
 }
 
 func (p *Pacer) revoke(id clientv3.LeaseID) {
