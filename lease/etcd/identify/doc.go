@@ -65,11 +65,10 @@
 // period). The transaction that creates a bucket key also writes the
 // counter, guarded by the counter's ModRevision (or its absence), so two
 // nodes never both spend the last start. A start is counted when the key
-// is created; a slot lost after its hold gives it back (the counter
-// written back, guarded by the create's revision), unless another slot
-// counted on top meanwhile: then it stays counted, an overcount only.
-// Before, lost slots stayed counted, and on a loaded machine they spent
-// the budget with no identify until the automatic requests stopped. The total is discovery's (SetStartLimit),
+// is created; a slot lost after its hold gives it back (one off the
+// counter of its period, guarded by the ModRevision read), since no
+// identify goes out on it: on a loaded machine, lost slots otherwise spend
+// the budget until the automatic requests stop. The total is discovery's (SetStartLimit),
 // capped by Config.Ceiling (--identify-total) when set, as core.Pacer's.
 // Until the first answer it is Config.Total (default Discord's documented
 // 1000, which also stays when there is no discovery, --gateway), enforced

@@ -515,7 +515,7 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		p.log.Warn("identify: slot acquired after the hold, lost", "bucket", q.bucket, "took", now.Sub(started))
 		// No identify goes out on it: give its start back. The bucket
 		// key stays; its expiry kicks the queue.
-		p.refund(tr.Header.Revision, used, reset, pl)
+		p.refund(reset)
 		return false, nil
 	}
 	if len(q.waiters) == 0 {
@@ -531,28 +531,60 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	return false, nil
 }
 
-// refund puts the counter back to used, the count before a lost slot's
-// create wrote it at revision rev; pl is the lease of a counter that
-// create started (nil if it only raised a live one). Guarded by rev: once
-// another slot counted on top, the lost start stays counted, which only
-// overcounts.
-func (p *Pacer) refund(rev int64, used int, reset time.Time, pl *clientv3.LeaseGrantResponse) {
-	ctx, cancel := context.WithTimeout(p.ctx, readTimeout)
-	defer cancel()
-	back := clientv3.OpPut(p.counterKey, encodeCounter(used, reset), clientv3.WithIgnoreLease())
-	if used == 0 {
-		// A period this slot would have started: none yet.
+// refundTries bounds the attempts of a refund; each failed one means
+// another slot counted meanwhile.
+const refundTries = 10
+
+// refund takes one start off the counter of the period ending at reset,
+// the start a lost slot's create counted: every later count of that
+// period was written on top of it (each is guarded by the ModRevision it
+// read). A period gone meanwhile has nothing to give back. One edge: a
+// node whose discovery answer raised the count above the counter in the
+// meantime wrote its own figure, not ours plus one, and so ends one low;
+// the reserve absorbs that.
+func (p *Pacer) refund(reset time.Time) {
+	for range refundTries {
+		ctx, cancel := context.WithTimeout(p.ctx, readTimeout)
+		ok, err := p.refundOnce(ctx, reset)
+		cancel()
+		if err != nil {
+			p.log.Warn("identify: give back the start of a lost slot: " + err.Error() + "; it stays counted")
+			return
+		}
+		if ok {
+			return
+		}
+	}
+	p.log.Warn("identify: give back the start of a lost slot: the counter kept moving; it stays counted")
+}
+
+// refundOnce makes one attempt; ok is false when the counter moved between
+// the read and the write.
+func (p *Pacer) refundOnce(ctx context.Context, reset time.Time) (ok bool, err error) {
+	r, err := p.kv.Get(ctx, p.counterKey)
+	if err != nil {
+		return false, err
+	}
+	c, err := p.parseCounter(r.Kvs, r.Header.Revision)
+	if err != nil {
+		return false, err
+	}
+	if !c.present || c.reset.UnixMilli() != reset.UnixMilli() || c.used == 0 {
+		return true, nil
+	}
+	back := clientv3.OpPut(p.counterKey, encodeCounter(c.used-1, c.reset), clientv3.WithIgnoreLease())
+	if c.used == 1 {
+		// The lost slot started the period: it has not begun.
 		back = clientv3.OpDelete(p.counterKey)
 	}
-	r, err := p.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", rev)).Then(back).Commit()
-	switch {
-	case err != nil:
-		p.log.Warn("identify: give back the start of a lost slot: " + err.Error() + "; it stays counted")
-	case !r.Succeeded:
-		p.log.Info("identify: the start of a lost slot stays counted: the counter moved on")
-	case used == 0 && pl != nil:
-		p.revoke(pl.ID)
+	tr, err := p.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)).Then(back).Commit()
+	if err != nil || !tr.Succeeded {
+		return false, err
 	}
+	if c.used == 1 && c.lease != clientv3.NoLease {
+		p.revoke(c.lease)
+	}
+	return true, nil
 }
 
 func (p *Pacer) revoke(id clientv3.LeaseID) {
@@ -596,7 +628,8 @@ func (p *Pacer) seeLocked(c counterView) {
 }
 
 // watch follows the identify keys: a deleted bucket key (expired) kicks
-// its queue, the counter's changes keep BudgetWait current.
+// its queue, a deleted or lowered counter every queue, and the counter's
+// changes keep BudgetWait current.
 func (p *Pacer) watch() {
 	defer p.wg.Done()
 	for p.ctx.Err() == nil {
@@ -617,6 +650,11 @@ func (p *Pacer) watch() {
 					p.kickAllLocked()
 				case key == p.counterKey:
 					if c, err := p.parseCounter([]*mvccpb.KeyValue{ev.Kv}, ev.Kv.ModRevision); err == nil {
+						if c.used < p.counter.used {
+							// A lost slot's start given back: a
+							// request stopped by the budget may go.
+							p.kickAllLocked()
+						}
 						p.seeLocked(c)
 					}
 				case ev.Type == clientv3.EventTypeDelete:
