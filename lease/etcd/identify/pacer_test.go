@@ -705,3 +705,33 @@ func TestSlowEtcdWithinTheHold(t *testing.T) {
 		t.Errorf("%d create transactions, want 1", n)
 	}
 }
+
+// A refund takes one start off the counter of the lost slot's period,
+// whatever was counted on top since; another period's counter is left
+// alone, and a period the lost slot alone started is deleted.
+func TestRefund(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client()
+	a := newPacer(t, c, "a", 1, nil)
+	ctx := etcdtest.Ctx(t, time.Minute)
+	reset := time.Now().Add(time.Hour)
+	key := prefix + "identify/starts"
+	for _, tc := range []struct {
+		name      string
+		counter   string
+		refundFor time.Time
+		want      string // "" = deleted
+	}{
+		{"counted on top", encodeCounter(5, reset), reset, "4"},
+		{"another period", encodeCounter(5, reset.Add(time.Second)), reset, "5"},
+		{"the period's only start", encodeCounter(1, reset), reset, ""},
+	} {
+		if _, err := c.Put(ctx, key, tc.counter); err != nil {
+			t.Fatal(err)
+		}
+		a.refund(tc.refundFor)
+		if got := counterUsed(t, c); got != tc.want {
+			t.Errorf("%s: refund of %q = %q; want %q", tc.name, tc.counter, got, tc.want)
+		}
+	}
+}
