@@ -79,7 +79,8 @@ type Pacer struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
-	beforeTxn  func() // test hook: runs before the create transaction
+	beforeTxn  func()     // test hook: runs before the create transaction
+	attempt    sync.Mutex // held by one worker's attempt at a time
 
 	mu         sync.Mutex
 	closed     bool
@@ -409,21 +410,37 @@ func (p *Pacer) work(q *queue) {
 }
 
 // try makes one attempt at q's slot; again reports a race lost on the
-// counter, worth another read at once.
+// counter, worth another read at once. The attempts of one node take
+// turns: they all write the one counter, so at most one of them could
+// win a round, and on a loaded machine the losers' calls (a read, a
+// lease grant, a refused create and a revoke each) slowed the winner
+// past its hold, round after round.
 func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
+	p.attempt.Lock()
+	w, again, err := p.attemptLocked(q, operator)
+	p.attempt.Unlock()
+	if w != nil {
+		w.grant()
+	}
+	return again, err
+}
+
+// attemptLocked is try's attempt, with p.attempt held; it returns the
+// waiter to grant, if any.
+func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, err error) {
 	bkey := p.dir + strconv.Itoa(q.bucket)
 	rctx, cancel := context.WithTimeout(p.ctx, readTimeout)
 	r, err := p.kv.Txn(rctx).Then(clientv3.OpGet(bkey), clientv3.OpGet(p.counterKey)).Commit()
 	cancel()
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", bkey, err)
+		return nil, false, fmt.Errorf("read %s: %w", bkey, err)
 	}
 	if len(r.Responses[0].GetResponseRange().GetKvs()) > 0 {
-		return false, nil // held, by us or another node: wait for its end
+		return nil, false, nil // held, by us or another node: wait for its end
 	}
 	c, err := p.parseCounter(r.Responses[1].GetResponseRange().GetKvs(), r.Header.Revision)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	p.mu.Lock()
 	p.seeLocked(c)
@@ -436,7 +453,7 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	}
 	p.mu.Unlock()
 	if used+1 > limit {
-		return false, nil // the budget: the counter's deletion kicks us
+		return nil, false, nil // the budget: the counter's deletion kicks us
 	}
 	deadline := started.Add(p.hold)
 	// The hold is judged on p.clock alone, never by a real-time context:
@@ -447,7 +464,7 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	defer cancel()
 	kl, err := p.leases.Grant(actx, p.keySecs)
 	if err != nil {
-		return false, fmt.Errorf("grant the lease of %s: %w", bkey, err)
+		return nil, false, fmt.Errorf("grant the lease of %s: %w", bkey, err)
 	}
 	var cmps []clientv3.Cmp
 	var put clientv3.Op
@@ -464,7 +481,7 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		secs := int64((reset.Sub(started) + time.Second - 1) / time.Second)
 		if pl, err = p.leases.Grant(actx, max(secs, 2)); err != nil {
 			p.revoke(kl.ID)
-			return false, fmt.Errorf("grant the lease of %s: %w", p.counterKey, err)
+			return nil, false, fmt.Errorf("grant the lease of %s: %w", p.counterKey, err)
 		}
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(p.counterKey), "=", 0)}
 		if c.present {
@@ -484,7 +501,7 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 			p.revoke(pl.ID)
 		}
 		kick(q)
-		return false, nil
+		return nil, false, nil
 	}
 	if p.beforeTxn != nil {
 		p.beforeTxn()
@@ -498,9 +515,9 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 			if pl != nil {
 				p.revoke(pl.ID)
 			}
-			return true, nil
+			return nil, true, nil
 		}
-		return false, fmt.Errorf("create %s: %w", bkey, err)
+		return nil, false, fmt.Errorf("create %s: %w", bkey, err)
 	}
 	if c.present && !live {
 		p.log.Info("identify: the budget counter outlived its period (etcd restores lease TTLs on restart or leader change); started a new one", "reset_was", c.reset.UTC().Format(time.RFC3339))
@@ -516,19 +533,18 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		// No identify goes out on it: give its start back. The bucket
 		// key stays; its expiry kicks the queue.
 		p.refund(reset)
-		return false, nil
+		return nil, false, nil
 	}
 	if len(q.waiters) == 0 {
 		q.heldUntil = deadline
 		p.mu.Unlock()
-		return false, nil
+		return nil, false, nil
 	}
-	w := q.waiters[0]
+	w = q.waiters[0]
 	q.waiters = q.waiters[1:]
 	w.q = nil
 	p.mu.Unlock()
-	w.grant()
-	return false, nil
+	return w, false, nil
 }
 
 // refundTries bounds the attempts of a refund; each failed one means
