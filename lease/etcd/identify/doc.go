@@ -50,7 +50,9 @@
 //
 // Waiting. Requests wait in one FIFO per bucket on each node (operators'
 // requests ahead of the automatic ones) and a worker per bucket tries to
-// acquire while its queue is not empty. Request never talks to etcd and
+// acquire while its queue is not empty; a node's workers take turns at an
+// attempt, since every attempt writes the one counter and only one could
+// win a round. Request never talks to etcd and
 // never blocks on it: it is called under a shard's lock. The worker
 // retries when the node's watch on <prefix>identify/ reports the bucket
 // key (or the budget counter) deleted, and at the latest after Retry
