@@ -18,7 +18,10 @@
 // operator's first), or, if every waiter was cancelled meanwhile, answers
 // the next Request of that bucket with now = true. After Hold the slot is
 // lost for this node; the key stays until it expires, so nobody else uses
-// it either.
+// it either. The hold is judged on that clock only: the attempt's etcd
+// calls are bounded by a few seconds, not cut off at Hold, so that a slow
+// create has a known outcome; when the lease grants already took the
+// hold, no create is sent and the worker tries again at once.
 //
 // Spacing, and what "identify within 1.5 s of the slot" (DESIGN 7.3)
 // means here. The pacer bounds when the grant is handed out (within Hold
@@ -47,7 +50,9 @@
 //
 // Waiting. Requests wait in one FIFO per bucket on each node (operators'
 // requests ahead of the automatic ones) and a worker per bucket tries to
-// acquire while its queue is not empty. Request never talks to etcd and
+// acquire while its queue is not empty; a node's workers take turns at an
+// attempt, since every attempt writes the one counter and only one could
+// win a round. Request never talks to etcd and
 // never blocks on it: it is called under a shard's lock. The worker
 // retries when the node's watch on <prefix>identify/ reports the bucket
 // key (or the budget counter) deleted, and at the latest after Retry
@@ -62,8 +67,10 @@
 // period). The transaction that creates a bucket key also writes the
 // counter, guarded by the counter's ModRevision (or its absence), so two
 // nodes never both spend the last start. A start is counted when the key
-// is created, whether or not the slot is then handed out (a slot lost
-// after its hold still counts). The total is discovery's (SetStartLimit),
+// is created; a slot lost after its hold gives it back (one off the
+// counter of its period, guarded by the ModRevision read), since no
+// identify goes out on it: on a loaded machine, lost slots otherwise spend
+// the budget until the automatic requests stop. The total is discovery's (SetStartLimit),
 // capped by Config.Ceiling (--identify-total) when set, as core.Pacer's.
 // Until the first answer it is Config.Total (default Discord's documented
 // 1000, which also stays when there is no discovery, --gateway), enforced

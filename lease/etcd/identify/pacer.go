@@ -79,7 +79,8 @@ type Pacer struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
-	beforeTxn  func() // test hook: runs before the create transaction
+	beforeTxn  func()     // test hook: runs before the create transaction
+	attempt    sync.Mutex // held by one worker's attempt at a time
 
 	mu         sync.Mutex
 	closed     bool
@@ -409,21 +410,37 @@ func (p *Pacer) work(q *queue) {
 }
 
 // try makes one attempt at q's slot; again reports a race lost on the
-// counter, worth another read at once.
+// counter, worth another read at once. The attempts of one node take
+// turns: they all write the one counter, so at most one of them could
+// win a round, and on a loaded machine the losers' calls (a read, a
+// lease grant, a refused create and a revoke each) slowed the winner
+// past its hold, round after round.
 func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
+	p.attempt.Lock()
+	w, again, err := p.attemptLocked(q, operator)
+	p.attempt.Unlock()
+	if w != nil {
+		w.grant()
+	}
+	return again, err
+}
+
+// attemptLocked is try's attempt, with p.attempt held; it returns the
+// waiter to grant, if any.
+func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, err error) {
 	bkey := p.dir + strconv.Itoa(q.bucket)
 	rctx, cancel := context.WithTimeout(p.ctx, readTimeout)
 	r, err := p.kv.Txn(rctx).Then(clientv3.OpGet(bkey), clientv3.OpGet(p.counterKey)).Commit()
 	cancel()
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", bkey, err)
+		return nil, false, fmt.Errorf("read %s: %w", bkey, err)
 	}
 	if len(r.Responses[0].GetResponseRange().GetKvs()) > 0 {
-		return false, nil // held, by us or another node: wait for its end
+		return nil, false, nil // held, by us or another node: wait for its end
 	}
 	c, err := p.parseCounter(r.Responses[1].GetResponseRange().GetKvs(), r.Header.Revision)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	p.mu.Lock()
 	p.seeLocked(c)
@@ -436,23 +453,26 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	}
 	p.mu.Unlock()
 	if used+1 > limit {
-		return false, nil // the budget: the counter's deletion kicks us
+		return nil, false, nil // the budget: the counter's deletion kicks us
 	}
 	deadline := started.Add(p.hold)
-	// Every call of the attempt is bounded by the hold: a slot acquired
-	// after it could not be handed out anyway.
-	actx, cancel := context.WithTimeout(p.ctx, p.hold)
+	// The hold is judged on p.clock alone, never by a real-time context:
+	// a create cut off at the hold would leave its outcome unknown (a
+	// start perhaps counted for nothing, and no way to give it back),
+	// and with an injected clock it would fail attempts the clock allows.
+	actx, cancel := context.WithTimeout(p.ctx, readTimeout)
 	defer cancel()
 	kl, err := p.leases.Grant(actx, p.keySecs)
 	if err != nil {
-		return false, fmt.Errorf("grant the lease of %s: %w", bkey, err)
+		return nil, false, fmt.Errorf("grant the lease of %s: %w", bkey, err)
 	}
 	var cmps []clientv3.Cmp
 	var put clientv3.Op
 	var pl *clientv3.LeaseGrantResponse
 	if live {
+		reset = c.reset
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)}
-		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, c.reset), clientv3.WithIgnoreLease())
+		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithIgnoreLease())
 	} else {
 		used = max(used, base)
 		if reset.IsZero() {
@@ -461,7 +481,7 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		secs := int64((reset.Sub(started) + time.Second - 1) / time.Second)
 		if pl, err = p.leases.Grant(actx, max(secs, 2)); err != nil {
 			p.revoke(kl.ID)
-			return false, fmt.Errorf("grant the lease of %s: %w", p.counterKey, err)
+			return nil, false, fmt.Errorf("grant the lease of %s: %w", p.counterKey, err)
 		}
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(p.counterKey), "=", 0)}
 		if c.present {
@@ -471,6 +491,18 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithLease(pl.ID))
 	}
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(bkey), "=", 0))
+	if p.clock.Now().After(deadline) {
+		// The grants were slow: a slot created now could not be handed
+		// out, so spend no start on it, and try again at once (a kick,
+		// not again: slowness is no race, and the next attempt may be
+		// quicker).
+		p.revoke(kl.ID)
+		if pl != nil {
+			p.revoke(pl.ID)
+		}
+		kick(q)
+		return nil, false, nil
+	}
 	if p.beforeTxn != nil {
 		p.beforeTxn()
 	}
@@ -483,9 +515,9 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 			if pl != nil {
 				p.revoke(pl.ID)
 			}
-			return true, nil
+			return nil, true, nil
 		}
-		return false, fmt.Errorf("create %s: %w", bkey, err)
+		return nil, false, fmt.Errorf("create %s: %w", bkey, err)
 	}
 	if c.present && !live {
 		p.log.Info("identify: the budget counter outlived its period (etcd restores lease TTLs on restart or leader change); started a new one", "reset_was", c.reset.UTC().Format(time.RFC3339))
@@ -498,19 +530,77 @@ func (p *Pacer) try(q *queue, operator bool) (again bool, err error) {
 	if now := p.clock.Now(); now.After(deadline) {
 		p.mu.Unlock()
 		p.log.Warn("identify: slot acquired after the hold, lost", "bucket", q.bucket, "took", now.Sub(started))
-		return false, nil
+		// No identify goes out on it: give its start back. The bucket
+		// key stays; its expiry kicks the queue.
+		p.refund(reset)
+		return nil, false, nil
 	}
 	if len(q.waiters) == 0 {
 		q.heldUntil = deadline
 		p.mu.Unlock()
-		return false, nil
+		return nil, false, nil
 	}
-	w := q.waiters[0]
+	w = q.waiters[0]
 	q.waiters = q.waiters[1:]
 	w.q = nil
 	p.mu.Unlock()
-	w.grant()
-	return false, nil
+	return w, false, nil
+}
+
+// refundTries bounds the attempts of a refund; each failed one means
+// another slot counted meanwhile.
+const refundTries = 10
+
+// refund takes one start off the counter of the period ending at reset,
+// the start a lost slot's create counted: every later count of that
+// period was written on top of it (each is guarded by the ModRevision it
+// read). A period gone meanwhile has nothing to give back. One edge: a
+// node whose discovery answer raised the count above the counter in the
+// meantime wrote its own figure, not ours plus one, and so ends one low;
+// the reserve absorbs that.
+func (p *Pacer) refund(reset time.Time) {
+	for range refundTries {
+		ctx, cancel := context.WithTimeout(p.ctx, readTimeout)
+		ok, err := p.refundOnce(ctx, reset)
+		cancel()
+		if err != nil {
+			p.log.Warn("identify: give back the start of a lost slot: " + err.Error() + "; it stays counted")
+			return
+		}
+		if ok {
+			return
+		}
+	}
+	p.log.Warn("identify: give back the start of a lost slot: the counter kept moving; it stays counted")
+}
+
+// refundOnce makes one attempt; ok is false when the counter moved between
+// the read and the write.
+func (p *Pacer) refundOnce(ctx context.Context, reset time.Time) (ok bool, err error) {
+	r, err := p.kv.Get(ctx, p.counterKey)
+	if err != nil {
+		return false, err
+	}
+	c, err := p.parseCounter(r.Kvs, r.Header.Revision)
+	if err != nil {
+		return false, err
+	}
+	if !c.present || c.reset.UnixMilli() != reset.UnixMilli() || c.used == 0 {
+		return true, nil
+	}
+	back := clientv3.OpPut(p.counterKey, encodeCounter(c.used-1, c.reset), clientv3.WithIgnoreLease())
+	if c.used == 1 {
+		// The lost slot started the period: it has not begun.
+		back = clientv3.OpDelete(p.counterKey)
+	}
+	tr, err := p.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)).Then(back).Commit()
+	if err != nil || !tr.Succeeded {
+		return false, err
+	}
+	if c.used == 1 && c.lease != clientv3.NoLease {
+		p.revoke(c.lease)
+	}
+	return true, nil
 }
 
 func (p *Pacer) revoke(id clientv3.LeaseID) {
@@ -554,7 +644,8 @@ func (p *Pacer) seeLocked(c counterView) {
 }
 
 // watch follows the identify keys: a deleted bucket key (expired) kicks
-// its queue, the counter's changes keep BudgetWait current.
+// its queue, a deleted or lowered counter every queue, and the counter's
+// changes keep BudgetWait current.
 func (p *Pacer) watch() {
 	defer p.wg.Done()
 	for p.ctx.Err() == nil {
@@ -575,6 +666,11 @@ func (p *Pacer) watch() {
 					p.kickAllLocked()
 				case key == p.counterKey:
 					if c, err := p.parseCounter([]*mvccpb.KeyValue{ev.Kv}, ev.Kv.ModRevision); err == nil {
+						if c.used < p.counter.used {
+							// A lost slot's start given back: a
+							// request stopped by the budget may go.
+							p.kickAllLocked()
+						}
 						p.seeLocked(c)
 					}
 				case ev.Type == clientv3.EventTypeDelete:
