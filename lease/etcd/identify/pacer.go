@@ -526,7 +526,15 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 			p.wg.Go(func() { p.revoke(c.lease) })
 		}
 	}
+	// The counter as this create wrote it, seen now rather than when the
+	// watch brings it: the budget the tree shows, and BudgetWait, count
+	// the slot from its grant on.
+	lease := c.lease
+	if pl != nil {
+		lease = pl.ID
+	}
 	p.mu.Lock()
+	p.seeLocked(counterView{present: true, used: used + 1, reset: time.UnixMilli(reset.UnixMilli()), modRev: tr.Header.Revision, lease: lease, rev: tr.Header.Revision})
 	if now := p.clock.Now(); now.After(deadline) {
 		p.mu.Unlock()
 		p.log.Warn("identify: slot acquired after the hold, lost", "bucket", q.bucket, "took", now.Sub(started))
