@@ -287,14 +287,19 @@ func TestRejectionHidesContent(t *testing.T) {
 	e.clk.Advance(5 * time.Second)
 	const secret = "MTk4NjIyNDgzNDcxOTI1MjQ4.Gxyz.SECRETSECRETSECRET"
 	for _, try := range []func() error{
-		func() error { return e.node.Send(0, []byte(`{"op":6,"d":{"token":"`+secret+`","session_id":"x","seq":1}}`)) },
+		func() error {
+			return e.node.Send(0, []byte(`{"op":6,"d":{"token":"`+secret+`","session_id":"x","seq":1}}`))
+		},
 		func() error { return e.node.Send(0, []byte(`{"op":"`+secret+`"}`)) },
 		func() error { return e.node.Send(0, []byte(secret)) },
 		func() error { return e.node.ExecShard(0, secret) },
 		func() error { return e.node.ExecShard(0, "reset "+secret) },
 		func() error { return e.node.ExecNode("lease " + secret) },
 		func() error { return e.node.ExecNode("reset " + secret) },
-		func() error { e.node.Reject("drain "+secret, fmt.Errorf("drain takes no argument, got %q", secret)); return errors.New("") },
+		func() error {
+			e.node.Reject("drain "+secret, fmt.Errorf("drain takes no argument, got %q", secret))
+			return errors.New("")
+		},
 	} {
 		if err := try(); err == nil {
 			t.Fatal("a secret was accepted as a command")
