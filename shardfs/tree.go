@@ -52,8 +52,9 @@ type Config struct {
 	// Files are more files at the root, after the standard ones.
 	Files []fsrv.File
 	// Command, when set, sees every node command first (a line written to
-	// /ctl): handled false passes it on to the core. CommandUsage is
-	// added to /ctl's usage.
+	// /ctl): handled false passes it on to the core. A refusal is logged
+	// to the node's events as the core's are (core.Scheduler.Reject), so
+	// the hook logs none itself. CommandUsage is added to /ctl's usage.
 	Command      func(line string) (handled bool, err error)
 	CommandUsage string
 }
@@ -131,6 +132,9 @@ func orDefault(v, def int) int {
 func (t *Tree) nodeCommand(line string) error {
 	if t.cfg.Command != nil {
 		if handled, err := t.cfg.Command(line); handled {
+			if err != nil {
+				t.node.Reject(line, err)
+			}
 			return fsError(err)
 		}
 	}

@@ -232,7 +232,7 @@ func TestCtl(t *testing.T) {
 	if err := writeL(t, root, "0/ctl", "frobnicate\n"); !errors.Is(err, linux.EINVAL) {
 		t.Fatalf("echo frobnicate > 0/ctl = %v; want EINVAL", err)
 	}
-	if ev := readL(t, root, "0/events"); !strings.Contains(ev, `event=rejected cmd=frobnicate err="\"frobnicate\": unknown command;`) {
+	if ev := readL(t, root, "0/events"); !strings.Contains(ev, `event=rejected cmd=? len=10 err="unknown command"`) {
 		t.Fatalf("0/events lacks the rejection:\n%s", ev)
 	}
 	if err := writeL(t, root, "ctl", "stop 1 2\nstart 1\nbogus\nstop 3\n"); !errors.Is(err, linux.EINVAL) {
@@ -289,7 +289,7 @@ func TestSendAndDispatch(t *testing.T) {
 	if err := writeL(t, root, "1/send", big); !errors.Is(err, linux.EFBIG) {
 		t.Fatalf("send of 5 KB = %v; want EFBIG", err)
 	}
-	if ev := readL(t, root, "1/events"); strings.Count(ev, "event=rejected cmd=\"send ") != 2 {
+	if ev := readL(t, root, "1/events"); strings.Count(ev, "event=rejected cmd=send ") != 2 || strings.Contains(ev, "xxx") {
 		t.Fatalf("1/events lacks the two rejected sends:\n%s", ev)
 	}
 	if _, f, _ := root.Walk([]string{"1", "send"}); f != nil {
