@@ -147,14 +147,20 @@ func TestCtlChunkError(t *testing.T) {
 	}
 }
 
-// TestCtlPartialAtClunk: a last line without its newline is applied when
-// the fid is clunked; under 9P2000.L its error is the clunk's.
+// padCut is a 4 KiB write, a client's cut of a longer one, that ends in
+// the start of a line.
+func padCut(start string) []byte {
+	return []byte(strings.Repeat("\n", 4096-len(start)) + start)
+}
+
+// TestCtlPartialAtClunk: a last line left without its newline by a
+// client's cut is applied when the fid is clunked; under 9P2000.L its
+// error is the clunk's.
 func TestCtlPartialAtClunk(t *testing.T) {
 	fx := newFixture()
 	addr := listen(t, fx.server(t))
 	for dialect, w := range openCtl(t, addr) {
-		w.WriteAt([]byte("lease 30"), 0)
-		w.WriteAt([]byte("s"), 8)
+		w.WriteAt(padCut("lease 30s"), 0)
 		if h := fx.takeHandled(); len(h) != 0 {
 			t.Errorf("%s: before clunk, handled %q; want nothing", dialect, h)
 		}
@@ -168,15 +174,15 @@ func TestCtlPartialAtClunk(t *testing.T) {
 	_, root := dialDotL(t, addr)
 	_, f, _ := root.Walk([]string{"ctl"})
 	f.Open(p9.WriteOnly)
-	f.WriteAt([]byte("frob"), 0)
+	f.WriteAt(padCut("frob"), 0)
 	if err := f.Close(); !errors.Is(err, linux.EINVAL) {
 		t.Errorf("9P2000.L clunk after frob = %v; want EINVAL", err)
 	}
 }
 
 // TestCtlPartialConnectionLost: a connection that ends without a clunk
-// drops the line it left without a newline: its end may never have been
-// sent ("lease 3" of "lease 30s").
+// drops the line a client's cut left without a newline: its end may never
+// have been sent ("lease 3" of "lease 30s").
 func TestCtlPartialConnectionLost(t *testing.T) {
 	for _, dialect := range []string{"9P2000.L", "9P2000"} {
 		fx := newFixture()
@@ -205,7 +211,7 @@ func TestCtlPartialConnectionLost(t *testing.T) {
 		} else {
 			w = open9(t, client)
 		}
-		if n, err := w.WriteAt([]byte("stop\nlease 3"), 0); n != 12 || err != nil {
+		if n, err := w.WriteAt(padCut("stop\nlease 3"), 0); n != 4096 || err != nil {
 			t.Fatalf("%s: write = %d, %v", dialect, n, err)
 		}
 		client.Close()

@@ -380,6 +380,9 @@ type dotlStream struct {
 	closeErr  error
 	// ending, if set, is set at Close (session.ending).
 	ending *atomic.Bool
+	// sessMsize, if set, follows the negotiated msize (session.msize),
+	// by which a ctl write tells a client's cut from a whole write.
+	sessMsize *atomic.Uint32
 
 	// attachQID resolves the aname of a Tattach (dotlAttacher.attachQID).
 	attachQID func(aname string) (p9.QID, error)
@@ -463,6 +466,9 @@ func (s *dotlStream) nextFrame() error {
 			return err
 		}
 		s.msize = min(t.msize, s.maxMsize)
+		if s.sessMsize != nil {
+			s.sessMsize.Store(s.msize)
+		}
 		s.pend = versionFrame(msgTversion, t.tag, s.msize, t.version)
 		return nil
 	case typ == msgTwrite:

@@ -75,24 +75,40 @@ type Text struct {
 }
 
 // Ctl is a file of line commands. A write may carry several lines; each
-// non-blank line is passed to Handle in order, and the write stops at the
-// first line whose Handle fails: that error is the write's error, the
-// lines before it stay applied, and the rest of that write is dropped.
+// non-blank line is passed to Handle in order.
 //
-// A line may span writes: a last line without a newline is kept by the
-// open file (per fid, from open to clunk) until a later write on that fid
-// brings its newline, since 9pfuse cuts a long write(2) into 4 KiB writes
-// wherever they fall. The error of a line is the error of the write that
-// completes it. At clunk, a kept line is applied as the file's last:
-// under 9P2000.L its error is the Rclunk's, under 9P2000, which cannot
-// report one, it is logged (a Handle may also record it, as shardfs does
-// in events). A connection that ends without a clunk drops a kept line,
-// whose end may never have been sent. A successful write reports its full
-// byte count, kept part included. A write longer than MaxCtlWrite, or a
-// line that grows past MaxCtlWrite across writes, is refused with
-// ErrTooLarge, and the kept part is dropped. Truncation (O_TRUNC, a
-// setattr or wstat of size 0) is accepted and does nothing, because shells
-// truncate before they write.
+// A line ends at its newline or at the end of the write that carries it,
+// so a single write without a newline ("printf stop > ctl") is a whole
+// command whose error that write returns. Only a write that is a client's
+// cut of a longer write(2) keeps its last line open for the next write on
+// the same fid: one of exactly msize-24 bytes (the data of a full Twrite,
+// where Linux, plan9port and 9fans.net/go cut), or a multiple of 4 KiB or
+// one that ends a 4 KiB page of the bytes written through this open (where
+// FUSE cuts for 9pfuse, which cuts again at msize-24). A write of 4 KiB
+// without a newline is therefore kept, and applied at the clunk at the
+// latest. A line so kept and not completed by the clunk is applied at
+// the clunk: under 9P2000.L its error is the Rclunk's, under 9P2000, which
+// cannot report one, it is logged (a Handle may also record it, as shardfs
+// does in events). A connection that ends without a clunk drops a kept
+// line, whose end may never have been sent.
+//
+// A write stops at the first line whose Handle fails, and what follows
+// that line is not applied. When no line of the write was applied, the
+// write returns the error. Otherwise it returns the count of the bytes
+// applied (the lines before the bad one), a short count as Unix write(2)
+// gives, and the next write on that fid returns the error without
+// applying anything: a client that resends from the short count (the
+// kernel, 9pfuse, cat) starts at the bad line and its writer sees the
+// error. A clunk that comes before that next write returns the error
+// under 9P2000.L.
+//
+// A write longer than MaxCtlWrite, or a line longer than MaxLine, is
+// refused with ErrTooLarge. When the end of the overlong line has not come
+// yet (a write over MaxCtlWrite, or a kept line that grows past MaxLine),
+// every later write on that fid fails with that error, so that the rest
+// of the line never runs as a command of its own; open the file again.
+// Truncation (O_TRUNC, a setattr or wstat of size 0) is accepted and does
+// nothing, because shells truncate before they write.
 //
 // Its mode is rw when Usage is set and w otherwise.
 type Ctl struct {
@@ -112,6 +128,11 @@ type Ctl struct {
 	// Ctl without Usage is write-only, and opening it for reading is refused
 	// with permission denied.
 	Usage func() string
+
+	// MaxLine, if positive, is the longest line Handle is given, in bytes
+	// as written: white space counts, the newline does not. Zero means
+	// MaxCtlWrite.
+	MaxLine int
 
 	// Private hides the file from read-only connections.
 	Private bool

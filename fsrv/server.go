@@ -394,6 +394,8 @@ func (c *conn) serve() error {
 		attacher := dotlAttacher{c.sess}
 		st := newDotlStream(readWriteCloser{rest, out, c.rwc}, c.t, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
 		st.ending = &c.sess.ending
+		c.sess.msize.Store(neg.msize)
+		st.sessMsize = &c.sess.msize
 		st.wd = wd
 		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
 		srv.Handle(st, st)
