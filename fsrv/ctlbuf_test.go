@@ -135,8 +135,13 @@ func TestCtlChunkError(t *testing.T) {
 		if got := fx.takeHandled(); !slices.Equal(got, want) {
 			t.Errorf("%s: handled %d lines; want the %d before the bad one", dialect, len(got), len(want))
 		}
-		// What followed the bad line in its write is gone, and the fid
-		// goes on with the next write.
+		// What followed the bad line in its write is gone. A client that
+		// resends the rest of the write (a short count through 9pfuse or
+		// the kernel) gets the error again: the rest of the bad line
+		// never runs as a command. The fid goes on with the next write.
+		if n, err := w.WriteAt([]byte(text[4096:]), 4096); n != 0 || err == nil {
+			t.Errorf("%s: resend = %d, %v; want 0 and the error", dialect, n, err)
+		}
 		if n, err := w.WriteAt([]byte("stop\n"), int64(len(text))); n != 5 || err != nil {
 			t.Errorf("%s: then write stop = %d, %v; want 5, nil", dialect, n, err)
 		}

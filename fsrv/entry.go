@@ -99,8 +99,12 @@ type Text struct {
 // gives, and the next write on that fid returns the error without
 // applying anything: a client that resends from the short count (the
 // kernel, 9pfuse, cat) starts at the bad line and its writer sees the
-// error. A clunk that comes before that next write returns the error
-// under 9P2000.L.
+// error. When the bad line began in an earlier write (a kept line), the
+// write returns the error and so does the next one: through 9pfuse or the
+// kernel a failure after a cut that succeeded reaches the program as a
+// short count, and the program resends the rest of the line, which must
+// not run as a command. A clunk that comes before that next write returns
+// the error under 9P2000.L.
 //
 // A write longer than MaxCtlWrite, or a line longer than MaxLine, is
 // refused with ErrTooLarge. When the end of the overlong line has not come

@@ -262,7 +262,7 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 			if n := len(h.partial) + len(rest); n > limit {
 				h.partial = nil
 				h.overlong = fmt.Errorf("%w: a line of more than %d bytes, the limit is %d", ErrTooLarge, n, limit)
-				return s.stopped(h, applied, h.overlong)
+				return s.stopped(h, applied, false, h.overlong)
 			}
 			h.partial = append(h.partial, rest...)
 			break
@@ -272,16 +272,17 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 			line, adv = rest[:i], i+1
 		}
 		rest = rest[adv:]
-		if len(h.partial) > 0 {
+		began := len(h.partial) > 0 // in a write already reported written
+		if began {
 			line = append(h.partial, line...)
 			h.partial = nil
 		}
 		if len(line) > limit {
-			return s.stopped(h, applied, fmt.Errorf("%w: a line of %d bytes, the limit is %d", ErrTooLarge, len(line), limit))
+			return s.stopped(h, applied, began, fmt.Errorf("%w: a line of %d bytes, the limit is %d", ErrTooLarge, len(line), limit))
 		}
 		ok, err := s.apply(c, line)
 		if err != nil {
-			return s.stopped(h, applied, err)
+			return s.stopped(h, applied, began, err)
 		}
 		changed = changed || ok
 		applied += adv
@@ -292,10 +293,17 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 
 // stopped ends a write at a line that failed after applied bytes of it
 // were applied: a short count, the error kept for the next write; or the
-// error itself when nothing was applied.
-func (s *session) stopped(h *handle, applied int, err error) (int, error) {
+// error itself when nothing was applied. The error is kept as well when
+// the line began in an earlier write (began): through 9pfuse or the
+// kernel, that write's failure after an earlier cut succeeded reaches the
+// program as a short count, and the program resends the rest of the line,
+// which must fail too rather than run as a command.
+func (s *session) stopped(h *handle, applied int, began bool, err error) (int, error) {
 	h.partial = nil
 	if applied == 0 {
+		if began && h.overlong == nil {
+			h.pending = err
+		}
 		return 0, err
 	}
 	h.written += int64(applied)
