@@ -106,9 +106,9 @@ type Text struct {
 // not run as a command. A clunk that comes before that next write returns
 // the error under 9P2000.L.
 //
-// A write longer than MaxCtlWrite, or a line longer than MaxLine, is
-// refused with ErrTooLarge. When the end of the overlong line has not come
-// yet (a write over MaxCtlWrite, or a kept line that grows past MaxLine),
+// A write or a line longer than MaxCtlWrite is refused with ErrTooLarge.
+// When the end of the overlong line has not come yet (a write over
+// MaxCtlWrite, or a kept line that grows past it),
 // every later write on that fid fails with that error, so that the rest
 // of the line never runs as a command of its own; open the file again.
 // Truncation (O_TRUNC, a setattr or wstat of size 0) is accepted and does
@@ -118,8 +118,9 @@ type Text struct {
 type Ctl struct {
 	Name string
 
-	// Handle applies one command line. The line has no newline and no
-	// leading or trailing white space; blank lines are skipped. Writes to
+	// Handle applies one command line. The line has no newline and, unless
+	// Raw is set, no leading or trailing white space; blank lines are
+	// skipped. Writes to
 	// one Ctl are serialised, so Handle sees the lines of one write together.
 	// Errors should wrap fs.ErrInvalid (a bad command), fs.ErrPermission,
 	// fs.ErrNotExist, ErrBusy or ErrTooLarge; any other error reaches the
@@ -133,10 +134,10 @@ type Ctl struct {
 	// with permission denied.
 	Usage func() string
 
-	// MaxLine, if positive, is the longest line Handle is given, in bytes
-	// as written: white space counts, the newline does not. Zero means
-	// MaxCtlWrite.
-	MaxLine int
+	// Raw gives Handle each line as written, without its newline but with
+	// its white space, so that a size limit counts the bytes the client
+	// wrote (a line of white space only is still skipped).
+	Raw bool
 
 	// Private hides the file from read-only connections.
 	Private bool

@@ -246,7 +246,7 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 		h.overlong = fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(p), MaxCtlWrite)
 		return 0, h.overlong
 	}
-	limit := c.maxLine()
+	const limit = MaxCtlWrite
 	cut := len(p) == int(s.msize.Load())-ioHeader || len(p)%fusePage == 0 || (h.written+int64(len(p)))%fusePage == 0
 	applied := 0 // bytes of p up to the end of the last line applied
 	changed := false
@@ -261,7 +261,7 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 		if i < 0 && cut {
 			if n := len(h.partial) + len(rest); n > limit {
 				h.partial = nil
-				h.overlong = fmt.Errorf("%w: a line of more than %d bytes, the limit is %d", ErrTooLarge, n, limit)
+				h.overlong = fmt.Errorf("%w: a line of at least %d bytes, the limit is %d", ErrTooLarge, n, limit)
 				return s.stopped(h, applied, false, h.overlong)
 			}
 			h.partial = append(h.partial, rest...)
@@ -335,22 +335,11 @@ func (s *session) clunk(h *handle) error {
 	if len(line) == 0 {
 		return nil
 	}
-	if len(line) > c.maxLine() {
-		return fmt.Errorf("%w: a line of %d bytes, the limit is %d", ErrTooLarge, len(line), c.maxLine())
-	}
 	ok, err := s.apply(c, line)
 	if ok {
 		c.bump(s.now())
 	}
 	return err
-}
-
-// maxLine is the longest line c takes, in bytes as written.
-func (c *Ctl) maxLine() int {
-	if c.MaxLine > 0 {
-		return min(c.MaxLine, MaxCtlWrite)
-	}
-	return MaxCtlWrite
 }
 
 // apply passes one line, without its newline, to c.Handle unless it is
@@ -361,6 +350,9 @@ func (s *session) apply(c *Ctl, line []byte) (bool, error) {
 	l := strings.TrimSpace(string(line))
 	if l == "" {
 		return false, nil
+	}
+	if c.Raw {
+		l = string(line)
 	}
 	if err := c.Handle(l); err != nil {
 		return false, err

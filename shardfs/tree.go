@@ -210,10 +210,21 @@ func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {
 			&fsrv.LogFile{Name: "events", Source: events},
 			&fsrv.Text{Name: "diag", Content: func() []byte { return t.diag(id) }},
 			&fsrv.LogFile{Name: "dispatch", Source: sf.dispatch, Private: true},
-			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return fsError(t.node.Send(id, []byte(line))) }, Private: true},
+			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return fsError(t.node.Send(id, sendPayload(line))) }, Raw: true, Private: true},
 		)
 	})
 	return sf.dir
+}
+
+// sendPayload is the payload of a line written to N/send. The gateway's
+// size limit counts the bytes as written, white space included: a line
+// over it is passed on whole, for Send to refuse and log; any other is
+// trimmed.
+func sendPayload(line string) []byte {
+	if len(line) > core.MaxPayload {
+		return []byte(line)
+	}
+	return []byte(strings.TrimSpace(line))
 }
 
 // Dispatch writes one dispatch to the shard's dispatch log and the node's.
