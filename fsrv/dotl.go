@@ -99,7 +99,11 @@ var attrMask = p9.AttrMask{
 }
 
 func (f *dotlFile) getattr(n File) (p9.QID, p9.AttrMask, p9.Attr) {
-	a := f.s.stat(n)
+	return f.attrOf(f.s.stat(n))
+}
+
+// attrOf is a node's attributes in 9P2000.L form.
+func (f *dotlFile) attrOf(a attr) (p9.QID, p9.AttrMask, p9.Attr) {
 	mode := p9.ModeRegular
 	nlink := p9.NLink(1)
 	if a.dir {
@@ -172,6 +176,11 @@ func (f *dotlFile) WalkGetAttr(names []string) (qids []p9.QID, nf p9.File, mask 
 // GetAttr implements p9.File.
 func (f *dotlFile) GetAttr(p9.AttrMask) (qid p9.QID, mask p9.AttrMask, at p9.Attr, err error) {
 	defer f.guard(&err)
+	// An open fid shows the content its reads see, fixed at open.
+	if h := f.h.Load(); h != nil {
+		qid, mask, at = f.attrOf(f.s.statOpen(h))
+		return qid, mask, at, nil
+	}
 	qid, mask, at = f.getattr(f.node)
 	return qid, mask, at, nil
 }

@@ -62,8 +62,9 @@ type Text struct {
 
 	// Content returns the file's bytes. It is called at every open, and the
 	// open file keeps that value, so that one cat sees one consistent text
-	// however many reads it takes; and at every stat, since the size shown
-	// is the length of the current content. Text ends with a newline: that
+	// however many reads it takes (a stat of the open file shows that
+	// value's length too); and at every stat of a file not open, since the
+	// size shown is the length of the current content. Text ends with a newline: that
 	// is Content's job, fsrv does not add it. Content must not block, may be
 	// called concurrently, and must not modify a slice it has returned.
 	Content func() []byte
@@ -162,12 +163,15 @@ type LogSource interface {
 	ModTime() time.Time
 }
 
-// LogFile is a read-only file over an append-only log: its size is the log's
-// Size, a read at the end returns end of file at once (cat terminates; tail
-// -f follows by polling the size), and a read below the oldest retained
-// offset returns data from the oldest retained line. The open file then
-// remembers how far it was moved and applies that shift to its later reads,
-// so a reader that reads at increasing offsets sees no byte twice. Its mode
+// LogFile is a read-only file over an append-only log with absolute
+// offsets: its size is the log's Size (the end offset, never the bytes
+// retained), a read at an offset reads there, a read at the end returns end
+// of file at once (cat terminates; tail -f follows by polling the size),
+// and a read below the oldest retained offset returns data from the oldest
+// retained line. A read at the offset where that read ended continues the
+// retained data, so that a reader that reads at increasing offsets sees no
+// byte twice; a read at any other offset, on the same open file, reads at
+// that absolute offset (pread(size-50) returns the last 50 bytes). Its mode
 // is r for everyone.
 type LogFile struct {
 	Name   string

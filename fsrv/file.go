@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -88,13 +88,18 @@ func (s *session) statText(t *Text, c []byte) attr {
 	return a
 }
 
-// statOpen is stat for a file just opened, reusing the content the open
-// took rather than computing it again.
+// statOpen is stat for an open file. A Text shows the content its reads
+// see, as it was when the file was opened: the first call (at open)
+// computes the attributes from that content and later ones return them
+// unchanged, so that a stat of an old open file does not make the
+// version go back and forth.
 func (s *session) statOpen(h *handle) attr {
-	if t, ok := h.node.(*Text); ok {
-		return s.statText(t, h.text)
+	t, ok := h.node.(*Text)
+	if !ok {
+		return s.stat(h.node)
 	}
-	return s.stat(h.node)
+	h.attrOnce.Do(func() { h.attr = s.statText(t, h.text) })
+	return h.attr
 }
 
 // qidVersion returns the last version the server computed for n without
@@ -133,6 +138,9 @@ type openMode struct {
 type handle struct {
 	node File
 	text []byte // Text content or Ctl usage, fixed at open
+	// attr is a Text's attributes for that content (see statOpen).
+	attrOnce sync.Once
+	attr     attr
 	dir  []File // Dir entries, fixed at open
 	// write is set when the file was opened for writing.
 	write bool
@@ -150,9 +158,14 @@ type handle struct {
 	// came: every later write on this open fails with it, so that the
 	// rest of that line never runs as a command.
 	overlong error
-	// shift is how far a LogFile read was moved forward because the data it
-	// asked for had been dropped; later reads of this open apply it.
-	shift atomic.Int64
+	// logMu guards shift and next.
+	logMu sync.Mutex
+	// shift is how far a LogFile read was moved forward because the data
+	// it asked for had been dropped, and next the offset where that read
+	// ended: a read at next continues it and is moved as far, so that a
+	// sequential reader sees no byte twice. A read at any other offset is
+	// a read at that absolute offset.
+	shift, next int64
 }
 
 // open checks m against n's permissions and takes the snapshot reads of
@@ -193,14 +206,22 @@ func (h *handle) read(p []byte, off int64) int {
 		}
 		return copy(p, h.text[off:])
 	case *LogFile:
-		shift := h.shift.Load()
-		want := off + shift
+		h.logMu.Lock()
+		defer h.logMu.Unlock()
+		shifted := h.shift > 0 && off == h.next
+		want := off
+		if shifted {
+			want += h.shift
+		}
 		k, start := n.Source.ReadAt(p, want)
-		if k > 0 && start > want {
-			// Data below start was dropped. Linux reads at increasing
-			// offsets, so remember the move for the reads that follow
-			// and none of them returns these bytes again.
-			h.shift.CompareAndSwap(shift, shift+start-want)
+		switch {
+		case k > 0 && start > want:
+			// Data below start was dropped: the read returns data from
+			// the oldest retained line, and a read where it ended goes
+			// on from there.
+			h.shift, h.next = start-off, off+int64(k)
+		case shifted && k > 0:
+			h.next = off + int64(k)
 		}
 		return k
 	}
