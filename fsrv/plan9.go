@@ -114,6 +114,9 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 				if !isDir(f.node) {
 					return fmt.Errorf("%w: %s", errNotDir, aname)
 				}
+				// walk(5): ".." at the root of the attach stays there,
+				// so the chain above it is forgotten.
+				f.up = nil
 				fid.SetAux(f)
 				qid = s.qid9(s.stat(f.node))
 				return nil

@@ -42,6 +42,8 @@ import (
 //	advance 1s          advance the fixture's clock
 //	handled "a" "b"     the ctl lines handled since the last check
 //	hangup              the server must close the connection
+//	raw HEX             send these bytes (spaces ignored), for messages
+//	                    the parsers cannot write
 func TestTranscript(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil {
@@ -142,6 +144,14 @@ func runTranscript(t *testing.T, file, script string, dotl bool) {
 			}
 		case verb == "hangup":
 			tr.expectHangup(pos)
+		case verb == "raw":
+			b, err := hex.DecodeString(strings.ReplaceAll(rest, " ", ""))
+			if err != nil {
+				t.Fatalf("%s: %v", pos, err)
+			}
+			if _, err := tr.conn.Write(b); err != nil {
+				t.Fatalf("%s: write: %v", pos, err)
+			}
 		case verb[0] == 'T':
 			tr.send(pos, line)
 		case verb[0] == 'R':
