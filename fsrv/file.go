@@ -141,7 +141,7 @@ type handle struct {
 	// attr is a Text's attributes for that content (see statOpen).
 	attrOnce sync.Once
 	attr     attr
-	dir  []File // Dir entries, fixed at open
+	dir      []File // Dir entries, fixed at open
 	// write is set when the file was opened for writing.
 	write bool
 	// partial is the start of a Ctl line that a client's cut left without

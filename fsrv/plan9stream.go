@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"io/fs"
 	"sync"
 
