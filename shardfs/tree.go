@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -467,6 +468,14 @@ func fsError(err error) error {
 	if err == nil {
 		return nil
 	}
+	if ce, ok := err.(*core.CommandError); ok && len(ce.Word) > maxErrWord {
+		// The word comes first in the error and can be the whole junk
+		// line; under 9P2000 the string is cut at 127 bytes (ERRMAX),
+		// and the reason after the word must survive that.
+		short := *ce
+		short.Word = clipWord(ce.Word)
+		err = &short
+	}
 	var kind error
 	switch {
 	case errors.Is(err, core.ErrTooLarge):
@@ -479,6 +488,19 @@ func fsError(err error) error {
 		return err
 	}
 	return &kindError{err: err, kind: kind}
+}
+
+// maxErrWord bounds the quoted word of a refused command in a write's
+// error.
+const maxErrWord = 32
+
+// clipWord cuts w to maxErrWord bytes at a rune boundary, marking the cut.
+func clipWord(w string) string {
+	cut := maxErrWord
+	for cut > 0 && !utf8.RuneStart(w[cut]) {
+		cut--
+	}
+	return w[:cut] + "..."
 }
 
 type kindError struct{ err, kind error }

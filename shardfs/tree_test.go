@@ -333,6 +333,12 @@ func TestCtlWriteContract(t *testing.T) {
 	if err := writeL(t, root, "1/ctl", "reset"); err != nil {
 		t.Fatalf("printf reset > 1/ctl = %v; want nil", err)
 	}
+	// Under 9P2000 the reason comes within ERRMAX (127 bytes), however
+	// long the bad word.
+	err := write9(fsys, "1/ctl", strings.Repeat("z", 300)+"\n")
+	if err == nil || len(err.Error()) > 127 || !strings.HasPrefix(err.Error(), "invalid argument: ") || !strings.Contains(err.Error(), "unknown command") {
+		t.Fatalf("9P2000 write of a 300-byte word = %q; want invalid argument, the reason, at most 127 bytes", err)
+	}
 	if got := readL(t, root, "1/reconnects"); got != "2\n" {
 		t.Fatalf("1/reconnects = %q; want 2", got)
 	}
