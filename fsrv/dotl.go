@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 )
 
@@ -361,6 +362,8 @@ func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(err
 // through, except that it
 //   - answers Tauth itself with ENOENT (p9 answers ENOSYS, which makes
 //     diod's tools fail; ENOENT tells them no authentication is needed);
+//   - answers a request of a type p9 does not decode with ENOSYS, and
+//     Tgetlock (fcntl F_GETLK, which p9 does not decode) with F_UNLCK;
 //   - caps or refuses the msize of a Tversion;
 //   - answers a Twrite whose count disagrees with its size with EINVAL
 //     on its tag (p9 answers on NOTAG), and ends a connection when p9
@@ -402,7 +405,23 @@ type dotlStream struct {
 	attaches map[uint16]p9.QID
 }
 
+// dotlRequest reports whether hugelgupf/p9 decodes requests of type typ
+// (its message registry), Tgetlock aside, which dotlStream answers.
+func dotlRequest(typ uint8) bool {
+	switch typ {
+	case 8, 12, 14, 16, 18, 20, 22, 24, 26, 30, 32, 40, 50, 52, msgTgetlock, 70, 72, 74, 76,
+		100, 102, 104, 108, 110, 116, 118, 120, 122, 126, 128, 130, 132, 134:
+		return true
+	}
+	return false
+}
+
 const (
+	msgTgetlock = 54
+	msgRgetlock = 55
+	// lockTypeUnlock is P9_LOCK_TYPE_UNLCK.
+	lockTypeUnlock = 2
+
 	msgTattach = 104
 	msgRattach = 105
 	msgTflush  = 108
@@ -462,6 +481,29 @@ func (s *dotlStream) nextFrame() error {
 			return err
 		}
 		return s.inject(rlerror(tag, errno(errNoAuth)))
+	case !dotlRequest(typ):
+		// hugelgupf/p9 would answer on NOTAG, which ends the connection
+		// (see Write): a 9P2000 Topen, plan9port's Topenfd or any other
+		// type it does not decode is refused on its own tag instead.
+		if _, err := s.r.Discard(body); err != nil {
+			return err
+		}
+		return s.inject(rlerror(tag, linux.ENOSYS))
+	case typ == msgTgetlock && size <= maxAttachFrame:
+		// Linux sends Tgetlock for fcntl(F_GETLK), which p9 does not
+		// decode. Every Tlock succeeds (there is nothing to lock), so no
+		// lock ever conflicts: Rgetlock says F_UNLCK.
+		frame, err := s.readWhole(hdr, body)
+		if err != nil {
+			return err
+		}
+		b := frame[headerSize:]
+		if len(b) < 25+2 || len(b) != 25+2+int(binary.LittleEndian.Uint16(b[25:])) {
+			return s.inject(rlerror(tag, linux.EINVAL))
+		}
+		r := append(newFrame(msgRgetlock, tag), lockTypeUnlock)
+		r = append(r, b[5:]...) // start, length, proc_id, client_id
+		return s.inject(finish(r))
 	case typ == msgTversion && size <= maxVersionFrame:
 		// A remount on the same stream sends a fresh Tversion.
 		frame, t, err := s.readVersion(hdr, body)
@@ -527,7 +569,11 @@ func (s *dotlStream) nextFrame() error {
 		} else {
 			ok = false
 		}
-		if err := s.t.start(tag, parseRequest(typ, frame[headerSize:], true)); err != nil {
+		req := parseRequest(typ, frame[headerSize:], true)
+		if s.reuses(req, frame[headerSize:]) {
+			return s.inject(rlerror(tag, linux.EBADF))
+		}
+		if err := s.t.start(tag, req); err != nil {
 			return err
 		}
 		if ok {
@@ -543,12 +589,31 @@ func (s *dotlStream) nextFrame() error {
 			return err
 		}
 		req = parseRequest(typ, b, true)
+		if s.reuses(req, b) {
+			if _, err := s.r.Discard(body); err != nil {
+				return err
+			}
+			return s.inject(rlerror(tag, linux.EBADF))
+		}
 	}
 	err = s.pass(hdr, body, req)
 	if errors.Is(err, errTooManyFids) {
 		return s.inject(rlerror(tag, errno(err)))
 	}
 	return err
+}
+
+// reuses reports whether req would make a fid the connection holds
+// already: hugelgupf/p9 would replace it, where attach(5) and walk(5) say
+// the new fid must not be in use (a walk to itself is a walk in place).
+func (s *dotlStream) reuses(req request, body []byte) bool {
+	if !req.makes || !s.t.fidInUse(req.newfid) {
+		return false
+	}
+	if req.typ != msgTattach && len(body) >= 4 && binary.LittleEndian.Uint32(body) == req.newfid {
+		return false
+	}
+	return true
 }
 
 // attachName returns the aname of a whole Tattach frame: fid[4] afid[4]
