@@ -625,11 +625,12 @@ var scenarios = []scenario{
 			if ev := eventLines(r.node, 0); !strings.Contains(ev, `cmd=frobnicate`) {
 				t.Errorf("node: shard 0's events have no rejected frobnicate line:\n%s", ev)
 			}
-			if out := strings.Join(r.out["bogus"], "\n"); r.rc["bogus"] == 0 || !strings.Contains(out, "Invalid argument") {
-				t.Errorf("guest: printf bogus > 0/ctl = rc %d, %q; want a failure saying Invalid argument", r.rc["bogus"], out)
+			// busybox's printf fails without a message.
+			if r.rc["bogus"] == 0 {
+				t.Errorf("guest: printf bogus > 0/ctl succeeded")
 			}
-			if out := strings.Join(r.out["partial"], "\n"); r.rc["partial"] == 0 || !strings.Contains(out, "Invalid argument") {
-				t.Errorf("guest: printf 'reset\\nbogus\\n' > 0/ctl = rc %d, %q; want a failure saying Invalid argument", r.rc["partial"], out)
+			if r.rc["partial"] == 0 {
+				t.Errorf("guest: printf 'reset\\nbogus\\n' > 0/ctl succeeded")
 			}
 			if n := r.after[0].Reconnects - r.before[0].Reconnects; n != 1 {
 				t.Errorf("node: printf 'reset\\nbogus\\n' > 0/ctl reset shard 0 %d times; want once", n)
