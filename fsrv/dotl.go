@@ -396,6 +396,12 @@ type dotlStream struct {
 	// by which a ctl write tells a client's cut from a whole write.
 	sessMsize *atomic.Uint32
 
+	// again is the Tversion that ended p9's session, to start the next
+	// one with; read state. draining is set from then until the next
+	// session starts.
+	again    []byte
+	draining atomic.Bool
+
 	// attachQID resolves the aname of a Tattach (dotlAttacher.attachQID).
 	attachQID func(aname string) (p9.QID, error)
 
@@ -454,7 +460,7 @@ func newDotlStream(rwc io.ReadWriteCloser, t *tracker, first []byte, msize, maxM
 func (s *dotlStream) Read(p []byte) (int, error) {
 	return s.read(p, func() error {
 		err := s.nextFrame()
-		if err != nil {
+		if err != nil && !errors.Is(err, errReversion) {
 			// p9 closes the connection only once every request in its
 			// hands is answered; a client that broke the protocol is
 			// dropped now.
@@ -513,15 +519,13 @@ func (s *dotlStream) nextFrame() error {
 			}
 			return s.inject(rlerror(tag, errno(err)))
 		}
-		if err := s.t.start(tag, request{typ: typ}); err != nil {
-			return err
-		}
-		s.msize = min(t.msize, s.maxMsize)
-		if s.sessMsize != nil {
-			s.sessMsize.Store(s.msize)
-		}
-		s.pend = versionFrame(msgTversion, t.tag, s.msize, t.version)
-		return nil
+		// version(5): a Tversion inside a session (a remount on the same
+		// stream) aborts the requests in flight and clunks every fid. p9
+		// does neither, so its session ends here and a new one starts
+		// with this Tversion (see reversion).
+		s.again = versionFrame(msgTversion, t.tag, min(t.msize, s.maxMsize), t.version)
+		s.draining.Store(true)
+		return errReversion
 	case typ == msgTwrite:
 		// p9 answers a Twrite whose count disagrees with its size on
 		// NOTAG, and the request's own tag never gets a reply.
@@ -679,6 +683,11 @@ func (s *dotlStream) inject(frame []byte) error {
 func (s *dotlStream) Write(p []byte) (int, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if s.draining.Load() {
+		// The replies to requests a Tversion aborted are not sent.
+		s.wbuf = s.wbuf[:0]
+		return len(p), nil
+	}
 	s.wbuf = append(s.wbuf, p...)
 	for len(s.wbuf) >= 4 {
 		size := int(binary.LittleEndian.Uint32(s.wbuf))
@@ -716,11 +725,37 @@ func (s *dotlStream) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// reversion readies the stream for a new p9 session after a Tversion
+// ended the last one (again): it starts with that Tversion, no fid and no
+// request in flight. The caller has waited for the old session to end.
+func (s *dotlStream) reversion() {
+	frame := s.again
+	s.again = nil
+	s.t.reset()
+	s.t.start(frameTag(frame), request{typ: msgTversion})
+	s.msize = binary.LittleEndian.Uint32(frame[headerSize:])
+	if s.sessMsize != nil {
+		s.sessMsize.Store(s.msize)
+	}
+	if s.ending != nil {
+		s.ending.Store(false)
+	}
+	s.wmu.Lock()
+	s.wbuf = s.wbuf[:0]
+	s.draining.Store(false)
+	s.wmu.Unlock()
+	s.pend = frame
+}
+
 // Close closes the connection; p9 closes both its reader and its writer,
-// once every request is answered and before it drops the fids.
+// once every request is answered and before it drops the fids. At a
+// Tversion inside the session the connection stays open for the next.
 func (s *dotlStream) Close() error {
 	if s.ending != nil {
 		s.ending.Store(true)
+	}
+	if s.draining.Load() {
+		return nil
 	}
 	s.closeOnce.Do(func() { s.closeErr = s.rwc.Close() })
 	if errors.Is(s.closeErr, fs.ErrClosed) {

@@ -397,8 +397,17 @@ func (c *conn) serve() error {
 		c.sess.msize.Store(neg.msize)
 		st.sessMsize = &c.sess.msize
 		st.wd = wd
-		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
-		srv.Handle(st, st)
+		for {
+			srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
+			srv.Handle(st, st)
+			// A Tversion inside the session ends it and starts a new
+			// one with no fids (version(5)); p9 has waited for its
+			// requests and dropped its fids.
+			if st.again == nil {
+				break
+			}
+			st.reversion()
+		}
 	default:
 		log.Debug("fsrv: 9P2000 session", "msize", neg.msize)
 		c.sess.msize.Store(neg.msize)
