@@ -32,8 +32,9 @@
 // not decode is answered ENOSYS, Tgetlock F_UNLCK, and a Tattach or Twalk
 // onto a fid in use EBADF. Under 9P2000 a request of an unknown type
 // (plan9port's Topenfd) or whose fields do not fill its frame is answered
-// Rerror, ".." at the root of an attach stays there, and a Tversion inside
-// a session clunks every fid (version(5)). In both dialects a Tattach's
+// Rerror, and ".." at the root of an attach stays there. In both dialects
+// a Tversion inside a session clunks every fid and aborts the requests in
+// flight, whose replies are not sent (version(5)), and a Tattach's
 // aname names the directory to attach at ("/3", or "3"), and Rattach
 // carries its QID; an aname that names a file is refused with ENOTDIR ("not
 // a directory: ..."), since diod's tools attach to "ctl" by default and
