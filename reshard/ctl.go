@@ -27,7 +27,13 @@ func (m *Mover) Command(line string) (handled bool, err error) {
 		return false, nil
 	}
 	bad := func(format string, args ...any) (bool, error) {
-		return true, fmt.Errorf("%w: %q: %s; usage: %s", core.ErrUsage, line, fmt.Sprintf(format, args...), strings.TrimSpace(Usage))
+		// The line is clipped: under 9P2000 the error string is cut at
+		// 127 bytes (ERRMAX), and the reason after it must survive.
+		quoted := line
+		if len(quoted) > 32 {
+			quoted = strings.ToValidUTF8(quoted[:32], "") + "..."
+		}
+		return true, fmt.Errorf("%w: %q: %s; usage: %s", core.ErrUsage, quoted, fmt.Sprintf(format, args...), strings.TrimSpace(Usage))
 	}
 	if len(f) != 2 {
 		return bad("want one argument")
