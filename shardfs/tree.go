@@ -12,12 +12,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/internal/refusal"
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -477,7 +477,7 @@ func fsError(err error) error {
 		// line; under 9P2000 the string is cut at 127 bytes (ERRMAX),
 		// and the reason after the word must survive that.
 		short := *ce
-		short.Word = clipWord(ce.Word)
+		short.Word = refusal.Clip(ce.Word, maxErrWord)
 		err = &short
 	}
 	var kind error
@@ -497,15 +497,6 @@ func fsError(err error) error {
 // maxErrWord bounds the quoted word of a refused command in a write's
 // error.
 const maxErrWord = 32
-
-// clipWord cuts w to maxErrWord bytes at a rune boundary, marking the cut.
-func clipWord(w string) string {
-	cut := maxErrWord
-	for cut > 0 && !utf8.RuneStart(w[cut]) {
-		cut--
-	}
-	return w[:cut] + "..."
-}
 
 type kindError struct{ err, kind error }
 
