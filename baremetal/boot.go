@@ -123,6 +123,9 @@ func Boot(ctx context.Context, cfg Config) error {
 		if ip := leaseIP(lease); ip != "" {
 			addrs = append(addrs, ip)
 		}
+		if f, ok := cfg.Input.(*os.File); ok {
+			hideTyping(f)
+		}
 		e, err := enrollNode(ctx, clk, con, "", settings, name, leaseMAC(lease), addrs, consoleLines(ctx, cfg.Input))
 		if err != nil {
 			if ctx.Err() != nil {

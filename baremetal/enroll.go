@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/enroll"
@@ -78,7 +80,7 @@ func enrollNode(ctx context.Context, clk clock.Clock, con *console, root string,
 			go func() {
 				var err error
 				sec, err = cl.Enroll(actx, code, func() {
-					con.printf("enrollment: %s waits for approval at %s (fingerprint %s)", name, s.Enroll, e.Fingerprint)
+					con.printf("enrollment: %s (%s) at %s: waits for approval", name, e.Fingerprint, s.Enroll)
 				})
 				done <- err
 			}()
@@ -128,7 +130,7 @@ func enrollNode(ctx context.Context, clk clock.Clock, con *console, root string,
 	if err := writeSecrets(root, cl, sec); err != nil {
 		return e, err
 	}
-	con.printf("enrollment: enrolled (%s) after %v: the token, the listener's certificate%s", e.How, e.At.Sub(e.Requested).Round(time.Millisecond), etcdNote(sec))
+	con.printf("enrollment: the token, the listener's certificate%s received after %v: enrolled (%s)", etcdNote(sec), e.At.Sub(e.Requested).Round(time.Millisecond), e.How)
 	return e, nil
 }
 
@@ -192,4 +194,15 @@ func consoleLines(ctx context.Context, r io.Reader) <-chan string {
 		}
 	}()
 	return ch
+}
+
+// hideTyping turns the console's echo off: a one-time code typed there
+// shows neither on the screen nor in a serial console's log.
+func hideTyping(f *os.File) {
+	t, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	if err != nil {
+		return
+	}
+	t.Lflag &^= unix.ECHO
+	unix.IoctlSetTermios(int(f.Fd()), unix.TCSETS, t)
 }
