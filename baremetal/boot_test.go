@@ -265,9 +265,9 @@ func TestRunNodeRefuses(t *testing.T) {
 	}
 }
 
-// TestRunNodeWithoutSecrets: tls.cpio.gz was loaded, secrets.cpio.gz was
-// not: the node runs on the default TLS listener with no token, and the
-// console says so.
+// TestRunNodeWithoutSecrets: the TLS files are there but no token (an
+// enrollment server without --token-file): the node runs on the default
+// TLS listener with no token, and the console says so.
 func TestRunNodeWithoutSecrets(t *testing.T) {
 	root := t.TempDir()
 	os.MkdirAll(root+"/secrets", 0o700)

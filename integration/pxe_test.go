@@ -303,7 +303,7 @@ func pxeBootCode(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim
 	if err := m.Type(code + "\n"); err != nil {
 		t.Fatal(err)
 	}
-	for _, marker := range []string{"enrollment: sending the code typed on the console", "enrollment: enrolled (code)", "access=read-write"} {
+	for _, marker := range []string{"enrollment: sending the code typed on the console", "enrolled (code)", "access=read-write"} {
 		if _, err := m.Console.Expect(ctx, marker); err != nil {
 			t.Fatalf("console: %v", err)
 		}

@@ -137,7 +137,7 @@ func TestNetbootDryRun(t *testing.T) {
 	}
 }
 
-// TestNoTokenNode: a node booted without secrets.cpio.gz shows every
+// TestNoTokenNode: a node that did not enroll shows every
 // shard FATAL with "no token", at once (no identify pacing).
 func TestNoTokenNode(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -177,7 +177,7 @@ func TestNoTokenNode(t *testing.T) {
 }
 
 // TestPXEFleetArgs: the serve flags a PXE node's command line becomes
-// (baremetal.Settings.Args, with the etcd files secrets.cpio.gz brought)
+// (baremetal.Settings.Args, with the etcd files enrollment brought)
 // are flags serve's etcd configuration takes: the endpoints, the bot, the
 // node's name and etcd's TLS.
 func TestPXEFleetArgs(t *testing.T) {

@@ -75,9 +75,8 @@ func (f firstLine) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// errNoToken is every shard's failure on a node booted without
-// secrets.cpio.gz.
-var errNoToken = errors.New("no token: the node booted without one in secrets.cpio.gz (shardfs netboot --token-file); nothing can connect until it reboots with one")
+// errNoToken is every shard's failure on a node that did not enroll.
+var errNoToken = errors.New("no token: the node did not enroll for one (no shardfs.enroll on its kernel command line, or the enrollment server has no --token-file); nothing can connect until it reboots and enrolls")
 
 // noToken is the transport of a node without a token: every attempt
 // fails at once, fatally.
