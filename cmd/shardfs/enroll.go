@@ -214,9 +214,17 @@ func (f *enrollFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 	for _, l := range ls.List {
 		log.Info("serving /enroll over 9P", "addr", fsrv.AddrString(l), "access", fsrv.Access(l))
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	errs := make([]error, len(ls.List)+1)
-	wg.Go(func() { errs[0] = srv.Serve(ctx, el) })
+	wg.Go(func() {
+		// The enrollment listener failing ends the server: it would
+		// otherwise serve a tree nobody can enroll through.
+		if errs[0] = srv.Serve(ctx, el); errs[0] != nil {
+			cancel()
+		}
+	})
 	for i, l := range ls.List {
 		wg.Go(func() {
 			if err := tree.Serve(ctx, l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
