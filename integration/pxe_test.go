@@ -397,10 +397,11 @@ func pxeBoot(t *testing.T, k Kit, shardfs, dir, tftp string, sim *gatewaysim.Ser
 	cli := nodeCLI(ctx, shardfs, dir, port)
 	tlsArgs := nodeTLSArgs(dir, port)
 
-	// Markers end their lines (see Console.Expect): iPXE has loaded the
-	// initrd (its line may carry a progress percentage), the kernel runs
-	// /init (quiet: /init's first line), DHCP is done, the node waits.
-	for _, marker := range []string{"initrd.cpio.gz... ok", "shardfs-init: setting up the root file system:", "DHCP Lease IP 10.0.2.15/24"} {
+	// Markers end their lines (see Console.Expect): iPXE has its script
+	// (the kernel's and the initrd's lines may carry a progress
+	// percentage), the kernel runs /init (quiet: /init's first line), DHCP
+	// is done, the node waits.
+	for _, marker := range []string{"Filename: boot.ipxe", "shardfs-init: setting up the root file system:", "DHCP Lease IP 10.0.2.15/24"} {
 		if _, err := m.Console.Expect(ctx, marker); err != nil {
 			t.Fatalf("console: %v", err)
 		}
