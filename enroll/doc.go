@@ -43,7 +43,9 @@
 //     a request is refused at once with "busy"; a connection has
 //     HandshakeTimeout for its TLS handshake and its request (10 s); a
 //     request is at most 64 KiB; pending requests wait at most MaxWait
-//     (default 1 h). The accept loop never waits on a request.
+//     (default 1 h). One address may hold MaxPerAddr connections at once
+//     (default 8), all addresses 2*MaxPending+16; a connection beyond
+//     either is closed at once. The accept loop never waits on a request.
 //   - The listener's certificate names the node's name, the addresses the
 //     node reports and Config.NodeNames (say, the name or address the
 //     operators dial through a NAT); its validity is the node CA's default

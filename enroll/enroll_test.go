@@ -330,7 +330,7 @@ func rawRequest(t *testing.T, b *bed, c *Client, line string) Reply {
 // at once, and approval still works.
 func TestFlood(t *testing.T) {
 	const max = 4
-	b := newBed(t, func(c *Config) { c.MaxPending = max })
+	b := newBed(t, func(c *Config) { c.MaxPending = max; c.MaxPerAddr = 64 })
 	var outs []chan result
 	var first *Client
 	ctx, cancel := context.WithCancel(context.Background())
@@ -368,5 +368,30 @@ func TestFlood(t *testing.T) {
 	}
 	if n := strings.Count(string(b.srv.pendingText()), "\n"); n != max-1 {
 		t.Errorf("pending lines = %d; want %d", n, max-1)
+	}
+}
+
+// TestPerAddressLimit: connections from one address beyond MaxPerAddr
+// are closed at once, and the refusal is logged.
+func TestPerAddressLimit(t *testing.T) {
+	const max = 3
+	b := newBed(t, func(c *Config) { c.MaxPerAddr = max })
+	var held []net.Conn
+	for range max {
+		c, err := net.Dial("tcp", b.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	c := b.client(t, "52:54:00:00:02:01")
+	if _, err := c.Enroll(context.Background(), "", nil); err == nil || errors.Is(err, ErrRefused) {
+		t.Errorf("Enroll with %d stalled connections from its address = %v; want the connection closed", max, err)
+	}
+	if ev := readLog(b.srv); !strings.Contains(ev, "busy: 3 connections from this address") {
+		t.Errorf("events:\n%s\nwant the refusal", ev)
+	}
+	for _, h := range held {
+		h.Close()
 	}
 }

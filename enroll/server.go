@@ -32,6 +32,7 @@ const (
 	DefaultMaxWait          = time.Hour
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultCodeTTL          = time.Hour
+	DefaultMaxPerAddr       = 8
 )
 
 // Code is a one-time enrollment code given for one node.
@@ -83,9 +84,11 @@ type Config struct {
 	Secrets Secrets
 	// Codes are the one-time codes.
 	Codes []Code
-	// MaxPending, MaxWait and HandshakeTimeout bound the requests (the
-	// Default values when zero).
+	// MaxPending, MaxWait and HandshakeTimeout bound the requests, and
+	// MaxPerAddr the connections from one address (the Default values
+	// when zero).
 	MaxPending       int
+	MaxPerAddr       int
 	MaxWait          time.Duration
 	HandshakeTimeout time.Duration
 	Clock            clock.Clock
@@ -106,6 +109,7 @@ type Server struct {
 	denied   map[string]bool
 	enrolled map[string]enrolledNode
 	codes    []*Code
+	perAddr  map[string]int // open connections by remote address
 }
 
 // request is a waiting request.
@@ -137,8 +141,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
 	}
+	if cfg.MaxPerAddr <= 0 {
+		cfg.MaxPerAddr = DefaultMaxPerAddr
+	}
 	s := &Server{cfg: cfg, clk: clock.Or(cfg.Clock), log: cfg.Logger, events: journal.New(1 << 20),
-		pending: map[string]*request{}, approved: map[string]bool{}, denied: map[string]bool{}, enrolled: map[string]enrolledNode{}}
+		pending: map[string]*request{}, approved: map[string]bool{}, denied: map[string]bool{}, enrolled: map[string]enrolledNode{}, perAddr: map[string]int{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -295,18 +302,46 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			}
 			return err
 		}
+		addr := hostOf(c.RemoteAddr())
+		if !s.takeAddr(addr) {
+			s.event("event=refused addr=%s err=\"busy: %d connections from this address\"", addr, s.cfg.MaxPerAddr)
+			c.Close()
+			continue
+		}
 		select {
 		case slots <- struct{}{}:
 		default:
-			s.event("event=refused addr=%s err=\"busy: too many connections\"", hostOf(c.RemoteAddr()))
+			s.releaseAddr(addr)
+			s.event("event=refused addr=%s err=\"busy: too many connections\"", addr)
 			c.Close()
 			continue
 		}
 		wg.Go(func() {
 			defer func() { <-slots }()
+			defer s.releaseAddr(addr)
 			defer c.Close()
 			s.serveConn(ctx, tls.Server(c, conf))
 		})
+	}
+}
+
+// takeAddr counts a connection from addr, unless it has MaxPerAddr open:
+// one machine's flood then leaves room for the others.
+func (s *Server) takeAddr(addr string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perAddr[addr] >= s.cfg.MaxPerAddr {
+		return false
+	}
+	s.perAddr[addr]++
+	return true
+}
+
+func (s *Server) releaseAddr(addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perAddr[addr]--; s.perAddr[addr] <= 0 {
+		delete(s.perAddr, addr)
 	}
 }
 
@@ -374,16 +409,22 @@ func (s *Server) serveConn(ctx context.Context, c *tls.Conn) {
 	}
 	sec := s.cfg.Secrets
 	sec.ListenerCert = certs.CertPEM(cert)
-	c.SetWriteDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
-	if err := writeReply(c, Reply{Status: StatusApproved, Fingerprint: fp, Secrets: &sec}); err != nil {
-		s.event("event=undelivered fingerprint=%s addr=%s err=%q", fp, addr, err.Error())
-		return
-	}
+	// Enrolled before the reply goes, so that whoever reads the reply
+	// finds the key in /enroll/enrolled; back to approved if it does not
+	// go.
 	s.mu.Lock()
 	delete(s.approved, fp)
 	s.enrolled[fp] = enrolledNode{name: req.Name, mac: req.MAC, addr: addr, how: how, at: s.clk.Now()}
 	s.mu.Unlock()
 	s.event("event=enrolled fingerprint=%s name=%s mac=%s addr=%s by=%s", fp, orDash(req.Name), orDash(req.MAC), addr, how)
+	c.SetWriteDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	if err := writeReply(c, Reply{Status: StatusApproved, Fingerprint: fp, Secrets: &sec}); err != nil {
+		s.mu.Lock()
+		delete(s.enrolled, fp)
+		s.approved[fp] = true
+		s.mu.Unlock()
+		s.event("event=undelivered fingerprint=%s addr=%s err=%q", fp, addr, err.Error())
+	}
 }
 
 func nodeName(req *Request, fp string) string {
