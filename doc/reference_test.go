@@ -266,7 +266,7 @@ func (r reference) tree(marks []string) tree {
 
 var (
 	// - `/lease`, read (node): ...
-	fileEntry = regexp.MustCompile("^- `(/[^`]*)`, (read|write|read-write|directory)(?: \\((node|fleet|supervise)\\))?[,:]")
+	fileEntry = regexp.MustCompile("^- `(/[^`]*)`, (read|write|read-write|directory)(?: \\((node|fleet|supervise|enrollment server|PXE node)\\))?[,:]")
 	// - `reset all|ID...`, `stop all|ID...`: ...   - `drain` (fleet): ...
 	cmdEntry = regexp.MustCompile("^- ((?:`[^`]+`,\\s*)*`[^`]+`)(?: \\((node|fleet|supervise)\\))?:")
 	codeSpan = regexp.MustCompile("`([^`]+)`")

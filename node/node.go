@@ -101,6 +101,8 @@ type Config struct {
 	// on HOST:PORT from Start to Close: loopback only, unless ",insecure"
 	// follows (see listenMetrics).
 	MetricsListen string
+	// Files are more files at the tree's root (a PXE node's /enroll).
+	Files []fsrv.File
 }
 
 // Format hides the token from every fmt verb.

@@ -164,7 +164,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		Scheduler: c, Info: s.info, Identify: budget, LeaseBackend: "local",
 		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
 		Registry: reg, Logger: s.log, Dispatch: dispatch,
-		Files:   []fsrv.File{&fsrv.Text{Name: "reshard", Content: s.move.File}},
+		Files:   append([]fsrv.File{&fsrv.Text{Name: "reshard", Content: s.move.File}}, cfg.Files...),
 		Command: s.move.Command, CommandUsage: reshard.Usage,
 	}
 	if fleet != nil {

@@ -23,6 +23,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // serve is runServe with the token from tokenFrom (called with --token-file's
 // value): PID 1 of a bare-metal node hands over the token it already read.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFrom func(file string) (string, error)) error {
+	return serveFiles(ctx, args, stdout, stderr, tokenFrom, nil)
+}
+
+// serveFiles is serve with more files at the tree's root (a PXE node's
+// /enroll).
+func serveFiles(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFrom func(file string) (string, error), files []fsrv.File) error {
 	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	var f serveFlags
@@ -52,6 +58,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		rc.Parent = link // a nil *childLink would be a non-nil interface
 	}
 	rc.Logger, rc.Status = log, status
+	rc.Files = files
 	return node.Run(ctx, rc)
 }
 
