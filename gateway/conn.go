@@ -878,10 +878,12 @@ func (c *conn) dispatch(p *payload) error {
 }
 
 // deliver hands a dispatch to the sink unless the sink already has it (see
-// shardRecord) or the connection is closing.
+// shardRecord), the connection is closing, or the connection's fence is
+// closed: nothing read after the lease's deadline reaches the dispatch
+// logs or the relay (core.Fence; the core checks it too before counting).
 func (c *conn) deliver(seq int64, name string, d []byte) {
 	sink := c.t.cfg.Sink
-	if sink == nil {
+	if sink == nil || !c.a.Fence.Open(c.t.clock) {
 		return
 	}
 	r := c.rec

@@ -13,8 +13,8 @@ import (
 // errFenced is the error of a write refused by the connection's fence.
 var errFenced = errors.New("the shard's lease ran out (fencing deadline passed): connection dropped without writing")
 
-// fencedConn checks the connection's fence (core.Attempt.Fence) on the
-// monotonic clock before every write that reaches the socket: the HTTP
+// fencedConn checks the connection's fence (core.Attempt.Fence: the boot
+// clock and the wall clock, core.Fence.Open) before every write that reaches the socket: the HTTP
 // upgrade, identify, resume, heartbeats, commands, gorilla's pongs and
 // close frames alike. Past the deadline it closes the socket without
 // writing and fails the write, so that a node woken from a pause sends no
@@ -34,7 +34,7 @@ type fencedConn struct {
 }
 
 func (c *fencedConn) Write(p []byte) (int, error) {
-	if !c.fence.Allows(clock.Mono(c.clock)) {
+	if !c.fence.Open(c.clock) {
 		if !c.cut.Swap(true) {
 			_ = c.Conn.Close()
 			c.log.Warn("gateway: fencing deadline passed; dropped the connection without writing", "shard", c.shard, "bytes", len(p))

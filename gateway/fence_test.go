@@ -70,3 +70,31 @@ func TestFenceDropsWithoutWriting(t *testing.T) {
 		t.Fatalf("no log line about the fenced write:\n%s", e.logs.String())
 	}
 }
+
+// The fence covers reads: events the gateway sends after the deadline, read
+// by a connection whose lease timer has not stopped it yet (a node woken
+// from a pause), never reach the sink (dispatch logs, the relay).
+func TestFenceDropsReads(t *testing.T) {
+	var ft *fenceTransport
+	e := newEnv(t, envConfig{
+		wrap: func(tr core.Transport) core.Transport {
+			ft = &fenceTransport{Transport: tr}
+			return ft
+		},
+	})
+	ft.fence = core.NewFence(clock.Mono(e.clk) + 12*time.Second)
+	e.start()
+	e.publish(0, 3)
+	e.synced(0)
+	before := e.sink.get(0)
+	e.clk.Advance(13 * time.Second) // past the fence; no heartbeat falls due
+	sent := e.sim.Stats(0).Dispatched
+	e.publish(0, 5)
+	e.simWait("the five events to be sent", func() bool { return e.sim.Stats(0).Dispatched == sent+5 })
+	// The drop comes after the five events on the same socket: once the
+	// shard backs off, its reader has read them all.
+	e.drop(0)
+	if after := e.sink.get(0); len(after) != len(before) {
+		t.Fatalf("sink after the fence: %d events, %d before; want no new one: %v", len(after), len(before), after[len(before):])
+	}
+}
