@@ -81,13 +81,23 @@
 // SetStartLimit takes Discord's session_start_limit: it sets the total
 // (capped) and may raise the used count (total - remaining, until now +
 // reset_after), never lower it nor move a counter's reset: a lagging
-// answer counts nothing back. A counter whose RESET has passed by the
-// node's clock counts nothing, even while etcd still holds it (etcd gives
-// a lease its full TTL back when it restarts or changes leader, so the key
-// may outlive its period): the next slot replaces it, guarded by its
-// ModRevision, with a new period on a new lease, and revokes the old
-// lease. A node whose clock runs ahead may so start the period early by
-// its skew; the reset carries a minute's margin. A new counter starts at
+// answer counts nothing back. The period is etcd's, never a node's clock
+// (DESIGN 7.3): the counter counts for as long as etcd holds it, and the
+// period ends when etcd expires its lease (granted for the period's length,
+// a duration measured on one node's clock, so skew does not enter). RESET
+// is the writer's guess of the end, shown in /identify and used by
+// BudgetWait, no more: a node whose clock runs a day ahead cannot start a
+// new period early (TestSkewedClockCannotRestartPeriod; before, it took the
+// counter for yesterday's and spent the budget again). The price: etcd
+// gives a lease its full TTL back when it restarts or changes leader,
+// unless the cluster runs with lease checkpoints (etcd 3.6:
+// --feature-gates=LeaseCheckpoint=true,LeaseCheckpointPersist=true; 3.5:
+// --experimental-enable-lease-checkpoint and
+// --experimental-enable-lease-checkpoint-persist), so without them a leader
+// change can lengthen the current period by up to a day: fewer starts,
+// never more; and a node whose clock is behind waits (BudgetWait) its
+// skew longer for the new period. An operator who knows the gateway's period ended may delete
+// <prefix>identify/starts by hand. A new counter starts at
 // that used count, its reset at the answer's reset, or a day and a minute
 // after its first slot when none is known. BudgetWait answers from the counter last seen (read
 // or watched), in memory.

@@ -105,14 +105,12 @@ type counterView struct {
 	rev     int64 // the revision at which it was seen
 }
 
-// live reports whether the counter counts at now: present and its period
-// not over by the node's clock. etcd restores a lease's full TTL when it
-// restarts or changes leader, so the key may outlive its reset; a counter
-// past its reset is treated as absent and replaced, guarded by its
-// ModRevision, at the next slot.
-func (c counterView) live(now time.Time) bool {
-	return c.present && now.Before(c.reset)
-}
+// live reports whether the counter counts: whenever etcd holds it. The
+// period ends when etcd expires the counter's lease, never by a node's
+// clock (DESIGN 7.3): a node whose clock runs a day ahead would otherwise
+// start a new period at will and spend the budget again. reset, the
+// writer's guess of the period's end, is only shown and waited for.
+func (c counterView) live() bool { return c.present }
 
 type queue struct {
 	bucket    int
@@ -258,7 +256,7 @@ func (p *Pacer) limitLocked(operator bool) int {
 // discovery's when higher.
 func (p *Pacer) usedLocked(c counterView, now time.Time) int {
 	used := 0
-	if c.live(now) {
+	if c.live() {
 		used = c.used
 	}
 	if now.Before(p.floorUntil) {
@@ -333,7 +331,7 @@ func (p *Pacer) BudgetWait(operator bool) time.Time {
 		return time.Time{}
 	}
 	var at time.Time
-	if p.counter.live(now) && p.counter.used >= p.limitLocked(operator) {
+	if p.counter.live() && p.counter.used >= p.limitLocked(operator) {
 		at = p.counter.reset
 	}
 	if now.Before(p.floorUntil) && p.floorUsed >= p.limitLocked(operator) {
@@ -446,7 +444,7 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 	p.seeLocked(c)
 	started := p.clock.Now()
 	used, limit := p.usedLocked(c, started), p.limitLocked(operator)
-	live := c.live(started)
+	live := c.live()
 	base, reset := 0, time.Time{}
 	if !live && started.Before(p.floorUntil) {
 		base, reset = p.floorUsed, p.floorUntil
@@ -484,10 +482,6 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 			return nil, false, fmt.Errorf("grant the lease of %s: %w", p.counterKey, err)
 		}
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(p.counterKey), "=", 0)}
-		if c.present {
-			// Past its reset but still in etcd: replace this very version.
-			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)}
-		}
 		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithLease(pl.ID))
 	}
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(bkey), "=", 0))
@@ -518,13 +512,6 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 			return nil, true, nil
 		}
 		return nil, false, fmt.Errorf("create %s: %w", bkey, err)
-	}
-	if c.present && !live {
-		p.log.Info("identify: the budget counter outlived its period (etcd restores lease TTLs on restart or leader change); started a new one", "reset_was", c.reset.UTC().Format(time.RFC3339))
-		if c.lease != clientv3.NoLease {
-			// Attached to nothing now; off the grant's path.
-			p.wg.Go(func() { p.revoke(c.lease) })
-		}
 	}
 	// The counter as this create wrote it, seen now rather than when the
 	// watch brings it: the budget the tree shows, and BudgetWait, count
@@ -723,7 +710,7 @@ func (p *Pacer) Budget() core.Budget {
 	now := p.clock.Now()
 	b := core.Budget{Total: p.total, Reserve: p.reserveLocked(), MaxConcurrency: p.mc}
 	b.Remaining = max(p.total-p.usedLocked(p.counter, now), 0)
-	if p.counter.live(now) {
+	if p.counter.live() {
 		b.ResetAt = p.counter.reset
 	} else if now.Before(p.floorUntil) {
 		b.ResetAt = p.floorUntil
