@@ -500,6 +500,20 @@ func (s *shard) identifyNowLocked() {
 	s.connectLocked(false)
 }
 
+// slotDeadline is what the pacer says of the slot it just granted shard s
+// (SlotDeadliner), for the attempt that identifies on it.
+func (s *shard) slotDeadline() (by time.Duration, unused func()) {
+	d, ok := s.node.pacer.(SlotDeadliner)
+	if !ok {
+		return 0, nil
+	}
+	var has bool
+	if err := s.callout(func() { by, unused, has = d.IdentifyBy(s.id) }); err != nil || !has {
+		return 0, nil
+	}
+	return by, unused
+}
+
 // connectLocked binds a new connection to the shard. The connection
 // becomes the shard's only once Connect has returned it: a Connect that
 // panics leaves no half-bound link behind.
@@ -512,6 +526,9 @@ func (s *shard) connectLocked(resume bool) {
 		Resume: resume, Session: s.sess.session, Sequence: s.sess.seq,
 		LeaseGeneration: s.lease.Generation,
 		Fence:           s.fence,
+	}
+	if !resume {
+		a.IdentifyBy, a.SlotUnused = s.slotDeadline()
 	}
 	s.transport.hbMisses = 0
 	var c Conn

@@ -42,10 +42,11 @@ var errNotOpen = fmt.Errorf("%w: the gateway connection is not open", core.ErrBu
 // conn is one connection attempt: one reader goroutine, one clock timer,
 // and, only while commands wait for the socket, one writer goroutine.
 type conn struct {
-	t    *Transport
-	link *core.Link
-	a    core.Attempt
-	rec  *shardRecord
+	t        *Transport
+	link     *core.Link
+	a        core.Attempt
+	rec      *shardRecord
+	slotBack atomic.Bool // the identify slot was given back (identifyLate)
 
 	// ended closes once the connection can write nothing more (see Ended).
 	ended     chan struct{}
@@ -795,6 +796,11 @@ func (c *conn) hello(d []byte) error {
 		c.claim()
 	}
 	c.link.Phase(cp)
+	if next == phaseIdentifying {
+		if e := c.identifyLate(); e != nil {
+			return e
+		}
+	}
 	if err := c.write(ws, pl); err != nil {
 		return &connError{class: core.Transient, fault: faultIO, err: fmt.Errorf("write: %w", err)}
 	}
@@ -1106,6 +1112,10 @@ func (c *conn) tick() {
 		c.writeHeartbeat(ws)
 	}
 	if identify != nil {
+		if e := c.identifyLate(); e != nil {
+			c.report(e)
+			return
+		}
 		if err := c.write(ws, identify); err != nil {
 			c.writeFailed(err)
 		} else {

@@ -51,3 +51,26 @@ func (c *conn) fenced(nc net.Conn) net.Conn {
 	}
 	return &fencedConn{Conn: nc, fence: c.a.Fence, clock: c.t.clock, log: c.t.log, shard: c.a.Shard}
 }
+
+// errIdentifyLate is the failure of an attempt whose identify would have
+// gone out after the slot's identify-by deadline.
+var errIdentifyLate = errors.New("identify not written: the identify slot's deadline passed before the identify could go out (a stall between the grant and the identify); the slot was given back")
+
+// identifyLate checks the attempt's identify-by deadline (core.Attempt.
+// IdentifyBy) just before the identify is written: the pacer spaces one
+// bucket's identifies across nodes only if each goes out by then, and the
+// dial queue, TLS, Hello and a stall of the process (CPU starvation, a
+// short SIGSTOP) all fall between the grant and the write. Past it, the
+// slot's start is given back, once, and the attempt fails; the shard asks
+// for a new slot.
+func (c *conn) identifyLate() *connError {
+	if c.a.IdentifyBy == 0 || clock.Mono(c.t.clock) < c.a.IdentifyBy {
+		return nil
+	}
+	if c.a.SlotUnused != nil && !c.slotBack.Swap(true) {
+		c.a.SlotUnused()
+	}
+	c.t.log.Warn("gateway: identify slot's deadline passed before the identify; not sent, slot given back", "shard", c.a.Shard,
+		"late", clock.Mono(c.t.clock)-c.a.IdentifyBy)
+	return &connError{class: core.Transient, fault: faultStalled, err: errIdentifyLate}
+}

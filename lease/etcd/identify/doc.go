@@ -37,13 +37,17 @@
 // 7 − 1.5 − c₁ + c₂ ≥ 5 s with the defaults whenever c₁ − c₂ ≤ 0.5 s, and
 // ≥ 5 s whenever c₁ − c₂ ≤ about 2 s when the grants come promptly (the
 // usual case). It is the difference of two dial-and-Hello times that
-// matters, not their size: both identifies pay one. It can break when one
-// identify's dial is slow by seconds and the next one's is fast (or goes
-// on an open socket); the gateway then refuses the second (op 9) and that
-// shard waits for another slot: one start spent, no duplicate session.
-// Not sending on a slot whose identify would go out after grant + Hold
-// (and asking again) would close that gap, but the identify is sent by the
-// core and the gateway client, outside this package; it is left to them.
+// matters, not their size: both identifies pay one. It could break when
+// one identify's dial was slow by seconds (CPU starvation, a short
+// SIGSTOP) and the next one's fast. So each slot carries an identify-by
+// deadline (core.SlotDeadliner: IdentifyBy, KeyTTL − 5 s after the slot's
+// start, 2 s with the defaults, at least Hold) into the core's attempt,
+// and the gateway client writes no identify past it: it gives the slot's
+// start back (as a lost slot does) and fails the attempt, and the shard
+// asks for a new slot. Every identify then goes out within KeyTTL − 5 s of
+// its slot's start, and the next slot of its bucket starts KeyTTL after
+// it at the earliest: 5 s apart whatever the dials do
+// (gateway TestIdentifyByDeadline, TestIdentifyBy here).
 // Measured: two nodes, max_concurrency 1, 32 shards against a simulator
 // refusing an identify within 5 s (node TestFleetIdentifyAcrossNodes):
 // none refused.

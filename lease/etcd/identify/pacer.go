@@ -92,6 +92,7 @@ type Pacer struct {
 	floorUntil time.Time
 	counter    counterView
 	queues     map[int]*queue
+	slots      map[int]slotGrant // by shard: the last slot granted, until the core asks (IdentifyBy)
 	seq        uint64
 }
 
@@ -112,11 +113,18 @@ type counterView struct {
 // writer's guess of the period's end, is only shown and waited for.
 func (c counterView) live() bool { return c.present }
 
+// slotGrant is what a granted slot asks of its identify (SlotDeadliner).
+type slotGrant struct {
+	by    time.Duration // clock.Mono reading the identify must go out by
+	reset time.Time     // the period the slot's start was counted in
+}
+
 type queue struct {
 	bucket    int
 	waiters   []*waiter // operators' requests first, then FIFO
 	kick      chan struct{}
 	heldUntil time.Time // a slot acquired with no waiter left to take it
+	held      slotGrant // of that slot
 	running   bool      // a worker is on it
 }
 
@@ -157,7 +165,7 @@ func New(cfg Config) (*Pacer, error) {
 		keySecs: secs, hold: hold, retry: cmpOr(cfg.Retry, DefaultRetry),
 		clock: clock.Or(cfg.Clock), log: cfg.Logger,
 		mc: max(cfg.MaxConcurrency, 1), ceiling: max(cfg.Ceiling, 0), total: total, reserve: -1,
-		queues: map[int]*queue{},
+		queues: map[int]*queue{}, slots: map[int]slotGrant{},
 	}
 	p.counterKey = p.dir + "starts"
 	if p.log == nil {
@@ -276,6 +284,7 @@ func (p *Pacer) Request(shard int, operator bool, grant func()) (bool, func()) {
 	if len(q.waiters) == 0 && p.clock.Now().Before(q.heldUntil) {
 		// A slot this node acquired and still holds, already counted.
 		q.heldUntil = time.Time{}
+		p.slots[shard] = q.held
 		return true, func() {}
 	}
 	p.seq++
@@ -442,7 +451,7 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 	}
 	p.mu.Lock()
 	p.seeLocked(c)
-	started := p.clock.Now()
+	started, startedMono := p.clock.Now(), clock.Mono(p.clock)
 	used, limit := p.usedLocked(c, started), p.limitLocked(operator)
 	live := c.live()
 	base, reset := 0, time.Time{}
@@ -530,16 +539,55 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 		p.refund(reset)
 		return nil, false, nil
 	}
+	slot := slotGrant{by: startedMono + p.identifyWithin(), reset: reset}
 	if len(q.waiters) == 0 {
-		q.heldUntil = deadline
+		q.heldUntil, q.held = deadline, slot
 		p.mu.Unlock()
 		return nil, false, nil
 	}
 	w = q.waiters[0]
 	q.waiters = q.waiters[1:]
 	w.q = nil
+	p.slots[w.shard] = slot
 	p.mu.Unlock()
 	return w, false, nil
+}
+
+// identifyWithin is how long after its slot began an identify may go out:
+// the bucket's next slot, on any node, begins no earlier than the key's
+// TTL after this one (etcd never expires a lease early), so an identify
+// sent within KeyTTL − 5 s keeps Discord's 5 s per bucket whatever the
+// next one does. With a key TTL too short for that (tests), the hold.
+func (p *Pacer) identifyWithin() time.Duration {
+	return max(time.Duration(p.keySecs)*time.Second-core.DiscordWindow, p.hold)
+}
+
+var _ core.SlotDeadliner = (*Pacer)(nil)
+
+// IdentifyBy implements core.SlotDeadliner: the deadline of the slot last
+// granted to shard, and a func that gives its start back (one off the
+// counter of its period, in the background) when the identify did not go
+// out. The core asks right after the grant; the answer is handed out once.
+func (p *Pacer) IdentifyBy(shard int) (time.Duration, func(), bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.slots[shard]
+	if !ok {
+		return 0, nil, false
+	}
+	delete(p.slots, shard)
+	return g.by, func() { p.giveBack(g) }, true
+}
+
+// giveBack refunds the start of a slot whose identify did not go out.
+func (p *Pacer) giveBack(g slotGrant) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.log.Info("identify: a slot's identify did not go out by its deadline; giving its start back")
+	p.wg.Go(func() { p.refund(g.reset) })
 }
 
 // refundTries bounds the attempts of a refund; each failed one means

@@ -724,3 +724,45 @@ func TestRefund(t *testing.T) {
 		}
 	}
 }
+
+// A granted slot carries its identify-by deadline (core.SlotDeadliner):
+// within KeyTTL − 5 s of the slot's start, at least the hold; the core asks
+// once, and a slot whose identify did not go out gives its start back.
+func TestIdentifyBy(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client()
+	fake := clock.NewFake()
+	a, err := New(Config{Client: c, Prefix: prefix, Node: "a", MaxConcurrency: 1, KeyTTL: 7 * time.Second, Hold: testHold, Retry: testRetry, Clock: fake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	a.SetStartLimit(core.StartLimit{Total: 10, Remaining: 10, MaxConcurrency: 1})
+	if _, _, ok := a.IdentifyBy(0); ok {
+		t.Fatal("IdentifyBy(0) before any grant: ok; want none")
+	}
+	r := newRecorder()
+	r.request(a, "a", 0, false)
+	r.waitN(t, 1, 30*time.Second)
+	by, unused, ok := a.IdentifyBy(0)
+	if want := clock.Mono(fake) + 2*time.Second; !ok || by != want {
+		t.Fatalf("IdentifyBy(0) = %v, %v; want %v (KeyTTL 7 s − 5 s from the slot's start), true", by, ok, want)
+	}
+	if _, _, ok := a.IdentifyBy(0); ok {
+		t.Fatal("IdentifyBy(0) asked twice: ok; want the deadline handed out once")
+	}
+	if got := counterUsed(t, c); got != "1" {
+		t.Fatalf("counter %s after the grant, want 1", got)
+	}
+	ctx := etcdtest.Ctx(t, time.Minute)
+	w := c.Watch(ctx, prefix+"identify/starts")
+	unused()
+	select {
+	case ev := <-w:
+		if len(ev.Events) == 0 || ev.Events[0].Type != clientv3.EventTypeDelete {
+			t.Fatalf("counter after the slot was given back: %v; want deleted (the slot alone started the period)", ev.Events)
+		}
+	case <-ctx.Done():
+		t.Fatal("the counter did not change after the slot was given back")
+	}
+}
