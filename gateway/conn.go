@@ -55,6 +55,7 @@ type conn struct {
 	// Owned by the reader goroutine.
 	inf  *inflater
 	sid  string // session id this connection serves, "" before READY
+	skey string // core.SessionKey(sid), for the sink
 	base string // URL connected to, without query
 	idle *idleConn
 	// messages counts messages read whole from gorilla (not through inf):
@@ -158,6 +159,7 @@ func newConn(t *Transport, l *core.Link, a core.Attempt) *conn {
 	if a.Resume {
 		c.seq.Store(a.Sequence)
 		c.sid = a.Session.ID
+		c.skey = core.SessionKey(c.sid)
 	}
 	return c
 }
@@ -904,7 +906,7 @@ func (c *conn) deliver(seq int64, name string, d []byte) {
 		}
 		r.last = seq
 	}
-	sink(c.a.Shard, seq, name, d)
+	sink(c.a.Shard, c.skey, seq, name, d)
 }
 
 // claim makes the resumed session the one the shard's sink follows. A
@@ -939,15 +941,15 @@ func (c *conn) ready(d []byte, seq int64) error {
 	if err := c.endHandshake("READY", phaseIdentifying, phaseResuming, phaseLive); err != nil {
 		return err
 	}
-	c.sid = sid
+	c.sid, c.skey = sid, core.SessionKey(sid)
 	c.seq.Store(seq)
-	if sink := c.t.cfg.Sink; sink != nil {
+	if sink := c.t.cfg.Sink; sink != nil && c.a.Fence.Open(c.t.clock) {
 		red := redactReady(d)
 		r := c.rec
 		r.mu.Lock()
 		if !c.phase().closing() {
 			r.session, r.last = sid, seq
-			sink(c.a.Shard, seq, "READY", red)
+			sink(c.a.Shard, c.skey, seq, "READY", red)
 		}
 		r.mu.Unlock()
 	}
@@ -986,7 +988,7 @@ func (c *conn) invalidSession(d []byte) error {
 			return errClosing
 		}
 		c.setPhaseLocked(p, phaseInvalidated)
-		c.sid = ""
+		c.sid, c.skey = "", ""
 		c.seq.Store(-1)
 		c.waitUntil = time.Time{}
 		c.armLocked(c.t.clock.Now())

@@ -378,16 +378,17 @@ type recorder struct {
 }
 
 type delivered struct {
-	seq  int64
-	name string
-	d    string
+	seq     int64
+	name    string
+	d       string
+	session string // the session key
 }
 
 func newRecorder() *recorder { return &recorder{shards: map[int][]delivered{}} }
 
-func (r *recorder) sink(shard int, seq int64, name string, d []byte) {
+func (r *recorder) sink(shard int, session string, seq int64, name string, d []byte) {
 	r.mu.Lock()
-	r.shards[shard] = append(r.shards[shard], delivered{seq, name, string(d)})
+	r.shards[shard] = append(r.shards[shard], delivered{seq, name, string(d), session})
 	ch := r.ch
 	r.ch = nil
 	r.mu.Unlock()

@@ -182,3 +182,47 @@ func TestIdentifyByDeadline(t *testing.T) {
 		t.Fatalf("slot requests = %d; want 2", got)
 	}
 }
+
+// Every dispatch reaches the sink with its session's key (core.SessionKey
+// of the id the gateway gave): the same key after a resume, on any node,
+// so that (shard, session key, s) names an event and a reader can drop a
+// copy; the id itself is never handed over.
+func TestSinkSessionKey(t *testing.T) {
+	var mu sync.Mutex
+	var ids []string
+	e := newEnv(t, envConfig{tr: func(c *Config, _ *gatewaysim.Server) {
+		c.OnSession = func(_ int, s core.Session, _ int64) {
+			mu.Lock()
+			ids = append(ids, s.ID)
+			mu.Unlock()
+		}
+	}})
+	e.start()
+	e.publish(0, 2)
+	e.synced(0)
+	e.drop(0)
+	e.clk.Advance(5 * time.Second) // the backoff ends: the shard resumes
+	e.publish(0, 2)
+	e.synced(0)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ids) != 1 || ids[0] == "" {
+		t.Fatalf("sessions started: %d; want 1 (then a resume)", len(ids))
+	}
+	want := core.SessionKey(ids[0])
+	evs := e.sink.get(0)
+	if len(evs) < 5 {
+		t.Fatalf("sink has %d events; want READY, 2 events, RESUMED, 2 events", len(evs))
+	}
+	for _, ev := range evs {
+		if ev.session != want {
+			t.Fatalf("event %d %s has session key %q; want %q for every event of the session", ev.seq, ev.name, ev.session, want)
+		}
+		if strings.Contains(ev.d, ids[0]) {
+			t.Fatalf("event %d %s carries the session id", ev.seq, ev.name)
+		}
+	}
+	if len(want) != 12 || strings.Contains(want, ids[0]) {
+		t.Fatalf("SessionKey = %q; want 12 hex digits that do not contain the id", want)
+	}
+}
