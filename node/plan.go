@@ -99,7 +99,9 @@ func (s *Node) Current() (*core.Scheduler, *shardfs.Tree) {
 func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	cfg := s.cfg
 	p := &planRun{lease: local.New(s.clock)}
-	p.route = reshard.NewRoute(func(shard int, seq int64, name string, d []byte) { p.tree.Dispatch(shard, seq, name, d) })
+	p.route = reshard.NewRoute(func(shard int, session string, seq int64, name string, d []byte) {
+		p.tree.Dispatch(shard, session, seq, name, d)
+	})
 	// The fleet's lease, session store and identify pacer replace the
 	// node's own (a fleet never moves to a new plan, so only a first plan
 	// has a fleet).

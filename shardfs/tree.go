@@ -234,8 +234,9 @@ func sendPayload(line string) []byte {
 
 // Dispatch writes one dispatch to the shard's dispatch log and the node's.
 // It is the gateway's sink: d is the raw JSON of the payload's d field and
-// is not kept after the call; a negative seq (RESUMED) is written as null.
-func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
+// is not kept after the call; a negative seq (RESUMED) is written as null,
+// and so is an empty session key (core.SessionKey).
+func (t *Tree) Dispatch(shard int, session string, seq int64, typ string, d []byte) {
 	sf := t.local[shard]
 	if sf == nil {
 		return
@@ -254,6 +255,12 @@ func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
 	}
 	b = append(b, `,"t":`...)
 	b = appendJSONString(b, typ)
+	b = append(b, `,"session":`...)
+	if session == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, session)
+	}
 	b = append(b, `,"d":`...)
 	switch {
 	case len(d) == 0:
