@@ -79,13 +79,14 @@ type rig struct {
 	mu      sync.Mutex
 	sent    []sent
 	refuse  error
+	sentCh  chan struct{}
 	wg      sync.WaitGroup
 	closeLn func()
 }
 
 func newRig(t *testing.T, total int, local []int, mutate func(*Config)) *rig {
 	t.Helper()
-	r := &rig{t: t, shards: map[int]*shardLog{}, events: journal.New(1 << 20), clk: clock.NewFake()}
+	r := &rig{t: t, shards: map[int]*shardLog{}, events: journal.New(1 << 20), clk: clock.NewFake(), sentCh: make(chan struct{}, 1)}
 	for _, id := range local {
 		r.shards[id] = &shardLog{id: id, log: journal.New(1 << 20)}
 	}
@@ -98,6 +99,10 @@ func newRig(t *testing.T, total int, local []int, mutate func(*Config)) *rig {
 				return r.refuse
 			}
 			r.sent = append(r.sent, sent{shard, string(p)})
+			select {
+			case r.sentCh <- struct{}{}:
+			default:
+			}
 			return nil
 		},
 		Events: r.events, Clock: r.clk}
