@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/relay"
 	"github.com/shardfs/shardfs/reshard"
 	"github.com/shardfs/shardfs/shardfs"
 )
@@ -97,6 +99,17 @@ type Config struct {
 	// Etcd, when set, makes the node one of a fleet sharing the bot (see
 	// Etcd); Sessions is then etcd's and must be nil.
 	Etcd *Etcd
+	// Relay, when true, runs the gateway relay (DESIGN section 9, package
+	// relay) on the first plan's shards: Node.Relay serves it on the
+	// listeners Run opens for serve --relay, and the tree has /relay,
+	// /clients and the node command kick.
+	Relay bool
+	// RelayResumeWindow is how long a relay client's session stays
+	// resumable (0: 60 s); RelayCache the cache kinds (nil: the relay's
+	// defaults).
+	RelayResumeWindow time.Duration
+	RelayCache        []string
+
 	// MetricsListen, when set, serves /metrics over HTTP for Prometheus
 	// on HOST:PORT from Start to Close: loopback only, unless ",insecure"
 	// follows (see listenMetrics).
@@ -125,6 +138,8 @@ type Node struct {
 	Server    *fsrv.Server
 	// Fleet is the node's part in a fleet (Config.Etcd), else nil.
 	Fleet *Fleet
+	// Relay is the gateway relay (Config.Relay), else nil.
+	Relay *relay.Server
 
 	cfg       Config
 	log       *slog.Logger
@@ -185,6 +200,15 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	s.cur = p
 	s.Transport, s.Lease, s.Scheduler, s.Tree = p.transport, p.lease, p.core, p.tree
+	if cfg.Relay {
+		if s.Relay, err = s.newRelay(p); err != nil {
+			p.End()
+			if s.Fleet != nil {
+				s.Fleet.close()
+			}
+			return nil, err
+		}
+	}
 	// The root shows the current plan's tree, so that a move to a larger
 	// plan switches what every connection sees.
 	root := &fsrv.Dir{Name: "/",
@@ -285,8 +309,13 @@ func (s *Node) Close() error {
 		if s.Fleet != nil {
 			s.Fleet.shutdown() // hands the shards over first
 		}
+		var errs []error
+		if s.Relay != nil {
+			// First: its clients close 4000 while the shards still run.
+			errs = append(errs, s.Relay.Close())
+		}
 		// A move cut short ends its new plan: its sessions are of no use.
-		errs := []error{s.move.Close()}
+		errs = append(errs, s.move.Close())
 		// After a move the first plan ended at the switch, its transport
 		// closed with it.
 		cur := s.current()
@@ -299,4 +328,23 @@ func (s *Node) Close() error {
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// newRelay makes the gateway relay of the plan p: it reads p's dispatch
+// journals and sends through p's core. A later move to a larger plan does
+// not move the relay (its clients keep the first plan's shards).
+func (s *Node) newRelay(p *planRun) (*relay.Server, error) {
+	api := ""
+	if s.cfg.Flavor == core.Discord {
+		// REST goes to the API's origin with the path the bot asked for.
+		if u, err := url.Parse(orString(s.cfg.API, gateway.DiscordAPI)); err == nil && u.Host != "" {
+			api = u.Scheme + "://" + u.Host
+		}
+	}
+	return relay.New(relay.Config{
+		Token: s.cfg.Token, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
+		Journal: p.tree.DispatchLog, Send: p.core.Send,
+		ResumeWindow: s.cfg.RelayResumeWindow, Cache: s.cfg.RelayCache, API: api,
+		Events: s.events, Clock: s.cfg.Clock, Logger: s.log.With("component", "relay"),
+	})
 }

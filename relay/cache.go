@@ -64,8 +64,21 @@ type shardCache struct {
 	ready  map[string]json.RawMessage
 	userID string
 	guilds map[string]*guild
-	order  []string // guild ids in READY/GUILD_CREATE order
-	lost   uint64   // lines the follower lost to the journal's retention
+	order  []string      // guild ids in READY/GUILD_CREATE order
+	lost   uint64        // lines the follower lost to the journal's retention
+	moved  chan struct{} // closed when the follower has read more
+}
+
+// notify returns a channel closed once the cache has read more of the
+// journal: a client waiting for the shard's READY waits on the cache, not
+// on the journal the cache may not have read yet.
+func (c *shardCache) notify() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.moved == nil {
+		c.moved = make(chan struct{})
+	}
+	return c.moved
 }
 
 // cacheBytes counts the cache's bytes per kind across shards, bounded.
@@ -115,6 +128,10 @@ func (c *shardCache) follow(done <-chan struct{}) {
 				c.apply(string(e.t), e.d)
 			}
 		})
+		if len(lines) > 0 && c.moved != nil {
+			close(c.moved)
+			c.moved = nil
+		}
 		c.mu.Unlock()
 		if len(lines) > 0 {
 			continue

@@ -343,7 +343,7 @@ func (c *conn) resumeURL() string { return c.url }
 func (c *conn) waitReady(cache *shardCache) *snapshot {
 	deadline := time.After(readyWait)
 	for {
-		ch := cache.log.Notify()
+		ch := cache.notify()
 		if snap := cache.snapshot(); snap != nil {
 			return snap
 		}

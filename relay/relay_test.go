@@ -514,3 +514,19 @@ func readAll(l *journal.Log) []byte {
 	n, _ := l.ReadAt(b, 0)
 	return b[:n]
 }
+
+// A client that identifies before the shard's own READY waits for it,
+// and gets READY once the cache has read it.
+func TestIdentifyWaitsForShardReady(t *testing.T) {
+	r := newRig(t, 1, []int{0}, nil)
+	c := r.dial("")
+	c.send(identify(testToken, 0, 1, allIntent))
+	r.waitFor("the identify", func() bool { return strings.Contains(string(readAll(r.events)), "event=relay-connect") })
+	r.shards[0].ready(1)
+	if f := c.next(); f.T != "READY" {
+		t.Fatalf("got %s; want READY", f.T)
+	}
+	if f := c.next(); f.T != "GUILD_CREATE" {
+		t.Fatalf("got %s; want GUILD_CREATE", f.T)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shardfs/shardfs/core"
 )
 
 // ErrUnknownClient is Kick's answer for a client id the relay does not
@@ -135,4 +137,24 @@ func (s *Server) ClientsText() []byte {
 		b = append(b, '\n')
 	}
 	return b
+}
+
+// Usage is the node ctl command the relay adds.
+const Usage = "kick CLIENT_ID\n"
+
+// Command runs a line written to the node's /ctl if it is a kick
+// (handled false otherwise, for the core).
+func (s *Server) Command(line string) (handled bool, err error) {
+	f := strings.Fields(line)
+	if len(f) == 0 || f[0] != "kick" {
+		return false, nil
+	}
+	id, convErr := strconv.Atoi(strings.Join(f[1:], " "))
+	if len(f) != 2 || convErr != nil {
+		return true, fmt.Errorf("%w: %q: want one client id (the first word of a /clients line); usage: %s", core.ErrUsage, line, strings.TrimSpace(Usage))
+	}
+	if err := s.Kick(id); err != nil {
+		return true, fmt.Errorf("%w: %w", core.ErrUsage, err)
+	}
+	return true, nil
 }

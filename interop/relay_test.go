@@ -1,0 +1,149 @@
+package interop
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/gateway/gatewaysim"
+	"github.com/shardfs/shardfs/node"
+)
+
+// relayIntents are the node's: guilds, guild messages, message content.
+const relayIntents = 1 | 1<<9 | 1<<15
+
+// relayRig is a node with its relay in front of the simulator.
+type relayRig struct {
+	sim      *gatewaysim.Server
+	node     *node.Node
+	url      string // the relay's http:// base
+	presence chan string
+}
+
+func newRelayRig(t *testing.T, rec *recorder) *relayRig {
+	t.Helper()
+	r := &relayRig{presence: make(chan string, 16)}
+	r.sim = newSim(t, rec, func(c *gatewaysim.Config) {
+		c.OnFrame = func(f gatewaysim.Frame) {
+			if f.Op == 3 {
+				select {
+				case r.presence <- strconv.Itoa(f.Shard):
+				default:
+				}
+			}
+		}
+	})
+	n, err := node.New(node.Config{Flavor: core.Discord, Token: token, GatewayURL: r.sim.GatewayURL(),
+		Plan: core.Range(2, 0, 1), MaxConcurrency: 2, Intents: relayIntents, Relay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.node = n
+	n.Start()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.url = "http://" + l.Addr().String()
+	var wg sync.WaitGroup
+	wg.Go(func() { n.Relay.Serve(l) })
+	t.Cleanup(func() {
+		n.Close()
+		wg.Wait()
+	})
+	return r
+}
+
+// publish sends n MESSAGE_CREATEs with contents prefix0..prefixN-1 in a
+// guild of shard.
+func (r *relayRig) publish(t *testing.T, shard, n int, prefix string) {
+	t.Helper()
+	g := r.sim.Guilds(shard, 2)[0]
+	for i := range n {
+		d, _ := json.Marshal(map[string]any{"id": strconv.Itoa(1000000 + i), "channel_id": strconv.FormatUint(g+1, 10),
+			"guild_id": strconv.FormatUint(g, 10), "content": prefix + strconv.Itoa(i), "type": 0, "tts": false,
+			"mention_everyone": false, "mentions": []any{}, "mention_roles": []any{}, "attachments": []any{}, "embeds": []any{},
+			"pinned": false, "timestamp": "2026-12-07T07:00:00.000000+00:00", "edited_timestamp": nil,
+			"author": map[string]any{"id": "5", "username": "u", "discriminator": "0", "avatar": nil}})
+		if _, err := r.sim.Publish(shard, gatewaysim.Event{Name: "MESSAGE_CREATE", Data: d}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// discordgo, unchanged but for its gateway endpoint, logs in through the
+// relay, reports READY with its shard's guilds, gets 1,000
+// MESSAGE_CREATEs in order, and its presence update reaches the shard's
+// session at the simulator.
+func TestDiscordgoThroughRelay(t *testing.T) {
+	rec := newRecorder()
+	captureDiscordgoLog(t, rec)
+	r := newRelayRig(t, rec)
+	discordgo.EndpointGateway = r.url + "/api/v10/gateway"
+	s, err := discordgo.New("Bot " + token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ShardID, s.ShardCount = 1, 2
+	s.Identify.Intents = relayIntents
+	s.SyncEvents = true
+	s.LogLevel = discordgo.LogWarning
+	ready := make(chan int, 1)
+	var mu sync.Mutex
+	var got []string
+	done := make(chan struct{})
+	s.AddHandler(func(_ *discordgo.Session, e *discordgo.Ready) { ready <- len(e.Guilds) })
+	s.AddHandler(func(_ *discordgo.Session, m *discordgo.MessageCreate) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, m.Content)
+		if len(got) == 1000 {
+			close(done)
+		}
+	})
+	if err := s.Open(); err != nil {
+		d, _ := r.node.Scheduler.Diag(1)
+		t.Fatalf("%v (shard 1: %v, dispatch log %d bytes)", err, d.State, r.node.Tree.DispatchLog(1).Size())
+	}
+	defer s.Close()
+	select {
+	case n := <-ready:
+		if want := len(r.sim.Guilds(1, 2)); n != want {
+			t.Errorf("READY with %d guilds; want %d", n, want)
+		}
+	case <-time.After(wait):
+		t.Fatal("no READY")
+	}
+	r.publish(t, 1, 1000, "m")
+	select {
+	case <-done:
+	case <-time.After(wait):
+		mu.Lock()
+		t.Fatalf("got %d of 1,000 messages", len(got))
+	}
+	mu.Lock()
+	for i, c := range got {
+		if c != fmt.Sprintf("m%d", i) {
+			t.Fatalf("message %d is %q; want m%d (in order, none missing)", i, c, i)
+		}
+	}
+	mu.Unlock()
+	if err := s.UpdateGameStatus(0, "relayed"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case shard := <-r.presence:
+		if shard != "1" {
+			t.Errorf("presence update on shard %s's session; want 1", shard)
+		}
+	case <-time.After(wait):
+		t.Fatal("the simulator saw no presence update")
+	}
+}
