@@ -1,6 +1,7 @@
 package interop
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bwmarrin/discordgo"
+	"github.com/gorilla/websocket"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
@@ -145,5 +147,120 @@ func TestDiscordgoThroughRelay(t *testing.T) {
 		}
 	case <-time.After(wait):
 		t.Fatal("the simulator saw no presence update")
+	}
+}
+
+// dgBot is a discordgo session through the relay that records message
+// contents and READY/RESUMED.
+type dgBot struct {
+	s       *discordgo.Session
+	mu      sync.Mutex
+	got     []string
+	changed chan struct{}
+	ready   int
+	resumed int
+	conns   []net.Conn
+}
+
+func newDgBot(t *testing.T, r *relayRig, shard int) *dgBot {
+	t.Helper()
+	discordgo.EndpointGateway = r.url + "/api/v10/gateway"
+	s, err := discordgo.New("Bot " + token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &dgBot{s: s, changed: make(chan struct{}, 1)}
+	s.ShardID, s.ShardCount = shard, 2
+	s.Identify.Intents = relayIntents
+	s.SyncEvents = true
+	s.LogLevel = discordgo.LogWarning
+	s.Dialer = &websocket.Dialer{HandshakeTimeout: wait, NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			b.mu.Lock()
+			b.conns = append(b.conns, c)
+			b.mu.Unlock()
+		}
+		return c, err
+	}}
+	note := func(f func()) {
+		b.mu.Lock()
+		f()
+		b.mu.Unlock()
+		select {
+		case b.changed <- struct{}{}:
+		default:
+		}
+	}
+	s.AddHandler(func(_ *discordgo.Session, _ *discordgo.Ready) { note(func() { b.ready++ }) })
+	s.AddHandler(func(_ *discordgo.Session, _ *discordgo.Resumed) { note(func() { b.resumed++ }) })
+	s.AddHandler(func(_ *discordgo.Session, m *discordgo.MessageCreate) {
+		note(func() { b.got = append(b.got, m.Content) })
+	})
+	return b
+}
+
+// until waits for cond on the bot's record.
+func (b *dgBot) until(t *testing.T, what string, cond func(b *dgBot) bool) {
+	t.Helper()
+	bound := time.After(wait)
+	for {
+		b.mu.Lock()
+		ok := cond(b)
+		b.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-b.changed:
+		case <-bound:
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			t.Fatalf("waiting for %s: ready %d, resumed %d, %d messages", what, b.ready, b.resumed, len(b.got))
+		}
+	}
+}
+
+// The bot's connection dies (as when its process is killed) and it comes
+// back within the window: it resumes at the relay, and the messages
+// published while it was away arrive once, in order; the shard's own
+// session never noticed.
+func TestDiscordgoResumesThroughRelay(t *testing.T) {
+	rec := newRecorder()
+	captureDiscordgoLog(t, rec)
+	r := newRelayRig(t, rec)
+	b := newDgBot(t, r, 0)
+	if err := b.s.Open(); err != nil {
+		t.Fatal(err)
+	}
+	defer b.s.Close()
+	b.until(t, "READY", func(b *dgBot) bool { return b.ready == 1 })
+	r.publish(t, 0, 100, "a")
+	b.until(t, "100 messages", func(b *dgBot) bool { return len(b.got) == 100 })
+	b.mu.Lock()
+	b.conns[len(b.conns)-1].Close() // the bot's side of the TCP connection
+	b.mu.Unlock()
+	r.publish(t, 0, 100, "b")
+	b.until(t, "RESUMED and 200 messages", func(b *dgBot) bool { return b.resumed == 1 && len(b.got) >= 200 })
+	b.mu.Lock()
+	got := append([]string(nil), b.got...)
+	b.mu.Unlock()
+	for i, c := range got {
+		want := fmt.Sprintf("a%d", i)
+		if i >= 100 {
+			want = fmt.Sprintf("b%d", i-100)
+		}
+		if c != want {
+			t.Fatalf("message %d is %q; want %q (once each, in order)", i, c, want)
+		}
+	}
+	if len(got) != 200 {
+		t.Errorf("%d messages; want 200", len(got))
+	}
+	if tot := r.sim.Totals(); tot.Identifies != 2 || tot.Resumes != 0 {
+		t.Errorf("simulator: %d identifies, %d resumes; want the node's 2 and none (the bot's resume is the relay's)", tot.Identifies, tot.Resumes)
+	}
+	if cs := r.node.Relay.Clients(); len(cs) != 1 || cs[0].Resumes != 1 {
+		t.Errorf("relay clients %+v; want one, resumed once", cs)
 	}
 }
