@@ -49,6 +49,14 @@ func newRelayRig(t *testing.T, rec *recorder) *relayRig {
 	}
 	r.node = n
 	n.Start()
+	r.serve(t)
+	return r
+}
+
+// serve serves the node's relay on a loopback port until the test ends.
+func (r *relayRig) serve(t *testing.T) {
+	t.Helper()
+	n := r.node
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +68,21 @@ func newRelayRig(t *testing.T, rec *recorder) *relayRig {
 		n.Close()
 		wg.Wait()
 	})
-	return r
+}
+
+// publishContent sends one MESSAGE_CREATE with content in a guild of
+// shard.
+func (r *relayRig) publishContent(t *testing.T, shard int, content string) {
+	t.Helper()
+	g := r.sim.Guilds(shard, 2)[0]
+	d, _ := json.Marshal(map[string]any{"id": "999999", "channel_id": strconv.FormatUint(g+1, 10),
+		"guild_id": strconv.FormatUint(g, 10), "content": content, "type": 0, "tts": false,
+		"mention_everyone": false, "mentions": []any{}, "mention_roles": []any{}, "attachments": []any{}, "embeds": []any{},
+		"pinned": false, "timestamp": "2026-12-07T07:00:00.000000+00:00", "edited_timestamp": nil,
+		"author": map[string]any{"id": "5", "username": "u", "discriminator": "0", "avatar": nil}})
+	if _, err := r.sim.Publish(shard, gatewaysim.Event{Name: "MESSAGE_CREATE", Data: d}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // publish sends n MESSAGE_CREATEs with contents prefix0..prefixN-1 in a
