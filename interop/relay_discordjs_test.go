@@ -38,6 +38,8 @@ func newFakeREST(t *testing.T) *fakeREST {
 		switch {
 		case strings.HasSuffix(r.URL.Path, "/users/@me"):
 			fmt.Fprint(w, `{"id":"1","username":"bot","discriminator":"0","global_name":null,"avatar":null,"bot":true,"flags":0}`)
+		case strings.HasSuffix(r.URL.Path, "/applications/@me"):
+			fmt.Fprint(w, `{"id":"1","name":"bot","icon":null,"description":"","rpc_origins":[],"bot_public":true,"bot_require_code_grant":false,"verify_key":"00","flags":0,"team":null,"owner":{"id":"2","username":"owner","discriminator":"0","global_name":null,"avatar":null}}`)
 		case strings.HasSuffix(r.URL.Path, "/messages") && r.Method == http.MethodPost:
 			ch := strings.Split(r.URL.Path, "/")[4]
 			fmt.Fprintf(w, `{"id":"42","channel_id":%q,"content":"pong","type":0,"tts":false,"mention_everyone":false,"mentions":[],"mention_roles":[],"attachments":[],"embeds":[],"pinned":false,"timestamp":"2026-12-07T07:00:00.000000+00:00","edited_timestamp":null,"author":{"id":"1","username":"bot","discriminator":"0","avatar":null,"bot":true}}`, ch)
@@ -130,12 +132,16 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// newRelayRigREST is newRelayRig whose relay passes REST to rest.
-func newRelayRigREST(t *testing.T, rec *recorder, rest *fakeREST) *relayRig {
+// newRelayRigREST is newRelayRig whose relay passes REST to rest; onFrame,
+// when set, sees every frame at the simulator.
+func newRelayRigREST(t *testing.T, rec *recorder, rest *fakeREST, onFrame func(gatewaysim.Frame)) *relayRig {
 	t.Helper()
-	r := &relayRig{presence: make(chan string, 16)}
+	r := &relayRig{presence: make(chan string, 16), onFrame: onFrame}
 	r.sim = newSim(t, rec, func(c *gatewaysim.Config) {
 		c.OnFrame = func(f gatewaysim.Frame) {
+			if r.onFrame != nil {
+				r.onFrame(f)
+			}
 			if f.Op == 3 {
 				select {
 				case r.presence <- fmt.Sprint(f.Shard):
@@ -179,7 +185,7 @@ func TestDiscordJSThroughRelay(t *testing.T) {
 	}
 	rec := newRecorder()
 	rest := newFakeREST(t)
-	r := newRelayRigREST(t, rec, rest)
+	r := newRelayRigREST(t, rec, rest, nil)
 	bot := startBot(t, dir, []string{"RELAY_URL=" + r.url, "BOT_TOKEN=" + token, "SHARD=1", "SHARD_COUNT=2"}, nodeBin, "bot.js")
 	if got, want := bot.expect(t, "READY "), fmt.Sprintf("READY %d", len(r.sim.Guilds(1, 2))); got != want {
 		t.Errorf("discord.js: %q; want %q", got, want)

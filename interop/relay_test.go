@@ -18,8 +18,9 @@ import (
 	"github.com/shardfs/shardfs/node"
 )
 
-// relayIntents are the node's: guilds, guild messages, message content.
-const relayIntents = 1 | 1<<9 | 1<<15
+// relayIntents are the node's: guilds, members, guild messages, message
+// content.
+const relayIntents = 1 | 1<<1 | 1<<9 | 1<<15
 
 // relayRig is a node with its relay in front of the simulator.
 type relayRig struct {
@@ -27,6 +28,7 @@ type relayRig struct {
 	node     *node.Node
 	url      string // the relay's http:// base
 	presence chan string
+	onFrame  func(gatewaysim.Frame) // set before the node starts
 }
 
 func newRelayRig(t *testing.T, rec *recorder) *relayRig {
@@ -34,6 +36,9 @@ func newRelayRig(t *testing.T, rec *recorder) *relayRig {
 	r := &relayRig{presence: make(chan string, 16)}
 	r.sim = newSim(t, rec, func(c *gatewaysim.Config) {
 		c.OnFrame = func(f gatewaysim.Frame) {
+			if r.onFrame != nil {
+				r.onFrame(f)
+			}
 			if f.Op == 3 {
 				select {
 				case r.presence <- strconv.Itoa(f.Shard):

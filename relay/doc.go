@@ -19,7 +19,9 @@
 // N/send). A GUILD_MEMBERS_CHUNK goes only to the client whose op 8 asked
 // for it (the relay rewrites the nonce and restores it); the bot's own
 // VOICE_STATE_UPDATE and the VOICE_SERVER_UPDATE of a guild go only to the
-// client that sent the last op 4 for that guild.
+// client that sent the last op 4 for that guild. The relay's nonces are
+// "relay" and a base-36 counter from 1, per relay; a chunk with another
+// nonce (an operator's N/send) goes to no client.
 //
 // # Decisions where DESIGN.md is silent
 //
