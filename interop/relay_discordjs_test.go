@@ -218,3 +218,35 @@ func TestDiscordJSThroughRelay(t *testing.T) {
 		t.Errorf("REST seen by the API: %q; want the reply's POST with the bot's Authorization", rest.requests())
 	}
 }
+
+// Two discord.js processes on the same shard (a blue-green deploy): both
+// get every message, in order, and the shard's session is the node's one.
+func TestTwoDiscordJSOnOneShard(t *testing.T) {
+	dir, _ := filepath.Abs("relay/js")
+	needTool(t, "discord.js (npm ci in interop/relay/js)", filepath.Join(dir, "node_modules", "discord.js"))
+	nodeBin, err := exec.LookPath("node")
+	if err != nil {
+		needTool(t, "node", "/usr/bin/node")
+	}
+	rec := newRecorder()
+	r := newRelayRigREST(t, rec, newFakeREST(t), nil)
+	env := []string{"RELAY_URL=" + r.url, "BOT_TOKEN=" + token, "SHARD=0", "SHARD_COUNT=2"}
+	blue := startBot(t, dir, env, nodeBin, "bot.js")
+	green := startBot(t, dir, env, nodeBin, "bot.js")
+	blue.expect(t, "READY ")
+	green.expect(t, "READY ")
+	r.publish(t, 0, 500, "m")
+	for _, b := range []*botProcess{blue, green} {
+		for i := range 500 {
+			if got, want := b.expect(t, "MSG "), fmt.Sprintf("MSG m%d", i); got != want {
+				t.Fatalf("discord.js: %q; want %q", got, want)
+			}
+		}
+	}
+	if tot := r.sim.Totals(); tot.Identifies != 2 || tot.MaxLiveSessions != 1 {
+		t.Errorf("simulator: %d identifies, at most %d live sessions a shard; want the node's 2 and 1", tot.Identifies, tot.MaxLiveSessions)
+	}
+	if cs := r.node.Relay.Clients(); len(cs) != 2 || cs[0].Shard != 0 || cs[1].Shard != 0 {
+		t.Errorf("relay clients %+v; want two on shard 0", cs)
+	}
+}
