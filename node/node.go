@@ -341,10 +341,15 @@ func (s *Node) newRelay(p *planRun) (*relay.Server, error) {
 			api = u.Scheme + "://" + u.Host
 		}
 	}
-	return relay.New(relay.Config{
+	r, err := relay.New(relay.Config{
 		Token: s.cfg.Token, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
 		Journal: p.tree.DispatchLog, Send: p.core.Send,
 		ResumeWindow: s.cfg.RelayResumeWindow, Cache: s.cfg.RelayCache, API: api,
 		Events: s.events, Clock: s.cfg.Clock, Logger: s.log.With("component", "relay"),
 	})
+	if err != nil {
+		return nil, err
+	}
+	p.tree.Registry().MustRegister(r.Collector())
+	return r, nil
 }

@@ -111,7 +111,21 @@ var upgrader = websocket.Upgrader{
 }
 
 func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	full := len(s.conns)+s.upgrading >= s.cfg.MaxConns
+	if !full {
+		s.upgrading++
+	}
+	s.mu.Unlock()
+	if full {
+		s.event("relay-refused", nil, "remote", r.RemoteAddr, "reason", "the relay is full (MaxConns)")
+		http.Error(w, "503: the relay is full", http.StatusServiceUnavailable)
+		return
+	}
 	ws, err := upgrader.Upgrade(w, r, nil)
+	s.mu.Lock()
+	s.upgrading--
+	s.mu.Unlock()
 	if err != nil {
 		return // Upgrade answered the client
 	}

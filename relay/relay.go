@@ -52,6 +52,9 @@ type Config struct {
 	// gateway discovery is forwarded to, unchanged (e.g.
 	// https://discord.com/api). Empty answers those 404.
 	API string
+	// MaxConns caps the WebSocket connections served at once (default
+	// 4,096); one more is refused with 503 before the upgrade.
+	MaxConns int
 	// Events receives a line for every client connect, identify, resume,
 	// kick and close (the node's /events).
 	Events *journal.Log
@@ -79,6 +82,7 @@ type Server struct {
 	clients   map[int]*session    // by client id
 	nextID    int
 	conns     map[*conn]struct{}
+	upgrading int // connections counted before their upgrade
 	listeners []net.Listener
 	servers   []*http.Server
 	closed    bool
@@ -109,6 +113,9 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("relay: unknown cache kind %q (kinds: %s)", k, strings.Join(Kinds, ","))
 		}
 		kinds[k] = true
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 4096
 	}
 	if cfg.CacheBytes <= 0 {
 		cfg.CacheBytes = 256 << 20

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -216,5 +219,61 @@ func (r *rig) waitSent(n int) {
 		case <-bound:
 			r.t.Fatalf("timed out waiting for %d commands upstream", n)
 		}
+	}
+}
+
+// Connections past MaxConns are refused before the upgrade, with a
+// status that says the relay is full; the connected clients are
+// unaffected.
+func TestMaxConns(t *testing.T) {
+	r := newRig(t, 1, []int{0}, func(c *Config) { c.MaxConns = 2 })
+	r.shards[0].ready(1)
+	a, b := r.dial(""), r.dial("")
+	_, res, err := websocket.DefaultDialer.Dial(r.url+"/?v=10&encoding=json", nil)
+	if err == nil || res == nil || res.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("third connection: %v (%v); want 503", err, res)
+	}
+	a.ready(0, 1, 1, allIntent)
+	b.ready(0, 1, 1, allIntent)
+}
+
+// The relay's metrics: clients, their events, lag and resumes, and the
+// cache's bytes per kind.
+func TestMetrics(t *testing.T) {
+	r := newRig(t, 1, []int{0}, nil)
+	r.shards[0].ready(1)
+	c := r.dial("")
+	c.ready(0, 1, 1, allIntent)
+	r.shards[0].message(0, 1)
+	c.next()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(r.srv.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.Metric {
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			name := mf.GetName()
+			for _, l := range m.Label {
+				name += "," + l.GetName() + "=" + l.GetValue()
+			}
+			got[name] = v
+		}
+	}
+	for name, want := range map[string]float64{
+		"shardfs_relay_clients":                               1,
+		"shardfs_relay_connected_clients":                     1,
+		"shardfs_relay_client_events_total,client=1,shard=0":  1,
+		"shardfs_relay_client_resumes_total,client=1,shard=0": 0,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (present %v); want %v", name, v, ok, want)
+		}
+	}
+	if got["shardfs_relay_cache_bytes,kind=channels"] == 0 {
+		t.Errorf("cache bytes of channels = 0; want the cached channel's")
 	}
 }
