@@ -63,6 +63,7 @@ type botProcess struct {
 	cmd   *exec.Cmd
 	lines chan string
 	done  chan struct{}
+	seen  map[string]bool // every line expect read
 }
 
 // startBot runs argv in dir with env, and reads its standard output.
@@ -79,7 +80,7 @@ func startBot(t *testing.T, dir string, env []string, argv ...string) *botProces
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	b := &botProcess{cmd: cmd, lines: make(chan string, 4096), done: make(chan struct{})}
+	b := &botProcess{cmd: cmd, lines: make(chan string, 4096), done: make(chan struct{}), seen: map[string]bool{}}
 	go func() {
 		defer close(b.done)
 		sc := bufio.NewScanner(out)
@@ -113,6 +114,7 @@ func (b *botProcess) expect(t *testing.T, prefix string) string {
 			if !ok {
 				t.Fatalf("the bot exited before %q", prefix)
 			}
+			b.seen[l] = true
 			if strings.HasPrefix(l, "ERROR") || strings.HasPrefix(l, "REPLY-FAILED") {
 				t.Fatalf("the bot says: %s", l)
 			}
@@ -122,6 +124,14 @@ func (b *botProcess) expect(t *testing.T, prefix string) string {
 		case <-bound:
 			t.Fatalf("no %q from the bot within a minute", prefix)
 		}
+	}
+}
+
+// expectLine is expect for a whole line that may have come already.
+func (b *botProcess) expectLine(t *testing.T, line string) {
+	t.Helper()
+	if !b.seen[line] {
+		b.expect(t, line)
 	}
 }
 
@@ -151,7 +161,7 @@ func newRelayRigREST(t *testing.T, rec *recorder, rest *fakeREST, onFrame func(g
 		}
 	})
 	n, err := node.New(node.Config{Flavor: core.Discord, Token: token, GatewayURL: r.sim.GatewayURL(), API: rest.srv.URL + "/api/v10",
-		Plan: core.Range(2, 0, 1), MaxConcurrency: 2, Intents: relayIntents, Relay: true})
+		Plan: core.Range(2, 0, 1), MaxConcurrency: 2, Intents: relayIntents, Relay: true, DispatchRetention: relayRetention})
 	if err != nil {
 		t.Fatal(err)
 	}

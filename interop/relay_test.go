@@ -22,12 +22,19 @@ import (
 // content.
 const relayIntents = 1 | 1<<1 | 1<<9 | 1<<15
 
+// relayRetention is each shard's dispatch retention in these tests: the
+// relay's replay depth, and how far a client may lag before it is closed
+// 4009. 1,000 messages of about 500 bytes published at once must fit,
+// whatever a loaded machine does to a bot in another process.
+const relayRetention = 8 << 20
+
 // relayRig is a node with its relay in front of the simulator.
 type relayRig struct {
 	sim      *gatewaysim.Server
 	node     *node.Node
 	url      string // the relay's http:// base
 	presence chan string
+	msgID    int                    // the last message id published: discord.js drops a MESSAGE_CREATE whose id it has
 	onFrame  func(gatewaysim.Frame) // set before the node starts
 }
 
@@ -48,7 +55,7 @@ func newRelayRig(t *testing.T, rec *recorder) *relayRig {
 		}
 	})
 	n, err := node.New(node.Config{Flavor: core.Discord, Token: token, GatewayURL: r.sim.GatewayURL(),
-		Plan: core.Range(2, 0, 1), MaxConcurrency: 2, Intents: relayIntents, Relay: true})
+		Plan: core.Range(2, 0, 1), MaxConcurrency: 2, Intents: relayIntents, Relay: true, DispatchRetention: relayRetention})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +87,8 @@ func (r *relayRig) serve(t *testing.T) {
 func (r *relayRig) publishContent(t *testing.T, shard int, content string) {
 	t.Helper()
 	g := r.sim.Guilds(shard, 2)[0]
-	d, _ := json.Marshal(map[string]any{"id": "999999", "channel_id": strconv.FormatUint(g+1, 10),
+	r.msgID++
+	d, _ := json.Marshal(map[string]any{"id": strconv.Itoa(1000000 + r.msgID), "channel_id": strconv.FormatUint(g+1, 10),
 		"guild_id": strconv.FormatUint(g, 10), "content": content, "type": 0, "tts": false,
 		"mention_everyone": false, "mentions": []any{}, "mention_roles": []any{}, "attachments": []any{}, "embeds": []any{},
 		"pinned": false, "timestamp": "2026-12-07T07:00:00.000000+00:00", "edited_timestamp": nil,
@@ -96,7 +104,8 @@ func (r *relayRig) publish(t *testing.T, shard, n int, prefix string) {
 	t.Helper()
 	g := r.sim.Guilds(shard, 2)[0]
 	for i := range n {
-		d, _ := json.Marshal(map[string]any{"id": strconv.Itoa(1000000 + i), "channel_id": strconv.FormatUint(g+1, 10),
+		r.msgID++
+		d, _ := json.Marshal(map[string]any{"id": strconv.Itoa(1000000 + r.msgID), "channel_id": strconv.FormatUint(g+1, 10),
 			"guild_id": strconv.FormatUint(g, 10), "content": prefix + strconv.Itoa(i), "type": 0, "tts": false,
 			"mention_everyone": false, "mentions": []any{}, "mention_roles": []any{}, "attachments": []any{}, "embeds": []any{},
 			"pinned": false, "timestamp": "2026-12-07T07:00:00.000000+00:00", "edited_timestamp": nil,

@@ -7,12 +7,16 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -109,6 +113,12 @@ type Config struct {
 	// defaults).
 	RelayResumeWindow time.Duration
 	RelayCache        []string
+	// RelayState, when set, is the file the relay's state goes to at a
+	// clean stop (Close) and comes from at New, which removes it once
+	// read: the cache, a tail of each shard's dispatches and the client
+	// sessions, so that clients resume across a clean restart. Run sets
+	// it to relay.json in SessionsDir.
+	RelayState string
 
 	// MetricsListen, when set, serves /metrics over HTTP for Prometheus
 	// on HOST:PORT from Start to Close: loopback only, unless ",insecure"
@@ -321,6 +331,11 @@ func (s *Node) Close() error {
 		cur := s.current()
 		cur.core.Close()
 		errs = append(errs, cur.transport.Close())
+		if s.Relay != nil && s.cfg.RelayState != "" {
+			// After the shards stopped: the saved tail ends where their
+			// saved sessions do.
+			errs = append(errs, s.saveRelay())
+		}
 		errs = append(errs, s.Server.Close())
 		if s.metrics != nil {
 			errs = append(errs, s.metrics.close(s.metricsStarted))
@@ -341,15 +356,59 @@ func (s *Node) newRelay(p *planRun) (*relay.Server, error) {
 			api = u.Scheme + "://" + u.Host
 		}
 	}
-	r, err := relay.New(relay.Config{
+	var state io.Reader
+	if s.cfg.RelayState != "" {
+		b, err := os.ReadFile(s.cfg.RelayState)
+		switch {
+		case err == nil:
+			state = bytes.NewReader(b)
+			// Read once: a crash later must not bring back this state.
+			os.Remove(s.cfg.RelayState)
+		case !errors.Is(err, fs.ErrNotExist):
+			s.log.Warn("relay: the saved state is unreadable; clients start anew", "err", err)
+		}
+	}
+	cfg := relay.Config{
 		Token: s.cfg.Token, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
 		Journal: p.tree.DispatchLog, Send: p.core.Send,
 		ResumeWindow: s.cfg.RelayResumeWindow, Cache: s.cfg.RelayCache, API: api,
 		Events: s.events, Clock: s.cfg.Clock, Logger: s.log.With("component", "relay"),
-	})
+	}
+	cfg.State = state
+	r, err := relay.New(cfg)
+	if err != nil && state != nil {
+		s.log.Warn("relay: the saved state does not fit; clients start anew", "err", err)
+		cfg.State = nil
+		r, err = relay.New(cfg)
+	}
 	if err != nil {
 		return nil, err
 	}
 	p.tree.Registry().MustRegister(r.Collector())
 	return r, nil
+}
+
+// saveRelay writes the relay's state to Config.RelayState, whole or not
+// at all.
+func (s *Node) saveRelay() error {
+	tmp := s.cfg.RelayState + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("relay state: %w", err)
+	}
+	err = s.Relay.Save(f)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, s.cfg.RelayState)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("relay state: %w", err)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -83,6 +84,9 @@ func Run(ctx context.Context, rc RunConfig) error {
 			return fmt.Errorf("--relay: %w", err)
 		}
 		rc.Config.Relay = true
+		if rc.SessionsDir != "" {
+			rc.Config.RelayState = filepath.Join(rc.SessionsDir, "relay.json")
+		}
 		defer relayLs.Close()
 	}
 	// The folder is locked before anything is spent on the gateway: a

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-
-	"github.com/shardfs/shardfs/journal"
 )
 
 // Cache kinds (--relay-cache). "guilds" is a guild's own fields (with its
@@ -54,7 +52,7 @@ type guild struct {
 // writer.
 type shardCache struct {
 	id    int
-	log   *journal.Log
+	log   dispatchLog
 	kinds map[string]bool
 	bytes *cacheBytes
 
@@ -109,7 +107,7 @@ func (c *cacheBytes) add(kind string, n int) bool {
 	return true
 }
 
-func newShardCache(id int, log *journal.Log, kinds map[string]bool, bytes *cacheBytes) *shardCache {
+func newShardCache(id int, log dispatchLog, kinds map[string]bool, bytes *cacheBytes) *shardCache {
 	return &shardCache{id: id, log: log, kinds: kinds, bytes: bytes, guilds: map[string]*guild{}}
 }
 
@@ -118,16 +116,7 @@ func (c *shardCache) follow(done <-chan struct{}) {
 	for {
 		ch := c.log.Notify()
 		c.mu.Lock()
-		lines, lost := c.rd.next(c.log)
-		if lost {
-			c.lost++
-		}
-		eachLine(lines, func(line []byte) {
-			c.lines++
-			if e, ok := parseLine(line); ok {
-				c.apply(string(e.t), e.d)
-			}
-		})
+		lines := c.readLocked()
 		if len(lines) > 0 && c.moved != nil {
 			close(c.moved)
 			c.moved = nil
@@ -141,6 +130,27 @@ func (c *shardCache) follow(done <-chan struct{}) {
 			return
 		case <-ch:
 		}
+	}
+}
+
+// readLocked applies the next lines of the journal, and returns them.
+func (c *shardCache) readLocked() []byte {
+	lines, lost := c.rd.next(c.log)
+	if lost {
+		c.lost++
+	}
+	eachLine(lines, func(line []byte) {
+		c.lines++
+		if e, ok := parseLine(line); ok {
+			c.apply(string(e.t), e.d)
+		}
+	})
+	return lines
+}
+
+// readAll applies the rest of the journal; with c.mu held.
+func (c *shardCache) readAll() {
+	for len(c.readLocked()) > 0 { // until nothing is left
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -55,6 +56,11 @@ type Config struct {
 	// MaxConns caps the WebSocket connections served at once (default
 	// 4,096); one more is refused with 503 before the upgrade.
 	MaxConns int
+	// State, when set, is what Save wrote at the previous process's clean
+	// stop: the cache, a tail of each shard's dispatches and the client
+	// sessions, so that clients resume across the restart. A state that
+	// does not fit (another total) is refused with an error.
+	State io.Reader
 	// Events receives a line for every client connect, identify, resume,
 	// kick and close (the node's /events).
 	Events *journal.Log
@@ -140,8 +146,14 @@ func New(cfg Config) (*Server, error) {
 		if l == nil {
 			return nil, fmt.Errorf("relay: shard %d has no dispatch journal", id)
 		}
-		c := newShardCache(id, l, kinds, s.bytes)
-		s.shards[id] = c
+		s.shards[id] = newShardCache(id, l, kinds, s.bytes)
+	}
+	if cfg.State != nil {
+		if err := s.load(cfg.State); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range s.shards {
 		s.wg.Go(func() { c.follow(s.done) })
 	}
 	return s, nil
