@@ -69,7 +69,7 @@ type sent struct {
 }
 
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *Server
 	url    string
 	shards map[int]*shardLog
@@ -84,11 +84,17 @@ type rig struct {
 	closeLn func()
 }
 
-func newRig(t *testing.T, total int, local []int, mutate func(*Config)) *rig {
+func newRig(t testing.TB, total int, local []int, mutate func(*Config)) *rig {
+	t.Helper()
+	return newRigSized(t, total, local, 1<<20, mutate)
+}
+
+// newRigSized is newRig with shard journals of retention bytes.
+func newRigSized(t testing.TB, total int, local []int, retention int, mutate func(*Config)) *rig {
 	t.Helper()
 	r := &rig{t: t, shards: map[int]*shardLog{}, events: journal.New(1 << 20), clk: clock.NewFake(), sentCh: make(chan struct{}, 1)}
 	for _, id := range local {
-		r.shards[id] = &shardLog{id: id, log: journal.New(1 << 20)}
+		r.shards[id] = &shardLog{id: id, log: journal.New(retention)}
 	}
 	cfg := Config{Token: testToken, Intents: allIntent, Total: total, Shards: local,
 		Journal: func(id int) *journal.Log { return r.shards[id].log },
@@ -138,7 +144,7 @@ func (r *rig) sends() []sent {
 
 // client is a bot's gateway connection, as a library makes it.
 type client struct {
-	t  *testing.T
+	t  testing.TB
 	ws *websocket.Conn
 	zr io.ReadCloser
 	zb *bytes.Buffer
