@@ -18,9 +18,9 @@ import (
 	"github.com/shardfs/shardfs/node"
 )
 
-// relayIntents are the node's: guilds, members, guild messages, message
-// content.
-const relayIntents = 1 | 1<<1 | 1<<9 | 1<<15
+// relayIntents are the node's: guilds, members, voice states, guild
+// messages, message content.
+const relayIntents = 1 | 1<<1 | 1<<7 | 1<<9 | 1<<15
 
 // relayRetention is each shard's dispatch retention in these tests: the
 // relay's replay depth, and how far a client may lag before it is closed
@@ -299,4 +299,80 @@ func TestDiscordgoResumesThroughRelay(t *testing.T) {
 	if cs := r.node.Relay.Clients(); len(cs) != 1 || cs[0].Resumes != 1 {
 		t.Errorf("relay clients %+v; want one, resumed once", cs)
 	}
+}
+
+// A music bot's shape: discordgo sends op 4 through the relay, and the
+// bot's own VOICE_STATE_UPDATE and the guild's VOICE_SERVER_UPDATE reach
+// that client, not another client of the same shard.
+func TestVoiceThroughRelay(t *testing.T) {
+	rec := newRecorder()
+	captureDiscordgoLog(t, rec)
+	ops := make(chan struct{}, 8)
+	r := newRelayRigFrames(t, rec, func(f gatewaysim.Frame) {
+		if f.Op == 4 {
+			ops <- struct{}{}
+		}
+	})
+	music, other := newDgBot(t, r, 0), newDgBot(t, r, 0)
+	voice := map[*dgBot]chan string{music: make(chan string, 8), other: make(chan string, 8)}
+	for b, ch := range voice {
+		b.s.AddHandler(func(_ *discordgo.Session, e *discordgo.VoiceServerUpdate) { ch <- "server " + e.GuildID })
+		b.s.AddHandler(func(_ *discordgo.Session, e *discordgo.VoiceStateUpdate) { ch <- "state " + e.UserID })
+		if err := b.s.Open(); err != nil {
+			t.Fatal(err)
+		}
+		defer b.s.Close()
+		b.until(t, "READY", func(b *dgBot) bool { return b.ready == 1 })
+	}
+	g := strconv.FormatUint(r.sim.Guilds(0, 2)[0], 10)
+	if err := music.s.ChannelVoiceJoinManual(g, "7", false, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ops:
+	case <-time.After(wait):
+		t.Fatal("the simulator saw no op 4")
+	}
+	me := music.s.State.User.ID
+	for _, ev := range []gatewaysim.Event{
+		{Name: "VOICE_STATE_UPDATE", Data: []byte(`{"guild_id":"` + g + `","channel_id":"7","user_id":"` + me + `","session_id":"v","deaf":false,"mute":false,"self_deaf":true,"self_mute":false,"self_video":false,"suppress":false,"request_to_speak_timestamp":null}`)},
+		{Name: "VOICE_SERVER_UPDATE", Data: []byte(`{"guild_id":"` + g + `","token":"vt","endpoint":"voice.example:443"}`)},
+	} {
+		if _, err := r.sim.Publish(0, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.publish(t, 0, 1, "after")
+	for _, want := range []string{"state " + me, "server " + g} {
+		select {
+		case got := <-voice[music]:
+			if got != want {
+				t.Errorf("music client got %q; want %q", got, want)
+			}
+		case <-time.After(wait):
+			t.Fatalf("music client: no %q", want)
+		}
+	}
+	other.until(t, "the message after the voice events", func(b *dgBot) bool { return len(b.got) >= 1 })
+	select {
+	case got := <-voice[other]:
+		t.Errorf("the other client got %q; want no voice event of the music client's join", got)
+	default:
+	}
+}
+
+// newRelayRigFrames is newRelayRig with onFrame set before the node starts.
+func newRelayRigFrames(t *testing.T, rec *recorder, onFrame func(gatewaysim.Frame)) *relayRig {
+	t.Helper()
+	r := &relayRig{presence: make(chan string, 16), onFrame: onFrame}
+	r.sim = newSim(t, rec, func(c *gatewaysim.Config) { c.OnFrame = onFrame })
+	n, err := node.New(node.Config{Flavor: core.Discord, Token: token, GatewayURL: r.sim.GatewayURL(),
+		Plan: core.Range(2, 0, 1), MaxConcurrency: 2, Intents: relayIntents, Relay: true, DispatchRetention: relayRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.node = n
+	n.Start()
+	r.serve(t)
+	return r
 }
