@@ -9,6 +9,7 @@ import (
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/relay"
 	"github.com/shardfs/shardfs/reshard"
 	"github.com/shardfs/shardfs/shardfs"
 )
@@ -181,10 +182,29 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		}
 		tc.CommandUsage = reshard.Usage + usage
 	}
+	if cfg.Relay && prev == nil {
+		s.relayTree(&tc)
+	}
 	tree = shardfs.New(tc)
 	if fleet != nil {
 		fleet.register(tree.Registry())
 	}
 	p.tree = tree
 	return p, nil
+}
+
+// relayTree adds /relay, /clients and kick to a tree's configuration;
+// they read Node.Relay, made after the plan.
+func (s *Node) relayTree(tc *shardfs.Config) {
+	tc.Files = append(tc.Files,
+		&fsrv.Text{Name: "relay", Content: func() []byte { return s.Relay.Status() }},
+		&fsrv.Text{Name: "clients", Content: func() []byte { return s.Relay.ClientsText() }})
+	next, usage := tc.Command, tc.CommandUsage
+	tc.Command = func(line string) (bool, error) {
+		if handled, err := s.Relay.Command(line); handled {
+			return handled, err
+		}
+		return next(line)
+	}
+	tc.CommandUsage = usage + relay.Usage
 }

@@ -70,6 +70,7 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--listen ADDR[,ro][,insecure]]... [--max-conns N]
                  [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
                  [--sessions DIR [--resume-window D]] [--metrics-listen HOST:PORT] [--debug]
+                 [--relay ADDR]... [--relay-resume-window 60s] [--relay-cache KIND,...|none]
                  [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]
                   [--etcd-ca F --etcd-cert F --etcd-key F] [--fluxer-identify-budget N]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
