@@ -58,7 +58,8 @@ const acquireConcurrency = 32
 // again after a lost membership, but only while the operator's lease,
 // MayRenew, is valid: a node whose lease expired stays out, state held,
 // so its shards stay with the others), watches members/ and shards/,
-// computes the node's placement by rendezvous hashing over the live members,
+// computes the node's placement (Place: balanced over the live members'
+// candidates, keeping held keys where they are),
 // acquires its shards by create-if-absent and grants them to the core with
 // the membership's fencing deadline and the key's generation, renews the
 // grants as the membership renews, and hands over, by paced planned moves
@@ -280,7 +281,7 @@ func (o *Ownership) Run(ctx context.Context) error {
 
 // mayJoin waits while the operator's lease is not valid (MayRenew false):
 // a node whose health script stopped renewing must stay out, not join
-// again, take its rendezvous share back by planned moves and lose it at
+// again, take its share back by planned moves and lose it at
 // the next deadline, every TTL. One line is logged when it starts waiting
 // and one when it may join again. False when ctx ended.
 func (o *Ownership) mayJoin(ctx context.Context) bool {
@@ -318,7 +319,7 @@ func (o *Ownership) join(ctx context.Context) (*Member, error) {
 	jctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	m, err := Join(jctx, Config{
-		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, TTL: o.cfg.TTL,
+		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, Candidates: o.cfg.Candidates, TTL: o.cfg.TTL,
 		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew,
 	})
 	if err != nil {
@@ -484,13 +485,18 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 		}
 		return
 	}
-	holders := m.holders(members, kvs)
+	holders := m.holders(names(members), kvs)
 	held := make(map[int]Holder, len(holders))
+	heldBy := make([]string, o.cfg.Plan.Total)
 	for _, h := range holders {
 		held[h.Shard] = h
+		if h.Live {
+			heldBy[h.Shard] = h.Node
+		}
 	}
+	place := Place(members, o.cfg.Plan.Total, heldBy)
 	o.mu.Lock()
-	o.members, o.holders = members, holders
+	o.members, o.holders = names(members), holders
 	draining := o.draining
 	// Shards whose key this node no longer holds (deleted by hand, or
 	// etcd expired the lease first): stop them now.
@@ -507,7 +513,7 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	}
 	var acquire, move []int
 	for _, id := range o.candidates {
-		mine := !draining && Owner(id, members) == m.Node()
+		mine := !draining && place[id] == m.Node()
 		_, owned := o.owned[id]
 		switch {
 		case o.busy[id]:
