@@ -78,6 +78,12 @@ type Ownership struct {
 
 	wg sync.WaitGroup // moves in flight; Add under mu, unless noMoves
 
+	// order serializes, per shard (striped), deciding that a grant is
+	// current and handing it to the core, and every stop: a renewal that
+	// copied the owned set before a stop cannot hand a grant over after
+	// it, so a stop always wins (issue 22 item 4). Taken before mu.
+	order [64]sync.Mutex
+
 	mu       sync.Mutex
 	member   *Member
 	owned    map[int]int64  // shard → generation granted to the core
@@ -430,18 +436,51 @@ func grant(id int, gen int64, m *Member) core.LeaseGrant {
 }
 
 // renewGrants moves every owned shard's deadline to the membership's.
+// Each grant is checked again as it is handed over: the shard may have
+// been stopped since the owned set was copied.
 func (o *Ownership) renewGrants(m *Member) {
 	o.mu.Lock()
-	grants := make([]core.LeaseGrant, 0, len(o.owned))
+	type held struct {
+		id  int
+		gen int64
+	}
+	grants := make([]held, 0, len(o.owned))
 	for id, gen := range o.owned {
 		if !o.busy[id] {
-			grants = append(grants, grant(id, gen, m))
+			grants = append(grants, held{id, gen})
 		}
 	}
 	o.mu.Unlock()
 	for _, g := range grants {
-		o.cfg.Shards.SetLease(g)
+		o.sendGrant(g.id, g.gen, m, true)
 	}
+}
+
+// sendGrant hands the core shard id's grant at gen under m, unless the
+// shard is no longer owned at gen (it was stopped or moved meanwhile) or,
+// for a renewal, a move of it began. The deadline is m's as of now.
+func (o *Ownership) sendGrant(id int, gen int64, m *Member, renewal bool) bool {
+	l := &o.order[id%len(o.order)]
+	l.Lock()
+	defer l.Unlock()
+	o.mu.Lock()
+	cur, ok := o.owned[id]
+	stale := !ok || cur != gen || (renewal && o.busy[id])
+	o.mu.Unlock()
+	if stale {
+		return false
+	}
+	o.cfg.Shards.SetLease(grant(id, gen, m))
+	return true
+}
+
+// sendStop hands the core a stop (or NotOwned) after any grant of the
+// shard already on its way.
+func (o *Ownership) sendStop(g core.LeaseGrant) {
+	l := &o.order[g.Shard%len(o.order)]
+	l.Lock()
+	defer l.Unlock()
+	o.cfg.Shards.SetLease(g)
 }
 
 // endMembership stops every owned shard at once (each was gated by the
@@ -461,7 +500,7 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	o.mu.Unlock()
 	now := o.clock.Now()
 	for id, gen := range owned {
-		o.cfg.Shards.SetLease(core.LeaseGrant{Shard: id, Owner: true, Generation: uint64(gen), Deadline: now})
+		o.sendStop(core.LeaseGrant{Shard: id, Owner: true, Generation: uint64(gen), Deadline: now})
 	}
 	if len(owned) > 0 {
 		o.log.Warn("etcd: membership ended; its shards stopped", "node", o.cfg.Node, "why", why, "shards", len(owned))
@@ -531,7 +570,7 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	o.mu.Unlock()
 	for _, g := range lost {
 		o.log.Warn("etcd: shard key no longer this node's; stopping the shard", "node", o.cfg.Node, "shard", g.Shard, "generation", g.Generation)
-		o.cfg.Shards.SetLease(g)
+		o.sendStop(g)
 	}
 	o.acquireAll(ctx, m, acquire)
 	for _, id := range move {
@@ -594,7 +633,7 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 			o.mu.Unlock()
 			// The generation is recorded first: the snapshot's mark-used
 			// that SetLease may make is guarded by it.
-			o.cfg.Shards.SetLease(grant(id, gen, m))
+			o.sendGrant(id, gen, m, false)
 			o.mu.Lock()
 			delete(o.busy, id)
 			o.mu.Unlock()
@@ -629,7 +668,7 @@ func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
 	delete(o.owned, id)
 	o.moves++
 	o.mu.Unlock()
-	o.cfg.Shards.SetLease(core.NotOwned(id))
+	o.sendStop(core.NotOwned(id))
 	o.log.Info("etcd: moved shard", "node", o.cfg.Node, "shard", id, "generation", gen, "snapshot_saved", saved, "took", o.clock.Now().Sub(start))
 	o.checkDrained()
 	o.wake()
