@@ -92,6 +92,7 @@ type Ownership struct {
 	lastErr  error
 	members  []string
 	holders  []Holder
+	read     bool // members and holders were read from etcd at least once
 	draining bool
 	left     bool
 	noMoves  bool          // Drain waits for wg: no move starts any more
@@ -535,7 +536,7 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	}
 	place := Place(members, o.cfg.Plan.Total, heldBy)
 	o.mu.Lock()
-	o.members, o.holders = names(members), holders
+	o.members, o.holders, o.read = names(members), holders, true
 	draining := o.draining
 	// Shards whose key this node no longer holds (deleted by hand, or
 	// etcd expired the lease first): stop them now.
@@ -815,11 +816,15 @@ func (o *Ownership) LeaseText(now time.Time) []byte {
 
 // MembersText is /members: one line per live member, "node shards", the
 // shards being the shard keys that name it, sorted by node; as of the
-// last read of etcd.
+// last read of etcd. Before the first read it is the one line "unknown":
+// an empty file would say that no node is a member.
 func (o *Ownership) MembersText() []byte {
 	o.mu.Lock()
-	members, holders := o.members, o.holders
+	members, holders, read := o.members, o.holders, o.read
 	o.mu.Unlock()
+	if !read {
+		return []byte("unknown\n")
+	}
 	count := map[string]int{}
 	for _, h := range holders {
 		count[h.Node]++
@@ -833,12 +838,20 @@ func (o *Ownership) MembersText() []byte {
 
 // OwnersText is /owners: one line per shard of the plan, "id node
 // generation", "-" for both when no key holds the shard; as of the last
-// read of etcd.
+// read of etcd. Before the first read both are "unknown": "- -" would say
+// that nobody owns the shard.
 func (o *Ownership) OwnersText() []byte {
 	o.mu.Lock()
-	holders := o.holders
+	holders, read := o.holders, o.read
 	o.mu.Unlock()
 	b := make([]byte, 0, o.cfg.Plan.Total*16)
+	if !read {
+		for id := 0; id < o.cfg.Plan.Total; id++ {
+			b = strconv.AppendInt(b, int64(id), 10)
+			b = append(b, " unknown unknown\n"...)
+		}
+		return b
+	}
 	j := 0
 	for id := 0; id < o.cfg.Plan.Total; id++ {
 		b = strconv.AppendInt(b, int64(id), 10)

@@ -280,6 +280,14 @@ func TestOwnershipWaitsAndRefuses(t *testing.T) {
 	if n := len(w.shards.owned(w.clk.Now())); n != 0 {
 		t.Fatalf("a node that never joined owns %d shards", n)
 	}
+	// Issue 22 item 12: it does not know who is a member or who owns what
+	// (the files were empty and "- -", as if nobody owned anything).
+	if got := string(w.o.MembersText()); got != "unknown\n" {
+		t.Errorf("/members of a node that never reached etcd = %q; want \"unknown\\n\"", got)
+	}
+	if got, want := string(w.o.OwnersText()), "0 unknown unknown\n1 unknown unknown\n2 unknown unknown\n3 unknown unknown\n"; got != want {
+		t.Errorf("/owners of a node that never reached etcd = %q; want %q", got, want)
+	}
 	w.stop()
 
 	startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 4}, 1)
