@@ -41,6 +41,10 @@ type Config struct {
 	// unless MayRenew turns true again. The operator's lease composes
 	// through it (DESIGN 7.3): a node renews only while it is valid.
 	MayRenew func() bool
+
+	// versionOf, when set, answers for an endpoint's etcd version
+	// instead of its Status (tests).
+	versionOf func(ctx context.Context, endpoint string) (string, error)
 }
 
 // Member is one node's membership of a bot: one etcd lease, the
@@ -111,6 +115,19 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	}
 	if m.log == nil {
 		m.log = slog.Default()
+	}
+	status := cfg.versionOf
+	if status == nil {
+		status = func(ctx context.Context, ep string) (string, error) {
+			r, err := cfg.Client.Status(ctx, ep)
+			if err != nil {
+				return "", err
+			}
+			return r.Version, nil
+		}
+	}
+	if err := checkVersion(ctx, status, cfg.Client.Endpoints()); err != nil {
+		return nil, err
 	}
 	if err := m.ensurePlan(ctx); err != nil {
 		return nil, err

@@ -262,7 +262,7 @@ func (o *Ownership) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, errLeaving):
 			continue
-		case errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrBadPlan), errors.Is(err, ErrBadName):
+		case errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrBadPlan), errors.Is(err, ErrBadName), errors.Is(err, ErrEtcdTooOld):
 			o.setState(StateRefused, err)
 			o.log.Error("etcd: this node cannot join the bot", "err", err)
 			return err
