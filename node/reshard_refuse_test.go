@@ -249,6 +249,11 @@ func TestReshardRefusedInAFleet(t *testing.T) {
 	if !strings.Contains(events, "this node shares its plan with a fleet through etcd") {
 		t.Errorf("the refusal of reshard 8 does not say why:\n%s", events)
 	}
+	// Issue 22 item 10: both refusals name the command that changes the
+	// plan (restarting with a new --total alone ended in plan mismatch).
+	if n := strings.Count(events, "shardfs fleet plan --etcd URL --bot NAME --total N"); n < 2 {
+		t.Errorf("the refusals name shardfs fleet plan %d times; want both:\n%s", n, events)
+	}
 	if strings.Contains(events, "event=reshard-start") {
 		t.Errorf("a move started in a fleet:\n%s", events)
 	}

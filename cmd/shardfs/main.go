@@ -71,7 +71,9 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
                  [--sessions DIR [--resume-window D]] [--metrics-listen HOST:PORT] [--debug]
                  [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]
-                  [--etcd-ca F --etcd-cert F --etcd-key F] [--fluxer-identify-budget N]]
+                  [--etcd-ca F --etcd-cert F --etcd-key F] [--etcd-insecure]
+                  [--etcd-user NAME [--etcd-password-file F]] [--fluxer-identify-budget N]]
+                 (the etcd password from --etcd-password-file or SHARDFS_ETCD_PASSWORD)
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
   shardfs supervise (serve's flags, but for --shards and the etcd ones)
@@ -84,6 +86,11 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,
                  the kernel and its NIC modules; the TLS listener's files in
                  tls.cpio.gz, the token and etcd's TLS files in secrets.cpio.gz)
+  shardfs fleet  plan --etcd URL,... --bot NAME [--total N [--flavor discord|fluxer]]
+                 [--etcd-ca F --etcd-cert F --etcd-key F] [--etcd-insecure]
+                 [--etcd-user NAME [--etcd-password-file F]]
+                 (prints the bot's plan in etcd; with --total writes a new one,
+                 refused while any node of the bot runs)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
   shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
   shardfs ls     [--addr ADDR] [--cert F --key F --ca F] [PATH]
@@ -117,6 +124,9 @@ var commands = map[string]subcommand{
 	},
 	"mount": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return runMount(ctx, args, stdout, stderr)
+	},
+	"fleet": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runFleet(ctx, args, stdout, stderr)
 	},
 	"certs": func(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return runCerts(args, stdout, stderr)
