@@ -80,3 +80,18 @@ func TestMemberValue(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPlaceJoin16384 is a node joining a lone node that holds all of
+// a 16,384-shard plan: the reconcile that computes the hand-over.
+func BenchmarkPlaceJoin16384(b *testing.B) {
+	held := make([]string, 16384)
+	for id := range held {
+		held[id] = "n1"
+	}
+	members := []Candidate{{Node: "n1"}, {Node: "n2"}}
+	for b.Loop() {
+		if n := loads(Place(members, 16384, held))["n2"]; n != 8192 {
+			b.Fatalf("n2 placed %d; want 8192", n)
+		}
+	}
+}

@@ -227,6 +227,44 @@ func rebalance(ms []Candidate, owner, load []int, fresh []bool, mayOwn func(i, i
 		if target < 0 {
 			continue
 		}
+		if via[target].from == y {
+			// A direct hand-over moves a batch at once, as many as takes y
+			// down to, or target up to, an even share (at least one, at
+			// most half the difference): one shard per call would cost a
+			// search per shard when a node joins a fleet of thousands.
+			lo, hi := evenShare(load)
+			k := max(1, min(load[y]-hi, lo-load[target]))
+			k = min(k, (load[y]-load[target])/2)
+			var give []int
+			for id, o := range owner {
+				if o == y && mayOwn(target, id) {
+					give = append(give, id)
+				}
+			}
+			slices.SortFunc(give, func(a, b int) int {
+				if fresh[a] != fresh[b] {
+					if fresh[a] {
+						return -1
+					}
+					return 1
+				}
+				wa, wb := weight(ms[target].Node, a), weight(ms[target].Node, b)
+				switch {
+				case wa > wb:
+					return -1
+				case wa < wb:
+					return 1
+				}
+				return a - b
+			})
+			for _, id := range give[:min(k, len(give))] {
+				owner[id] = target
+				fresh[id] = false
+				load[y]--
+				load[target]++
+			}
+			return true
+		}
 		for z := target; z != y; z = via[z].from {
 			id := via[z].shard
 			owner[id] = z
@@ -237,6 +275,15 @@ func rebalance(ms []Candidate, owner, load []int, fresh []bool, mayOwn func(i, i
 		return true
 	}
 	return false
+}
+
+// evenShare is ⌊N/M⌋ and ⌈N/M⌉ of the shards placed over the members.
+func evenShare(load []int) (lo, hi int) {
+	n := 0
+	for _, l := range load {
+		n += l
+	}
+	return n / len(load), (n + len(load) - 1) / len(load)
 }
 
 // weight is FNV-1a 64 of node+"/"+shard, finished with the murmur3 fmix64
