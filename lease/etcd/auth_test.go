@@ -21,7 +21,7 @@ import (
 func TestOwnershipWithPrefixRole(t *testing.T) {
 	srv := etcdtest.Start(t)
 	admin := srv.Client()
-	ctx := etcdtest.Ctx(t, 30*time.Second)
+	ctx := etcdtest.Ctx(t, 2*time.Minute)
 	if _, err := admin.Put(ctx, "/shardfs/other/plan", `{"flavor":"discord","total":1}`); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,9 @@ func TestOwnershipWithPrefixRole(t *testing.T) {
 			t.Fatalf("auth setup step %d: %v", i, err)
 		}
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second,
+	// The dial authenticates, and etcd checks the password with bcrypt:
+	// seconds under the race detector on a loaded machine.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: time.Minute,
 		Username: "shardfs-b", Password: "nodepw", Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
