@@ -105,8 +105,8 @@ func (c *etcdConn) config(cfg *node.Etcd) error {
 			if !ok {
 				return fmt.Errorf("--etcd-user %s: no password: give --etcd-password-file FILE or set %s", *c.user, etcdPasswordEnv)
 			}
-			// Child processes (supervise's) need not see it.
-			os.Unsetenv(etcdPasswordEnv)
+			// Not unset: serve re-executes itself to drop SHARDFS_TOKEN
+			// after this, and the new image reads it again.
 			cfg.Password = pw
 		}
 		if cfg.Password == "" {
