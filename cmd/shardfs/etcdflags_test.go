@@ -151,6 +151,11 @@ func TestEtcdUser(t *testing.T) {
 	if err != nil || cfg.Password != "from-env" {
 		t.Fatalf("%s: password set %v, %v", etcdPasswordEnv, cfg != nil && cfg.Password == "from-env", err)
 	}
+	// It stays set: serve re-executes itself (dropping SHARDFS_TOKEN)
+	// after reading its flags, and the new image reads it again.
+	if got := os.Getenv(etcdPasswordEnv); got != "from-env" {
+		t.Errorf("%s = %q after config; want it kept for serve's re-exec", etcdPasswordEnv, got)
+	}
 	os.Unsetenv(etcdPasswordEnv)
 	for _, tc := range []struct {
 		args []string
