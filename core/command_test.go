@@ -233,7 +233,7 @@ func TestRejectedCommandClipped(t *testing.T) {
 	}
 	rest := logged[i:]
 	rest = rest[:strings.IndexByte(rest, '\n')]
-	if want := `event=rejected cmd=? len=` + strconv.Itoa(len(line)) + ` err="unknown command"`; rest != want {
+	if want := `event=rejected cmd=? len=` + strconv.Itoa(len(line)) + ` err="unknown command; usage: reset | stop | start | identify | retry | lease DURATION | lease off"`; rest != want {
 		t.Errorf("rejected line %.300q; want %q", rest, want)
 	}
 	if err := e.node.Send(1, []byte(`{"op":8,"d":"`+strings.Repeat("x", 5000)+`"}`)); !errors.Is(err, core.ErrTooLarge) {

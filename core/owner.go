@@ -3,6 +3,8 @@ package core
 import (
 	"log/slog"
 	"time"
+
+	"github.com/shardfs/shardfs/clock"
 )
 
 // Ownership across nodes (lease/etcd) reaches the core as lease grants
@@ -100,6 +102,11 @@ func (n *Scheduler) Handover(id int) (saved bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	// The fence the current connection writes under: handover drops the
+	// shard's reference, and a handover that waits too long cuts it.
+	s.mu.Lock()
+	fence := s.fence
+	s.mu.Unlock()
 	if n.sessions == nil {
 		s.handover()
 	} else {
@@ -113,7 +120,7 @@ func (n *Scheduler) Handover(id int) (saved bool, err error) {
 	s.mu.Lock()
 	old := s.closed
 	s.mu.Unlock()
-	s.awaitEnded(old)
+	s.awaitEnded(old, fence)
 	return saved, nil
 }
 
@@ -127,9 +134,11 @@ const HandoverWait = 5 * time.Second
 // a heartbeat or close frame that was on its way when the connection was
 // closed must not reach the gateway after the new owner has started
 // (seen in the failover soak under load: a heartbeat read 1 s after the
-// release). A connection that is not an Ender, or one that takes longer
-// than HandoverWait, is waited for no longer; the second case is logged.
-func (s *shard) awaitEnded(c Conn) {
+// release). A connection that is not an Ender is not waited for. One that
+// takes longer than HandoverWait (a close can take 12 s) is fenced now,
+// so it writes nothing more, and its socket closed (Aborter), then said:
+// the key must not go to another node while it could still write.
+func (s *shard) awaitEnded(c Conn, fence *Fence) {
 	e, ok := c.(Ender)
 	if !ok {
 		return
@@ -140,8 +149,14 @@ func (s *shard) awaitEnded(c Conn) {
 	select {
 	case <-e.Ended():
 	case <-late:
+		if fence != nil {
+			fence.set(clock.Mono(s.node.clock), s.node.clock.Now())
+		}
+		if a, ok := c.(Aborter); ok {
+			a.Abort()
+		}
 		s.mu.Lock()
-		s.emit(s.line(s.node.clock.Now(), "handover-slow", slog.LevelWarn).str("reason", "the old connection was still open after "+HandoverWait.String()))
+		s.emit(s.line(s.node.clock.Now(), "handover-slow", slog.LevelWarn).str("reason", "the old connection was still open after "+HandoverWait.String()+"; fenced and its socket closed"))
 		s.unlock()
 	}
 }

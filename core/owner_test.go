@@ -189,7 +189,8 @@ func TestHandover(t *testing.T) {
 // Handover returns only once the old connection can write no more, so that
 // the caller releases the shard's key after its last frame (the failover
 // soak saw a heartbeat reach the gateway a second after the release); a
-// connection that does not end is waited for HandoverWait, and said.
+// connection that does not end is waited for HandoverWait, then fenced,
+// aborted and said.
 func TestHandoverWaitsForTheOldConnection(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -241,6 +242,16 @@ func TestHandoverWaitsForTheOldConnection(t *testing.T) {
 			slow := strings.Contains(e.events(2), "event=handover-slow")
 			if slow == ends {
 				t.Fatalf("handover-slow line %v; want %v:\n%s", slow, !ends, e.events(2))
+			}
+			// Issue 22 item 7: a connection that outlasts the wait is
+			// fenced now and its socket closed before Handover returns
+			// (and the caller releases the key); it kept its fence, and
+			// its socket, before.
+			if fenced := !c.Attempt.Fence.Allows(clock.Mono(e.clk)); fenced != !ends {
+				t.Fatalf("old connection fenced %v after Handover; want %v", fenced, !ends)
+			}
+			if c.Aborted() == ends {
+				t.Fatalf("old connection aborted %v; want %v", c.Aborted(), !ends)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/shardfs/shardfs/internal/refusal"
@@ -16,12 +17,13 @@ import (
 const maxRejectedLine = 256
 
 // rejectReason is the text of a refusal's reason without the writer's
-// words: a CommandError's reason names them only through its Word, which
-// the line leaves out; any other error has its quoted parts elided.
+// words: a CommandError's reason and usage name them only through its
+// Word, which the line leaves out; any other error has its quoted parts
+// elided. A 9P2000.L client gets an errno alone, and finds the usage here.
 func rejectReason(err error) string {
 	var ce *CommandError
 	if errors.As(err, &ce) {
-		return ce.Reason
+		return ce.Reason + "; usage: " + strings.ReplaceAll(strings.TrimSuffix(ce.Usage, "\n"), "\n", " | ")
 	}
 	return refusal.Elide(err.Error())
 }

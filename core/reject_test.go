@@ -117,7 +117,7 @@ func TestRejectionsBounded(t *testing.T) {
 	if err := e.node.ExecShard(0, "frobnicate"); !errors.Is(err, core.ErrUsage) {
 		t.Fatalf("frobnicate = %v; want ErrUsage", err)
 	}
-	if after := rejectedLines(e.events(0)); len(after) != before+1 || !strings.HasSuffix(after[len(after)-1], ` event=rejected cmd=? len=10 err="unknown command"`) {
+	if after := rejectedLines(e.events(0)); len(after) != before+1 || !strings.Contains(after[len(after)-1], ` event=rejected cmd=? len=10 err="unknown command; usage: `) {
 		t.Errorf("a refusal after the window is not logged: %q", after[len(after)-1])
 	}
 }

@@ -39,6 +39,14 @@ type Ender interface {
 	Ended() <-chan struct{}
 }
 
+// Aborter is a Conn that can close its socket at once, skipping the close
+// handshake. Handover calls it when the old connection has not ended
+// within HandoverWait, after fencing it, so that the shard's key is
+// released only once that connection can write no more.
+type Aborter interface {
+	Abort()
+}
+
 // Attempt says how a connection should start.
 type Attempt struct {
 	Shard, Total int

@@ -278,6 +278,30 @@ func (c *conn) Ended() <-chan struct{} { return c.ended }
 
 func (c *conn) markEnded() { c.endedOnce.Do(func() { close(c.ended) }) }
 
+// Abort implements core.Aborter: the socket closes now, without the close
+// handshake (Handover calls it, after fencing the connection, when the
+// handshake outlasted core.HandoverWait). The reader then fails and
+// finishes, which closes Ended.
+func (c *conn) Abort() {
+	c.mu.Lock()
+	cancel, raw, ws := c.cancel, c.raw, c.ws
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if raw != nil {
+		_ = raw.Close()
+	}
+	if ws != nil {
+		_ = ws.NetConn().Close()
+		if c.idle != nil {
+			// A parked connection has no reader to see the close: the
+			// idler starts one, whose read fails and finishes it.
+			c.t.idler.wake(c)
+		}
+	}
+}
+
 // Close implements core.Conn: it records the code and wakes the reader,
 // which sends the close frame and waits for the gateway's answer. It never
 // blocks and never calls the Link.

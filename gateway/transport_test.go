@@ -561,3 +561,29 @@ func TestHandoverAfterTheLastFrame(t *testing.T) {
 		t.Fatal("the gateway never read shard 0's close frame")
 	}
 }
+
+// Abort (core.Aborter, issue 22 item 7) closes a live connection's socket
+// at once: Ended closes without the close handshake.
+func TestAbortClosesTheSocket(t *testing.T) {
+	e := newEnv(t, envConfig{})
+	e.start()
+	e.synced(0)
+	var c *conn
+	e.tr.mu.Lock()
+	for x := range e.tr.conns {
+		if x.a.Shard == 0 {
+			c = x
+		}
+	}
+	e.tr.mu.Unlock()
+	if c == nil {
+		t.Fatal("no connection of shard 0")
+	}
+	var a core.Aborter = c
+	a.Abort()
+	select {
+	case <-c.Ended():
+	case <-time.After(time.Minute): // a bound on a hang only
+		t.Fatal("Ended never closed after Abort")
+	}
+}

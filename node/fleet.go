@@ -56,6 +56,9 @@ type Etcd struct {
 	// TLS, when set, is the client's TLS configuration (--etcd-ca,
 	// --etcd-cert, --etcd-key).
 	TLS *tls.Config
+	// Username and Password authenticate to etcd (--etcd-user, and
+	// --etcd-password-file or SHARDFS_ETCD_PASSWORD); empty: no auth.
+	Username, Password string
 	// Client, when set, is used instead of dialling Endpoints (tests); the
 	// node does not close it.
 	Client *clientv3.Client
@@ -127,6 +130,7 @@ func newFleet(cfg Config, log *slog.Logger, clk clock.Clock) (*Fleet, error) {
 		}
 		c, err := clientv3.New(clientv3.Config{
 			Endpoints: e.Endpoints, TLS: e.TLS, DialTimeout: 5 * time.Second,
+			Username: e.Username, Password: e.Password,
 			Logger: zap.NewNop(),
 		})
 		if err != nil {

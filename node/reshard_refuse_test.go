@@ -18,6 +18,7 @@ import (
 	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
@@ -171,10 +172,13 @@ func TestReshardRefusals(t *testing.T) {
 				if n := sim.Inject(1, gatewaysim.Fault{Kind: gatewaysim.FaultClose, Code: 4011, Reason: "Sharding required."}); n != 1 {
 					t.Fatalf("Inject(1, 4011) reached %d connections; want 1", n)
 				}
-			} else if handled, err := s.move.Command(tc.command); tc.atWrite == nil && (!handled || err != nil) {
-				t.Fatalf("Command(%q) = %v, %v; want handled, nil (the checks run in the background)", tc.command, handled, err)
-			} else if tc.atWrite != nil && (!handled || !errors.Is(err, tc.atWrite) || !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), tc.want)) {
-				t.Fatalf("Command(%q) = %v, %v; want handled, a refusal (%v) saying %q", tc.command, handled, err, tc.atWrite, tc.want)
+			} else if tc.atWrite == nil {
+				if handled, err := s.move.Command(tc.command); !handled || err != nil {
+					t.Fatalf("Command(%q) = %v, %v; want handled, nil (the checks run in the background)", tc.command, handled, err)
+				}
+			} else if err := s.Server.Root.Lookup("ctl").(*fsrv.Ctl).Handle(tc.command); !errors.Is(err, tc.atWrite) || !errors.Is(err, reshard.ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+				// Through the tree's /ctl, which logs the refusal.
+				t.Fatalf("%q on /ctl = %v; want a refusal (%v) saying %q", tc.command, err, tc.atWrite, tc.want)
 			}
 			if tc.atWrite != nil {
 				waitEvent(t, s, "event=rejected", 30*time.Second)
@@ -251,6 +255,11 @@ func TestReshardRefusedInAFleet(t *testing.T) {
 	events := string(readLog(a.events))
 	if !strings.Contains(events, "this node shares its plan with a fleet through etcd") {
 		t.Errorf("the refusal of reshard 8 does not say why:\n%s", events)
+	}
+	// Issue 22 item 10: both refusals name the command that changes the
+	// plan (restarting with a new --total alone ended in plan mismatch).
+	if n := strings.Count(events, "shardfs fleet plan --etcd URL --bot NAME --total N"); n < 2 {
+		t.Errorf("the refusals name shardfs fleet plan %d times; want both:\n%s", n, events)
 	}
 	if strings.Contains(events, "event=reshard-start") {
 		t.Errorf("a move started in a fleet:\n%s", events)

@@ -256,7 +256,7 @@ func (m *Mover) checkLocked(cur PlanRun, want int) error {
 	case m.refusal != "":
 		return &refused{core.ErrUsage, fmt.Errorf("%w: %s", ErrRefused, m.refusal)}
 	case m.cfg.Fleet:
-		return &refused{core.ErrUsage, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet is not built yet (doc/reshard.md says what it needs): stop the fleet and start it with the new --total", ErrRefused)}
+		return &refused{core.ErrUsage, fmt.Errorf("%w: this node shares its plan with a fleet through etcd, and a move of a fleet is not built yet (doc/reshard.md says what it needs): stop every node, run shardfs fleet plan --etcd URL --bot NAME --total N (doc/fleet.md), then start them with --total N", ErrRefused)}
 	case len(plan.Local) != plan.Total:
 		return &refused{core.ErrUsage, fmt.Errorf("%w: this node runs %d of the plan's %d shards; only a node that runs its whole plan moves", ErrRefused, len(plan.Local), plan.Total)}
 	}
@@ -569,7 +569,7 @@ func (m *Mover) refusal4011(p PlanRun) string {
 	case m.cfg.Auto:
 		return "" // the move's own checks refuse a fleet or part of a plan
 	case m.cfg.Fleet:
-		return outgrew + "a fleet does not move to a new plan yet (doc/reshard.md says what it needs): stop the fleet and start it with the new --total"
+		return outgrew + "a fleet does not move to a new plan yet (doc/reshard.md says what it needs): stop every node, run shardfs fleet plan --etcd URL --bot NAME --total N (doc/fleet.md), then start them with --total N"
 	case len(plan.Local) != plan.Total:
 		return outgrew + "this node runs part of it (--shards, or a block of supervise), which does not move by itself: start the nodes again with the new --total"
 	}

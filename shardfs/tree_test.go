@@ -239,7 +239,7 @@ func TestCtl(t *testing.T) {
 	if err := writeL(t, root, "0/ctl", "frobnicate\n"); !errors.Is(err, linux.EINVAL) {
 		t.Fatalf("echo frobnicate > 0/ctl = %v; want EINVAL", err)
 	}
-	if ev := readL(t, root, "0/events"); !strings.Contains(ev, `event=rejected cmd=? len=10 err="unknown command"`) {
+	if ev := readL(t, root, "0/events"); !strings.Contains(ev, `event=rejected cmd=? len=10 err="unknown command; usage: `) {
 		t.Fatalf("0/events lacks the rejection:\n%s", ev)
 	}
 	if err := writeL(t, root, "ctl", "stop 1 2\nstart 1\nbogus\nstop 3\n"); !errors.Is(err, linux.EINVAL) {

@@ -99,3 +99,77 @@ func TestEtcdFlagsConfig(t *testing.T) {
 		t.Fatalf("no --node: %+v, %v; want node %q, no TLS", cfg, err, host)
 	}
 }
+
+// Issue 21 item 5: plain http:// to etcd on another host is refused unless
+// --etcd-insecure (it was accepted silently); loopback, unix sockets,
+// https and a schemeless endpoint under TLS pass.
+func TestEtcdPlainBeyondLoopbackRefused(t *testing.T) {
+	pki := testPKI(t)
+	ca := filepath.Join(pki, "ca.crt")
+	for _, tc := range []struct {
+		args []string
+		ok   bool
+	}{
+		{[]string{"--etcd", "http://10.0.0.5:2379"}, false},
+		{[]string{"--etcd", "10.0.0.5:2379"}, false},
+		{[]string{"--etcd", "http://etcd.example:2379"}, false},
+		{[]string{"--etcd", "http://127.0.0.1:2379,http://10.0.0.5:2379"}, false},
+		{[]string{"--etcd", "http://10.0.0.5:2379", "--etcd-ca", ca}, false}, // http:// is plain whatever the TLS flags
+		{[]string{"--etcd", "http://10.0.0.5:2379", "--etcd-insecure"}, true},
+		{[]string{"--etcd", "http://127.0.0.1:2379"}, true},
+		{[]string{"--etcd", "http://[::1]:2379"}, true},
+		{[]string{"--etcd", "localhost:2379"}, true},
+		{[]string{"--etcd", "unix:///run/etcd.sock"}, true},
+		{[]string{"--etcd", "https://10.0.0.5:2379"}, true},
+		{[]string{"--etcd", "10.0.0.5:2379", "--etcd-ca", ca}, true},
+	} {
+		cfg, err := parseEtcd(t, append(tc.args, "--bot", "b", "--node", "n")...).config(false)
+		if tc.ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "--etcd-insecure")) {
+			t.Errorf("%v: config = %+v, %v; want ok %v (a refusal naming --etcd-insecure)", tc.args, cfg, err, tc.ok)
+		}
+	}
+	if _, err := parseEtcd(t, "--etcd-insecure").config(false); err == nil || !strings.Contains(err.Error(), "--etcd-insecure needs --etcd") {
+		t.Errorf("--etcd-insecure alone = %v; want it to need --etcd", err)
+	}
+}
+
+// --etcd-user takes its password from --etcd-password-file (trailing
+// newline dropped) or SHARDFS_ETCD_PASSWORD, never from the command line;
+// without either it is refused.
+func TestEtcdUser(t *testing.T) {
+	base := []string{"--etcd", "127.0.0.1:2379", "--bot", "b", "--node", "n"}
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseEtcd(t, append(slices.Clone(base), "--etcd-user", "shardfs-b", "--etcd-password-file", pw)...).config(false)
+	if err != nil || cfg.Username != "shardfs-b" || cfg.Password != "s3cret" {
+		t.Fatalf("--etcd-password-file: user %q, password set %v, %v", cfg.Username, cfg.Password == "s3cret", err)
+	}
+	t.Setenv(etcdPasswordEnv, "from-env")
+	cfg, err = parseEtcd(t, append(slices.Clone(base), "--etcd-user", "shardfs-b")...).config(false)
+	if err != nil || cfg.Password != "from-env" {
+		t.Fatalf("%s: password set %v, %v", etcdPasswordEnv, cfg != nil && cfg.Password == "from-env", err)
+	}
+	// It stays set: serve re-executes itself (dropping SHARDFS_TOKEN)
+	// after reading its flags, and the new image reads it again.
+	if got := os.Getenv(etcdPasswordEnv); got != "from-env" {
+		t.Errorf("%s = %q after config; want it kept for serve's re-exec", etcdPasswordEnv, got)
+	}
+	os.Unsetenv(etcdPasswordEnv)
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--etcd-user", "u"}, "no password"},
+		{[]string{"--etcd-password-file", pw}, "--etcd-password-file needs --etcd-user"},
+		{[]string{"--etcd-user", "u", "--etcd-password-file", pw + ".gone"}, "--etcd-password-file: open"},
+	} {
+		if _, err := parseEtcd(t, append(slices.Clone(base), tc.args...)...).config(false); err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%v: %v; want an error containing %q", tc.args, err, tc.says)
+		}
+	}
+	if _, err := parseEtcd(t, "--etcd-user", "u").config(false); err == nil || !strings.Contains(err.Error(), "--etcd-user needs --etcd") {
+		t.Errorf("--etcd-user alone = %v; want it to need --etcd", err)
+	}
+}

@@ -72,7 +72,9 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--sessions DIR [--resume-window D]] [--metrics-listen HOST:PORT] [--debug]
                  [--relay ADDR]... [--relay-resume-window 60s] [--relay-cache KIND,...|none]
                  [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]
-                  [--etcd-ca F --etcd-cert F --etcd-key F] [--fluxer-identify-budget N]]
+                  [--etcd-ca F --etcd-cert F --etcd-key F] [--etcd-insecure]
+                  [--etcd-user NAME [--etcd-password-file F]] [--fluxer-identify-budget N]]
+                 (the etcd password from --etcd-password-file or SHARDFS_ETCD_PASSWORD)
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)
   shardfs supervise (serve's flags, but for --shards and the etcd ones)
@@ -89,6 +91,11 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--max-pending N] [--listen ADDR]...
                  (the enrollment server: nodes wait in /enroll/pending until
                  echo approve FINGERPRINT > /enroll/ctl, or show a one-time code)
+  shardfs fleet  plan --etcd URL,... --bot NAME [--total N [--flavor discord|fluxer]]
+                 [--etcd-ca F --etcd-cert F --etcd-key F] [--etcd-insecure]
+                 [--etcd-user NAME [--etcd-password-file F]]
+                 (prints the bot's plan in etcd; with --total writes a new one,
+                 refused while any node of the bot runs)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
   shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
   shardfs ls     [--addr ADDR] [--cert F --key F --ca F] [PATH]
@@ -122,6 +129,9 @@ var commands = map[string]subcommand{
 	},
 	"mount": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return runMount(ctx, args, stdout, stderr)
+	},
+	"fleet": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runFleet(ctx, args, stdout, stderr)
 	},
 	"certs": func(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return runCerts(args, stdout, stderr)

@@ -61,9 +61,36 @@ type enderConn struct{ *Conn }
 
 func (c enderConn) Ended() <-chan struct{} { return c.ended }
 
+// Abort implements core.Aborter: it records the call and ends the
+// connection, as closing a socket does.
+func (c enderConn) Abort() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.aborted = true
+	c.endLocked()
+}
+
+// Aborted reports whether the core aborted the connection (Transport.Enders).
+func (c *Conn) Aborted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.aborted
+}
+
 // End closes the Ended channel of a connection made with Transport.Enders:
 // the connection writes no more.
-func (c *Conn) End() { close(c.ended) }
+func (c *Conn) End() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.endLocked()
+}
+
+func (c *Conn) endLocked() {
+	if !c.over {
+		c.over = true
+		close(c.ended)
+	}
+}
 
 // Conns returns every connection made so far, oldest first.
 func (t *Transport) Conns() []*Conn {
@@ -88,6 +115,8 @@ type Conn struct {
 
 	mu         sync.Mutex
 	closeCodes []int
+	aborted    bool
+	over       bool // ended closed
 	sent       [][]byte
 	identifies int
 }

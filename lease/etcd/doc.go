@@ -1,11 +1,13 @@
 // Package etcd shares one bot's shards among several nodes through etcd:
 // one lease per node with a self-fencing deadline, shard keys created if
-// absent and guarded by their generation, rendezvous placement over the
-// live members, and the pacing of planned moves (DESIGN 7.3).
+// absent and guarded by their generation, a balanced placement over the
+// live members' candidates, and the pacing of planned moves (DESIGN 7.3).
 //
 // Keys live under /shardfs/<bot>/: plan (JSON {"flavor","total"}, written
 // by the first node, compared by every other), members/<node> and
-// shards/<id> (value: the node name), both attached to the node's lease.
+// shards/<id> (value: the node name; a member key of a node that may own
+// only some shards is JSON {"node","shards":"0-3,7"}), both attached to
+// the node's lease.
 // Bot and node names are single key segments (no '/', no spaces), so one
 // bot's keys never reach into another's.
 //
@@ -51,7 +53,8 @@
 // then have new generations), watches members/ and shards/, and on every
 // change (queued events coalesce into one read of both folders, and a
 // resync every TTL/2 covers a watch that fell behind) compares the
-// rendezvous placement over the live members with the shard keys. It
+// placement (Place, over the live members' candidates and the keys held)
+// with the shard keys. It
 // acquires its free shards (32 transactions in flight) and grants each to
 // the core (Shards.SetLease) with the membership's Deadline and the key's
 // generation, recording the generation first so the snapshot's guarded

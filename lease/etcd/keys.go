@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/shardfs/shardfs/core"
 )
 
 // Errors, wrapped with the details.
@@ -112,4 +115,76 @@ func parseShard(s string, total int) (int, bool) {
 	}
 	id, _ := strconv.Atoi(s)
 	return id, id < total
+}
+
+// memberValue is the value of members/<node>: the node's name and, when it
+// may own only some shards (--shards), those as ranges ("0-3,7"), so that
+// every node places the shards over every node's candidates.
+type memberValue struct {
+	Node   string `json:"node"`
+	Shards string `json:"shards,omitempty"`
+}
+
+// encodeMember is the value of members/<node>; a node that may own every
+// shard writes its bare name, as before candidates were published.
+func encodeMember(node string, candidates []int) string {
+	if candidates == nil {
+		return node
+	}
+	b, _ := json.Marshal(memberValue{Node: node, Shards: formatRanges(candidates)})
+	return string(b)
+}
+
+// decodeMember reads the value of members/<name>: the bare name (every
+// shard) or the JSON of memberValue naming the same node. A candidate
+// list that does not parse, or names a shard outside the plan, is no
+// member value.
+func decodeMember(name string, v []byte, total int) (Candidate, bool) {
+	if string(v) == name {
+		return Candidate{Node: name}, true
+	}
+	var mv memberValue
+	d := json.NewDecoder(strings.NewReader(string(v)))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&mv); err != nil || d.More() || mv.Node != name {
+		return Candidate{}, false
+	}
+	c := Candidate{Node: name, Shards: []int{}}
+	if mv.Shards == "" {
+		return c, true
+	}
+	ids, err := core.ParseShardList(mv.Shards)
+	if err != nil {
+		return Candidate{}, false
+	}
+	for _, id := range ids {
+		if id < 0 || id >= total {
+			return Candidate{}, false
+		}
+	}
+	c.Shards = ids
+	return c, true
+}
+
+// formatRanges writes ids as ranges, "0-3,7", ascending.
+func formatRanges(ids []int) string {
+	s := slices.Sorted(slices.Values(ids))
+	s = slices.Compact(s)
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		j := i
+		for j+1 < len(s) && s[j+1] == s[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(s[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(s[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
 }

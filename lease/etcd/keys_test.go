@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -50,6 +51,47 @@ func BenchmarkPlacement16384(b *testing.B) {
 	for b.Loop() {
 		if len(Placement("n3", members, 16384)) == 0 {
 			b.Fatal("no shards placed on n3")
+		}
+	}
+}
+
+func TestMemberValue(t *testing.T) {
+	for _, c := range []struct {
+		node  string
+		cands []int
+		value string
+	}{
+		{"a", nil, "a"},
+		{"a", []int{7, 0, 1, 2, 3}, `{"node":"a","shards":"0-3,7"}`},
+		{"a", []int{}, `{"node":"a"}`},
+	} {
+		v := encodeMember(c.node, c.cands)
+		if v != c.value {
+			t.Errorf("encodeMember(%q, %v) = %s; want %s", c.node, c.cands, v, c.value)
+		}
+		got, ok := decodeMember(c.node, []byte(v), 8)
+		if want := slices.Sorted(slices.Values(c.cands)); !ok || got.Node != c.node || !slices.Equal(got.Shards, want) || (c.cands == nil) != (got.Shards == nil) {
+			t.Errorf("decodeMember(%q, %s) = %+v, %v; want shards %v", c.node, v, got, ok, c.cands)
+		}
+	}
+	for _, bad := range []string{"b", `{"node":"b"}`, `{"node":"a","shards":"9"}`, `{"node":"a","shards":"x"}`, `{"node":"a","x":1}`, `{"node":"a"} {}`} {
+		if got, ok := decodeMember("a", []byte(bad), 8); ok {
+			t.Errorf("decodeMember(a, %s) = %+v; want refused", bad, got)
+		}
+	}
+}
+
+// BenchmarkPlaceJoin16384 is a node joining a lone node that holds all of
+// a 16,384-shard plan: the reconcile that computes the hand-over.
+func BenchmarkPlaceJoin16384(b *testing.B) {
+	held := make([]string, 16384)
+	for id := range held {
+		held[id] = "n1"
+	}
+	members := []Candidate{{Node: "n1"}, {Node: "n2"}}
+	for b.Loop() {
+		if n := loads(Place(members, 16384, held))["n2"]; n != 8192 {
+			b.Fatalf("n2 placed %d; want 8192", n)
 		}
 	}
 }

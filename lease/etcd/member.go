@@ -28,6 +28,9 @@ type Config struct {
 	Bot    string
 	Node   string
 	Plan   Plan
+	// Candidates are the shards this node may own, published in its
+	// member key for the others' placement; nil means every shard.
+	Candidates []int
 	// TTL of the node's lease, in whole seconds (rounded up), at least 2 s;
 	// zero means DefaultTTL.
 	TTL    time.Duration
@@ -38,6 +41,10 @@ type Config struct {
 	// unless MayRenew turns true again. The operator's lease composes
 	// through it (DESIGN 7.3): a node renews only while it is valid.
 	MayRenew func() bool
+
+	// versionOf, when set, answers for an endpoint's etcd version
+	// instead of its Status (tests).
+	versionOf func(ctx context.Context, endpoint string) (string, error)
 }
 
 // Member is one node's membership of a bot: one etcd lease, the
@@ -46,15 +53,16 @@ type Config struct {
 // stops its shards, closes it and joins again, and the shards it acquires
 // then get new generations.
 type Member struct {
-	bot, node string
-	plan      Plan
-	prefix    string
-	kv        clientv3.KV
-	lease     clientv3.Lease
-	clock     clock.Clock
-	log       *slog.Logger
-	id        clientv3.LeaseID
-	ttl       time.Duration // as granted
+	bot, node  string
+	plan       Plan
+	candidates []int
+	prefix     string
+	kv         clientv3.KV
+	lease      clientv3.Lease
+	clock      clock.Clock
+	log        *slog.Logger
+	id         clientv3.LeaseID
+	ttl        time.Duration // as granted
 
 	kick       chan struct{} // the renewal timer asks the loop for a renewal
 	stop       chan struct{}
@@ -101,12 +109,25 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("etcd: TTL %v below the minimum of 2s", cfg.TTL)
 	}
 	m := &Member{
-		bot: cfg.Bot, node: cfg.Node, plan: cfg.Plan, prefix: Prefix(cfg.Bot),
+		bot: cfg.Bot, node: cfg.Node, plan: cfg.Plan, candidates: cfg.Candidates, prefix: Prefix(cfg.Bot),
 		kv: cfg.Client, lease: cfg.Client, clock: clock.Or(cfg.Clock), log: cfg.Logger,
 		mayRenew: cfg.MayRenew, renewed: make(chan struct{}, 1),
 	}
 	if m.log == nil {
 		m.log = slog.Default()
+	}
+	status := cfg.versionOf
+	if status == nil {
+		status = func(ctx context.Context, ep string) (string, error) {
+			r, err := cfg.Client.Status(ctx, ep)
+			if err != nil {
+				return "", err
+			}
+			return r.Version, nil
+		}
+	}
+	if err := checkVersion(ctx, status, cfg.Client.Endpoints()); err != nil {
+		return nil, err
 	}
 	if err := m.ensurePlan(ctx); err != nil {
 		return nil, err
@@ -119,7 +140,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	key := m.prefix + "members/" + m.node
 	r, err := m.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, m.node, clientv3.WithLease(g.ID))).
+		Then(clientv3.OpPut(key, encodeMember(m.node, m.candidates), clientv3.WithLease(g.ID))).
 		Else(clientv3.OpGet(key)).Commit()
 	if err == nil && !r.Succeeded {
 		err = fmt.Errorf("%w: %s", ErrMemberExists, describeHolder(r, key))

@@ -58,7 +58,8 @@ const acquireConcurrency = 32
 // again after a lost membership, but only while the operator's lease,
 // MayRenew, is valid: a node whose lease expired stays out, state held,
 // so its shards stay with the others), watches members/ and shards/,
-// computes the node's placement by rendezvous hashing over the live members,
+// computes the node's placement (Place: balanced over the live members'
+// candidates, keeping held keys where they are),
 // acquires its shards by create-if-absent and grants them to the core with
 // the membership's fencing deadline and the key's generation, renews the
 // grants as the membership renews, and hands over, by paced planned moves
@@ -77,6 +78,12 @@ type Ownership struct {
 
 	wg sync.WaitGroup // moves in flight; Add under mu, unless noMoves
 
+	// order serializes, per shard (striped), deciding that a grant is
+	// current and handing it to the core, and every stop: a renewal that
+	// copied the owned set before a stop cannot hand a grant over after
+	// it, so a stop always wins (issue 22 item 4). Taken before mu.
+	order [64]sync.Mutex
+
 	mu       sync.Mutex
 	member   *Member
 	owned    map[int]int64  // shard → generation granted to the core
@@ -85,6 +92,7 @@ type Ownership struct {
 	lastErr  error
 	members  []string
 	holders  []Holder
+	read     bool // members and holders were read from etcd at least once
 	draining bool
 	left     bool
 	noMoves  bool          // Drain waits for wg: no move starts any more
@@ -254,7 +262,7 @@ func (o *Ownership) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, errLeaving):
 			continue
-		case errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrBadPlan), errors.Is(err, ErrBadName):
+		case errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrBadPlan), errors.Is(err, ErrBadName), errors.Is(err, ErrEtcdTooOld):
 			o.setState(StateRefused, err)
 			o.log.Error("etcd: this node cannot join the bot", "err", err)
 			return err
@@ -280,7 +288,7 @@ func (o *Ownership) Run(ctx context.Context) error {
 
 // mayJoin waits while the operator's lease is not valid (MayRenew false):
 // a node whose health script stopped renewing must stay out, not join
-// again, take its rendezvous share back by planned moves and lose it at
+// again, take its share back by planned moves and lose it at
 // the next deadline, every TTL. One line is logged when it starts waiting
 // and one when it may join again. False when ctx ended.
 func (o *Ownership) mayJoin(ctx context.Context) bool {
@@ -318,7 +326,7 @@ func (o *Ownership) join(ctx context.Context) (*Member, error) {
 	jctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	m, err := Join(jctx, Config{
-		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, TTL: o.cfg.TTL,
+		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, Candidates: o.cfg.Candidates, TTL: o.cfg.TTL,
 		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew,
 	})
 	if err != nil {
@@ -429,18 +437,51 @@ func grant(id int, gen int64, m *Member) core.LeaseGrant {
 }
 
 // renewGrants moves every owned shard's deadline to the membership's.
+// Each grant is checked again as it is handed over: the shard may have
+// been stopped since the owned set was copied.
 func (o *Ownership) renewGrants(m *Member) {
 	o.mu.Lock()
-	grants := make([]core.LeaseGrant, 0, len(o.owned))
+	type held struct {
+		id  int
+		gen int64
+	}
+	grants := make([]held, 0, len(o.owned))
 	for id, gen := range o.owned {
 		if !o.busy[id] {
-			grants = append(grants, grant(id, gen, m))
+			grants = append(grants, held{id, gen})
 		}
 	}
 	o.mu.Unlock()
 	for _, g := range grants {
-		o.cfg.Shards.SetLease(g)
+		o.sendGrant(g.id, g.gen, m, true)
 	}
+}
+
+// sendGrant hands the core shard id's grant at gen under m, unless the
+// shard is no longer owned at gen (it was stopped or moved meanwhile) or,
+// for a renewal, a move of it began. The deadline is m's as of now.
+func (o *Ownership) sendGrant(id int, gen int64, m *Member, renewal bool) bool {
+	l := &o.order[id%len(o.order)]
+	l.Lock()
+	defer l.Unlock()
+	o.mu.Lock()
+	cur, ok := o.owned[id]
+	stale := !ok || cur != gen || (renewal && o.busy[id])
+	o.mu.Unlock()
+	if stale {
+		return false
+	}
+	o.cfg.Shards.SetLease(grant(id, gen, m))
+	return true
+}
+
+// sendStop hands the core a stop (or NotOwned) after any grant of the
+// shard already on its way.
+func (o *Ownership) sendStop(g core.LeaseGrant) {
+	l := &o.order[g.Shard%len(o.order)]
+	l.Lock()
+	defer l.Unlock()
+	o.cfg.Shards.SetLease(g)
 }
 
 // endMembership stops every owned shard at once (each was gated by the
@@ -460,7 +501,7 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	o.mu.Unlock()
 	now := o.clock.Now()
 	for id, gen := range owned {
-		o.cfg.Shards.SetLease(core.LeaseGrant{Shard: id, Owner: true, Generation: uint64(gen), Deadline: now})
+		o.sendStop(core.LeaseGrant{Shard: id, Owner: true, Generation: uint64(gen), Deadline: now})
 	}
 	if len(owned) > 0 {
 		o.log.Warn("etcd: membership ended; its shards stopped", "node", o.cfg.Node, "why", why, "shards", len(owned))
@@ -484,13 +525,18 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 		}
 		return
 	}
-	holders := m.holders(members, kvs)
+	holders := m.holders(names(members), kvs)
 	held := make(map[int]Holder, len(holders))
+	heldBy := make([]string, o.cfg.Plan.Total)
 	for _, h := range holders {
 		held[h.Shard] = h
+		if h.Live {
+			heldBy[h.Shard] = h.Node
+		}
 	}
+	place := Place(members, o.cfg.Plan.Total, heldBy)
 	o.mu.Lock()
-	o.members, o.holders = members, holders
+	o.members, o.holders, o.read = names(members), holders, true
 	draining := o.draining
 	// Shards whose key this node no longer holds (deleted by hand, or
 	// etcd expired the lease first): stop them now.
@@ -507,7 +553,7 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	}
 	var acquire, move []int
 	for _, id := range o.candidates {
-		mine := !draining && Owner(id, members) == m.Node()
+		mine := !draining && place[id] == m.Node()
 		_, owned := o.owned[id]
 		switch {
 		case o.busy[id]:
@@ -525,7 +571,7 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	o.mu.Unlock()
 	for _, g := range lost {
 		o.log.Warn("etcd: shard key no longer this node's; stopping the shard", "node", o.cfg.Node, "shard", g.Shard, "generation", g.Generation)
-		o.cfg.Shards.SetLease(g)
+		o.sendStop(g)
 	}
 	o.acquireAll(ctx, m, acquire)
 	for _, id := range move {
@@ -588,7 +634,7 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 			o.mu.Unlock()
 			// The generation is recorded first: the snapshot's mark-used
 			// that SetLease may make is guarded by it.
-			o.cfg.Shards.SetLease(grant(id, gen, m))
+			o.sendGrant(id, gen, m, false)
 			o.mu.Lock()
 			delete(o.busy, id)
 			o.mu.Unlock()
@@ -623,7 +669,7 @@ func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
 	delete(o.owned, id)
 	o.moves++
 	o.mu.Unlock()
-	o.cfg.Shards.SetLease(core.NotOwned(id))
+	o.sendStop(core.NotOwned(id))
 	o.log.Info("etcd: moved shard", "node", o.cfg.Node, "shard", id, "generation", gen, "snapshot_saved", saved, "took", o.clock.Now().Sub(start))
 	o.checkDrained()
 	o.wake()
@@ -770,11 +816,15 @@ func (o *Ownership) LeaseText(now time.Time) []byte {
 
 // MembersText is /members: one line per live member, "node shards", the
 // shards being the shard keys that name it, sorted by node; as of the
-// last read of etcd.
+// last read of etcd. Before the first read it is the one line "unknown":
+// an empty file would say that no node is a member.
 func (o *Ownership) MembersText() []byte {
 	o.mu.Lock()
-	members, holders := o.members, o.holders
+	members, holders, read := o.members, o.holders, o.read
 	o.mu.Unlock()
+	if !read {
+		return []byte("unknown\n")
+	}
 	count := map[string]int{}
 	for _, h := range holders {
 		count[h.Node]++
@@ -788,12 +838,20 @@ func (o *Ownership) MembersText() []byte {
 
 // OwnersText is /owners: one line per shard of the plan, "id node
 // generation", "-" for both when no key holds the shard; as of the last
-// read of etcd.
+// read of etcd. Before the first read both are "unknown": "- -" would say
+// that nobody owns the shard.
 func (o *Ownership) OwnersText() []byte {
 	o.mu.Lock()
-	holders := o.holders
+	holders, read := o.holders, o.read
 	o.mu.Unlock()
 	b := make([]byte, 0, o.cfg.Plan.Total*16)
+	if !read {
+		for id := 0; id < o.cfg.Plan.Total; id++ {
+			b = strconv.AppendInt(b, int64(id), 10)
+			b = append(b, " unknown unknown\n"...)
+		}
+		return b
+	}
 	j := 0
 	for id := 0; id < o.cfg.Plan.Total; id++ {
 		b = strconv.AppendInt(b, int64(id), 10)

@@ -134,7 +134,7 @@ func (m *Member) Owners(ctx context.Context) ([]Holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd: list owners: %w", err)
 	}
-	return m.holders(members, shards), nil
+	return m.holders(names(members), shards), nil
 }
 
 // holders turns the shard keys read with members into Holders.
@@ -170,10 +170,12 @@ func (m *Member) Members(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd: list members: %w", err)
 	}
-	return members, nil
+	return names(members), nil
 }
 
-func (m *Member) read(ctx context.Context) ([]string, []*mvccpb.KeyValue, error) {
+// read returns the live members with their candidates, sorted by name,
+// and the shard keys, read at one revision.
+func (m *Member) read(ctx context.Context) ([]Candidate, []*mvccpb.KeyValue, error) {
 	mp, sp := m.prefix+"members/", m.prefix+"shards/"
 	r, err := m.kv.Txn(ctx).Then(
 		clientv3.OpGet(mp, clientv3.WithPrefix()),
@@ -182,22 +184,35 @@ func (m *Member) read(ctx context.Context) ([]string, []*mvccpb.KeyValue, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	var members []string
+	var members []Candidate
 	for _, kv := range r.Responses[0].GetResponseRange().GetKvs() {
 		name := strings.TrimPrefix(string(kv.Key), mp)
-		switch {
-		case checkName("node", name) != nil:
+		if checkName("node", name) != nil {
 			m.logOnce(kv, "etcd: ignoring a key under members/ that is not a member of this bot")
-		case kv.Lease == 0:
-			m.logOnce(kv, "etcd: ignoring a member key without a lease (it would never expire)")
-		case string(kv.Value) != name:
-			m.logOnce(kv, "etcd: ignoring a member key whose value names another node", "value", clip(kv.Value))
-		default:
-			members = append(members, name)
+			continue
 		}
+		if kv.Lease == 0 {
+			m.logOnce(kv, "etcd: ignoring a member key without a lease (it would never expire)")
+			continue
+		}
+		c, ok := decodeMember(name, kv.Value, m.plan.Total)
+		if !ok {
+			m.logOnce(kv, "etcd: ignoring a member key whose value names another node or bad shards", "value", clip(kv.Value))
+			continue
+		}
+		members = append(members, c)
 	}
-	slices.Sort(members)
+	slices.SortFunc(members, func(a, b Candidate) int { return strings.Compare(a.Node, b.Node) })
 	return members, r.Responses[1].GetResponseRange().GetKvs(), nil
+}
+
+// names returns the nodes of members.
+func names(members []Candidate) []string {
+	out := make([]string, len(members))
+	for i, c := range members {
+		out[i] = c.Node
+	}
+	return out
 }
 
 // logOnce logs a line about a malformed key once per version of it, so a
