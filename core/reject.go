@@ -13,8 +13,9 @@ import (
 // A refusal's events line is at most maxRejectedLine bytes whatever was
 // written: it names the command word (or the op of a send) and the
 // length, never the content (see package refusal), and the reason is
-// clipped to what the line has room for.
-const maxRejectedLine = 256
+// clipped to what the line has room for; the longest reasons (a fleet's
+// refusal of reshard, naming the command to use instead) fit.
+const maxRejectedLine = 512
 
 // rejectReason is the text of a refusal's reason without the writer's
 // words: a CommandError's reason and usage name them only through its

@@ -94,8 +94,8 @@ func TestRejectionsBounded(t *testing.T) {
 		t.Fatal("no refusal logged at all")
 	}
 	for _, l := range lines {
-		if len(l) > 256 || !utf8.ValidString(l) {
-			t.Errorf("refusal line of %d bytes (valid UTF-8 %v); want at most 256: %q", len(l), utf8.ValidString(l), l)
+		if len(l) > 512 || !utf8.ValidString(l) {
+			t.Errorf("refusal line of %d bytes (valid UTF-8 %v); want at most 512: %q", len(l), utf8.ValidString(l), l)
 		}
 	}
 	if strings.Contains(ev, "suppressed=") {
