@@ -100,7 +100,7 @@ func (d dialer) dialFirst(ctx context.Context, addrs []string) (*Client, error) 
 }
 
 func (d dialer) dial(ctx context.Context, addr string) (*Client, error) {
-	conn, err := fsrv.Dial(ctx, addr, d.tls)
+	conn, err := DialConn(ctx, addr, d.tls)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -18,16 +19,69 @@ const DefaultAddr = "tcp!127.0.0.1!5640"
 
 // DefaultSocket is the unix socket a node listens on by default and a
 // client tries first: /run/shardfs.sock for root, else
-// shardfs-UID.sock in $XDG_RUNTIME_DIR or the temporary directory.
+// shardfs-UID.sock in RuntimeDir.
 func DefaultSocket() string {
 	if os.Getuid() == 0 {
 		return "/run/shardfs.sock"
 	}
-	dir := os.Getenv("XDG_RUNTIME_DIR")
-	if dir == "" {
-		dir = os.TempDir()
+	return filepath.Join(RuntimeDir(), fmt.Sprintf("shardfs-%d.sock", os.Getuid()))
+}
+
+// RuntimeDir is the folder of a user's default socket and of the other
+// files only that user may reach (the simulator's token): /run for
+// root, $XDG_RUNTIME_DIR when set (a 0700 folder the login manager
+// makes), else $HOME/.cache/shardfs. Never the temporary folder: anyone
+// may create a name there first, a socket that collects the commands
+// meant for the tree, or a file that denies the name (DESIGN 7.7).
+// EnsureRuntimeDir makes it and checks it.
+func RuntimeDir() string { return runtimeDir(os.Getuid()) }
+
+func runtimeDir(uid int) string {
+	if uid == 0 {
+		return "/run"
 	}
-	return fmt.Sprintf("%s/shardfs-%d.sock", dir, os.Getuid())
+	if dir := os.Getenv("XDG_RUNTIME_DIR"); dir != "" {
+		return dir
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		home = "/nonexistent" // EnsureRuntimeDir then says what to set
+	}
+	return filepath.Join(home, ".cache", "shardfs")
+}
+
+// ErrUnsafeDir is the error of a runtime folder another user owns or
+// may write in.
+var ErrUnsafeDir = errors.New("another user owns the folder or may write in it")
+
+// EnsureRuntimeDir creates RuntimeDir (mode 0700) when it is missing and
+// refuses it when another user owns it or group or others may write in
+// it.
+func EnsureRuntimeDir() error { return ensureDir(RuntimeDir()) }
+
+func ensureDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("fsrv: the runtime folder %s: %w (set XDG_RUNTIME_DIR to a folder of your own, or give --listen unix!PATH)", dir, err)
+	}
+	return CheckPrivateDir(dir)
+}
+
+// CheckPrivateDir refuses a folder that is not this user's alone to
+// write in: owned by another user (root's is accepted, for /run), or
+// writable by group or others.
+func CheckPrivateDir(dir string) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return fmt.Errorf("fsrv: %s: %w", dir, err)
+	}
+	uid := os.Getuid()
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return fmt.Errorf("fsrv: %s: not a folder", dir)
+	}
+	if int(st.Uid) != uid && st.Uid != 0 || st.Mode&0o022 != 0 {
+		return fmt.Errorf("fsrv: %s (owner uid %d, mode %04o): %w; the socket and the files beside it must be this user's (uid %d) alone", dir, st.Uid, st.Mode&0o7777, ErrUnsafeDir, uid)
+	}
+	return nil
 }
 
 // ListenAddr is a listen address taken apart: where to listen, and the
@@ -217,6 +271,11 @@ func isReadOnly(l net.Listener) bool {
 }
 
 func listenUnix(path string) (net.Listener, error) {
+	if filepath.Dir(path) == RuntimeDir() {
+		if err := EnsureRuntimeDir(); err != nil {
+			return nil, err
+		}
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("fsrv: listen %s: %w: not a socket", path, fs.ErrExist)
