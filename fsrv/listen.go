@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -96,10 +97,14 @@ type ListenAddr struct {
 	Insecure bool
 	// TLS (tls!host!port): 9P over TLS 1.3 on TCP; Network is "tcp".
 	TLS bool
+	// MaxConns (",max=N") is the listener's own connection cap (see
+	// Server.Serve); zero means the default.
+	MaxConns int
 }
 
 // ParseListenAddr parses a listen address: a dial string as ParseAddr
-// takes, then options, each after a comma: ",ro" and ",insecure". An
+// takes, then options, each after a comma: ",ro", ",insecure" and
+// ",max=N". An
 // unknown option is an error. The first comma starts the options, so a
 // unix socket path cannot contain one.
 func ParseListenAddr(addr string) (ListenAddr, error) {
@@ -113,7 +118,17 @@ func ParseListenAddr(addr string) (ListenAddr, error) {
 			case "insecure":
 				la.Insecure = true
 			default:
-				return ListenAddr{}, fmt.Errorf("%w: %q: unknown listener option %q (known: ro, insecure)", fs.ErrInvalid, addr, o)
+				name, val, _ := strings.Cut(o, "=")
+				switch name {
+				case "max":
+					n, err := strconv.Atoi(val)
+					if err != nil || n < 1 {
+						return ListenAddr{}, fmt.Errorf("%w: %q: max=%q: want a connection count of 1 or more", fs.ErrInvalid, addr, val)
+					}
+					la.MaxConns = n
+				default:
+					return ListenAddr{}, fmt.Errorf("%w: %q: unknown listener option %q (known: ro, insecure, max=N)", fs.ErrInvalid, addr, o)
+				}
 			}
 		}
 	}
@@ -189,7 +204,7 @@ func Listen(addr string) (net.Listener, error) { return ListenTLS(addr, nil) }
 // addr says ",insecure": 9P has no encryption, and the tree takes
 // commands. A tls!host!port listener serves 9P over TLS with conf (see
 // ServerTLSConfig), on any address; without conf it is ErrNoTLSConfig.
-// With ",ro" the listener is ReadOnly.
+// With ",ro" the listener is ReadOnly; with ",max=N", WithMaxConns.
 func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 	la, err := ParseListenAddr(addr)
 	if err != nil {
@@ -214,6 +229,9 @@ func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 	}
 	if la.TLS {
 		l = TLSListener(l, conf)
+	}
+	if la.MaxConns > 0 {
+		l = WithMaxConns(l, la.MaxConns)
 	}
 	if la.ReadOnly {
 		l = ReadOnly(l)
@@ -266,8 +284,43 @@ func ReadOnly(l net.Listener) net.Listener { return readOnlyListener{l} }
 type readOnlyListener struct{ net.Listener }
 
 func isReadOnly(l net.Listener) bool {
-	_, ok := l.(readOnlyListener)
-	return ok
+	for ; l != nil; l = inner(l) {
+		if _, ok := l.(readOnlyListener); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// WithMaxConns returns a listener whose connections Server.Serve serves
+// at most max at once (ListenTLS's ",max=N"); past it a new connection
+// is told that the server is full. Without it a TCP or TLS listener
+// takes DefaultListenerConns, a unix socket Server.MaxConns.
+func WithMaxConns(l net.Listener, max int) net.Listener { return capListener{l, max} }
+
+type capListener struct {
+	net.Listener
+	max int
+}
+
+func maxConnsOf(l net.Listener) int {
+	for ; l != nil; l = inner(l) {
+		if c, ok := l.(capListener); ok {
+			return c.max
+		}
+	}
+	return 0
+}
+
+// inner is the listener a wrapper of this package wraps, or nil.
+func inner(l net.Listener) net.Listener {
+	switch w := l.(type) {
+	case readOnlyListener:
+		return w.Listener
+	case capListener:
+		return w.Listener
+	}
+	return nil
 }
 
 func listenUnix(path string) (net.Listener, error) {

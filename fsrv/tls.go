@@ -101,11 +101,12 @@ func TLSListener(l net.Listener, conf *tls.Config) net.Listener {
 // IsTLS reports whether l is a TLS listener (ListenTLS's tls!, or
 // TLSListener's), read-only or not.
 func IsTLS(l net.Listener) bool {
-	if ro, ok := l.(readOnlyListener); ok {
-		l = ro.Listener
+	for ; l != nil; l = inner(l) {
+		if _, ok := l.(tlsListener); ok {
+			return true
+		}
 	}
-	_, ok := l.(tlsListener)
-	return ok
+	return false
 }
 
 type tlsListener struct {
@@ -222,6 +223,9 @@ func ExplainTLS(err error, serverName string) error {
 		return fmt.Errorf("the server's certificate (%s) is not valid: %w", certName(c), err)
 	}
 	msg := err.Error()
+	if strings.Contains(msg, "remote error: tls: user canceled") {
+		return fmt.Errorf("%w: the server refused the connection before the TLS handshake; try again later (%v)", ErrServerFull, err)
+	}
 	for _, r := range []struct{ alert, says string }{
 		{"tls: certificate required", "the server requires a client certificate (--cert and --key)"},
 		{"tls: unknown certificate authority", "the server refused our client certificate: it is signed by a CA the server does not trust"},
