@@ -128,6 +128,7 @@ func (s *Server) newListenerBudget(l net.Listener) *listenerBudget {
 func (s *Server) admit(c net.Conn, lb *listenerBudget) (*admission, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.testSeen++
 	a := &admission{l: lb}
 	if !lb.unix {
 		a.ip = hostOf(c.RemoteAddr())

@@ -349,3 +349,60 @@ func TestIdleTimeout(t *testing.T) {
 		t.Errorf("the unix session after 11 idle minutes: %s; want it served", got)
 	}
 }
+
+// BenchmarkHalfOpenTLS measures what one stalled TLS handshake costs the
+// server: 2,000 connections from one address send a ClientHello and
+// stall; "unbudgeted" lifts the handshake budgets (the server before
+// issue 21: every connection got a goroutine and a handshake),
+// "budgeted" has the defaults (then 16 are held, the rest told "full"
+// and closed). Reported per connection of the flood:
+// goroutines and bytes (heap and stacks in use, client side included,
+// which is the same in both).
+func BenchmarkHalfOpenTLS(b *testing.B) {
+	const n = 2000
+	p := newPKI(b)
+	hello := clientHello(b)
+	for _, mode := range []string{"unbudgeted", "budgeted"} {
+		b.Run(mode, func(b *testing.B) {
+			for b.Loop() {
+				fx := newFixture()
+				srv := &Server{Root: fx.root, HandshakeTimeout: 5 * time.Minute}
+				l, err := ListenTLS("tls!127.0.0.1!0", p.serverConf(p.server))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if mode == "unbudgeted" {
+					srv.MaxConns, srv.MaxHandshakes, srv.MaxHandshakesPerAddr = 1<<20, 1<<20, 1<<20
+					l = WithMaxConns(l, 1<<20)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() { done <- srv.Serve(ctx, l) }()
+				runtime.GC()
+				var before runtime.MemStats
+				runtime.ReadMemStats(&before)
+				g0 := runtime.NumGoroutine()
+				stall(b, "127.0.0.2", l.Addr().String(), n, hello)
+				for deadline := time.Now().Add(time.Minute); ; runtime.Gosched() {
+					srv.mu.Lock()
+					seen, telling := srv.testSeen, srv.telling
+					srv.mu.Unlock()
+					if seen == n && telling == 0 {
+						break
+					}
+					if time.Now().After(deadline) {
+						b.Fatalf("the server looked at %d connections of %d", seen, n)
+					}
+				}
+				runtime.GC()
+				var after runtime.MemStats
+				runtime.ReadMemStats(&after)
+				mem := float64(after.HeapInuse+after.StackInuse) - float64(before.HeapInuse+before.StackInuse)
+				b.ReportMetric(mem/n, "B/halfopen")
+				b.ReportMetric(float64(runtime.NumGoroutine()-g0)/n, "goroutines/halfopen")
+				cancel()
+				<-done
+			}
+		})
+	}
+}

@@ -262,6 +262,7 @@ func (s *session) apply(c *Ctl, p []byte) error {
 	defer func() {
 		if applied {
 			c.bump(s.now())
+			s.audit(c, p)
 		}
 	}()
 	for rest := p; len(rest) > 0; {

@@ -100,11 +100,15 @@ type ListenAddr struct {
 	// MaxConns (",max=N") is the listener's own connection cap (see
 	// Server.Serve); zero means the default.
 	MaxConns int
+	// CA (",ca=FILE", tls! only) is the CA the listener's client
+	// certificates must chain to, in place of --tls-client-ca; Clients
+	// (",clients=FILE", tls! only) its rules file (see Rules).
+	CA, Clients string
 }
 
 // ParseListenAddr parses a listen address: a dial string as ParseAddr
-// takes, then options, each after a comma: ",ro", ",insecure" and
-// ",max=N". An
+// takes, then options, each after a comma: ",ro", ",insecure",
+// ",max=N", and for tls! ",ca=FILE" and ",clients=FILE". An
 // unknown option is an error. The first comma starts the options, so a
 // unix socket path cannot contain one.
 func ParseListenAddr(addr string) (ListenAddr, error) {
@@ -126,8 +130,17 @@ func ParseListenAddr(addr string) (ListenAddr, error) {
 						return ListenAddr{}, fmt.Errorf("%w: %q: max=%q: want a connection count of 1 or more", fs.ErrInvalid, addr, val)
 					}
 					la.MaxConns = n
+				case "ca", "clients":
+					if val == "" {
+						return ListenAddr{}, fmt.Errorf("%w: %q: %s= names no file", fs.ErrInvalid, addr, name)
+					}
+					if name == "ca" {
+						la.CA = val
+					} else {
+						la.Clients = val
+					}
 				default:
-					return ListenAddr{}, fmt.Errorf("%w: %q: unknown listener option %q (known: ro, insecure, max=N)", fs.ErrInvalid, addr, o)
+					return ListenAddr{}, fmt.Errorf("%w: %q: unknown listener option %q (known: ro, insecure, max=N, ca=FILE, clients=FILE)", fs.ErrInvalid, addr, o)
 				}
 			}
 		}
@@ -138,6 +151,9 @@ func ParseListenAddr(addr string) (ListenAddr, error) {
 	}
 	if la.Network == "tls" {
 		la.Network, la.TLS = "tcp", true
+	}
+	if !la.TLS && (la.CA != "" || la.Clients != "") {
+		return ListenAddr{}, fmt.Errorf("%w: %q: ca= and clients= are options of a tls! listener", fs.ErrInvalid, addr)
 	}
 	return la, nil
 }
@@ -213,7 +229,17 @@ func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 	if la.TLS && (conf == nil || len(conf.Certificates) == 0 && conf.GetCertificate == nil || conf.ClientCAs == nil) {
 		return nil, fmt.Errorf("fsrv: listen %s: %w", addr, ErrNoTLSConfig)
 	}
+	var auth *tlsAuth
+	if la.TLS {
+		auth = staticAuth(conf)
+	}
+	return openListener(la, auth)
+}
+
+// openListener opens la; a tls! one serves with auth's policy of the moment.
+func openListener(la ListenAddr, auth *tlsAuth) (net.Listener, error) {
 	var l net.Listener
+	var err error
 	if la.Network == "unix" {
 		l, err = listenUnix(la.Address)
 	} else {
@@ -228,7 +254,7 @@ func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 		return nil, err
 	}
 	if la.TLS {
-		l = TLSListener(l, conf)
+		l = tlsListener{l, auth}
 	}
 	if la.MaxConns > 0 {
 		l = WithMaxConns(l, la.MaxConns)

@@ -79,6 +79,12 @@ type Server struct {
 	// night.
 	IdleTimeout time.Duration
 
+	// Audit, when set, is called for every write a Ctl applied (at
+	// least its first line), after the log line that records it (see
+	// AuditRecord). It is called with the Ctl's writes held: it must
+	// not block.
+	Audit func(AuditRecord)
+
 	// testTracker, if set, is given each connection's tracker;
 	// testReleased is called when Serve gives a connection's place back.
 	testTracker  func(*tracker)
@@ -96,6 +102,7 @@ type Server struct {
 	handshaking    int
 	handshakesFrom map[string]int
 	telling        int
+	testSeen       int       // connections admit looked at, for measurements
 	refused        int       // connections refused since the last log line
 	refusedAt      time.Time // when that line was logged
 	// refusals rate-limits the log lines of refused TLS clients and of
@@ -173,6 +180,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 
 	ro := isReadOnly(l)
 	lb := s.newListenerBudget(l)
+	lname := AddrString(l)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -215,12 +223,15 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer s.release(a)
+			connRO := ro
 			if p, ok := c.(*pendingTLS); ok {
-				if c = s.handshake(ctx, p); c == nil {
+				var roCert bool
+				if c, roCert = s.handshake(ctx, p); c == nil {
 					return
 				}
+				connRO = ro || roCert
 			}
-			if err := s.serveConn(ctx, c, ro, a); err != nil {
+			if err := s.serveConnFrom(ctx, c, connRO, a, lname); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		})
@@ -279,11 +290,17 @@ func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 // serveConn serves rwc; a is its share of Serve's budgets (nil for
 // ServeConn's).
 func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission) error {
+	return s.serveConnFrom(ctx, rwc, ro, a, "-")
+}
+
+// serveConnFrom is serveConn for a connection of the listener named
+// listener.
+func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission, listener string) error {
 	if s.Root == nil {
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
 	}
-	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc, adm: a}
+	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
 	c.t.now = s.now
 	c.sess.conn = c
 	if s.testTracker != nil {
@@ -321,6 +338,9 @@ type conn struct {
 	rwc  io.ReadWriteCloser
 	adm  *admission // nil: not counted in Serve's budgets
 	idle *idleWatch // nil: not closed for idling
+	// listener and who name the connection's listener and client in
+	// audit lines (see AuditRecord).
+	listener, who string
 
 	closeOnce sync.Once
 }
