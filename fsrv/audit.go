@@ -22,7 +22,8 @@ type AuditRecord struct {
 	// certificate, `uid=N pid=N` for a unix socket's peer (SO_PEERCRED),
 	// "-" otherwise.
 	Who string
-	// File is the Ctl's name; Bytes the size of the write.
+	// File is the Ctl's Path (its Name without one); Bytes the size of
+	// the write.
 	File  string
 	Bytes int
 	// Command is the first word of the write's first line when it is a
@@ -75,7 +76,11 @@ func commandWord(p []byte) string {
 // audit records an accepted write of p to c: a log line, and
 // Server.Audit when set.
 func (s *session) audit(c *Ctl, p []byte) {
-	r := AuditRecord{Listener: "-", Peer: "-", Who: "-", File: FileName(c), Bytes: len(p), Command: commandWord(p)}
+	file := c.Path
+	if file == "" {
+		file = c.Name
+	}
+	r := AuditRecord{Listener: "-", Peer: "-", Who: "-", File: file, Bytes: len(p), Command: commandWord(p)}
 	if s.conn != nil {
 		r.Listener, r.Peer, r.Who = s.conn.listener, s.conn.remote(), s.conn.who
 	}

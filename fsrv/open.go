@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -120,6 +123,43 @@ func (ls *Listeners) Reload() error {
 		ls.Leaf = leaf
 	}
 	return nil
+}
+
+// ReloadOnHangup calls Reload on every SIGHUP until the returned
+// function is called (and the goroutine it started has ended). A reload
+// that fails is logged and changes nothing; accepted connections are
+// never dropped.
+func (ls *Listeners) ReloadOnHangup(log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-hup:
+				if err := ls.Reload(); err != nil {
+					log.Error("SIGHUP: TLS reload refused", "err", err)
+					continue
+				}
+				log.Info("SIGHUP: the TLS listeners' certificate, CAs, rules and deny list read again")
+				LogCert(log, ls.cert, ls.leaf(), time.Now())
+			case <-done:
+				return
+			}
+		}
+	})
+	return func() {
+		signal.Stop(hup)
+		close(done)
+		wg.Wait()
+	}
+}
+
+func (ls *Listeners) leaf() *x509.Certificate {
+	ls.reloadMu.Lock()
+	defer ls.reloadMu.Unlock()
+	return ls.Leaf
 }
 
 // HasTLS reports whether a listener is tls!: only then is there anything

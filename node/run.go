@@ -29,6 +29,9 @@ type RunConfig struct {
 	Listen   []string
 	TLS      fsrv.TLSFiles
 	MaxConns int
+	// IdleTimeout closes a TCP or TLS connection with no request for
+	// that long (0: fsrv's default; negative: never).
+	IdleTimeout time.Duration
 	// SessionsDir, when set, is the folder of session snapshots
 	// (sessions/dir): Run locks it before anything is spent on the
 	// gateway, and closes it after the node saved every shard.
@@ -93,7 +96,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 		ls.Close()
 		return err
 	}
-	n.Server.MaxConns = rc.MaxConns
+	n.Server.MaxConns, n.Server.IdleTimeout = rc.MaxConns, rc.IdleTimeout
 	switch {
 	case rc.Flavor != core.Discord:
 	case limit != nil && n.Fleet != nil && n.Fleet.Identify != nil:
@@ -111,6 +114,10 @@ func Run(ctx context.Context, rc RunConfig) error {
 		cancel()
 	}
 	ls.Log(log)
+	if ls.HasTLS() {
+		stopReload := ls.ReloadOnHangup(log)
+		defer stopReload()
+	}
 	if rc.Parent != nil {
 		rc.Parent.Starting(n)
 	}
@@ -298,3 +305,4 @@ func allSettled(diags []core.Diag) bool {
 	}
 	return true
 }
+
