@@ -305,4 +305,3 @@ func allSettled(diags []core.Diag) bool {
 	}
 	return true
 }
-
