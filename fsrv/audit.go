@@ -83,6 +83,9 @@ func (s *session) audit(c *Ctl, p []byte) {
 	r := AuditRecord{Listener: "-", Peer: "-", Who: "-", File: file, Bytes: len(p), Command: commandWord(p)}
 	if s.conn != nil {
 		r.Listener, r.Peer, r.Who = s.conn.listener, s.conn.remote(), s.conn.who
+		if r.Peer == "" {
+			r.Peer = "-" // a unix socket's client is unnamed
+		}
 	}
 	s.logger().Info("fsrv: write", "listener", r.Listener, "peer", r.Peer, "who", r.Who, "file", r.File, "bytes", r.Bytes, "cmd", r.Command)
 	if s.Audit != nil {

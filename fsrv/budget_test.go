@@ -18,6 +18,8 @@ import (
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
+
+	"github.com/shardfs/shardfs/journal"
 )
 
 // clientHello is a TLS 1.3 ClientHello record as Go's client sends it,
@@ -405,4 +407,51 @@ func BenchmarkHalfOpenTLS(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkAuditedWrite measures the audit of an accepted ctl write:
+// "write" is a whole write of "stop\n" on an open ctl over loopback TCP
+// (the audit included, its log line to a text handler into io.Discard);
+// "audit" is the audit alone (the log line and the Audit callback, here
+// a journal append as a node's /events does).
+func BenchmarkAuditedWrite(b *testing.B) {
+	b.Run("write", func(b *testing.B) {
+		fx := newFixture()
+		srv := &Server{Root: fx.root, Clock: fx.clock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		_, root := dialDotL(b, listen(b, srv))
+		_, f, err := root.Walk([]string{"ctl"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := f.Open(p9.WriteOnly); err != nil {
+			b.Fatal(err)
+		}
+		line := []byte("stop\n")
+		for b.Loop() {
+			if _, err := f.WriteAt(line, 0); err != nil {
+				b.Fatal(err)
+			}
+			fx.takeHandled()
+		}
+	})
+	b.Run("audit", func(b *testing.B) {
+		fx := newFixture()
+		events := journal.New(1 << 20)
+		srv := &Server{Root: fx.root, Clock: fx.clock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Audit: func(r AuditRecord) {
+			events.Append([]byte("ts=2026-12-07T07:00:00.000Z event=write "+r.String()+"\n"), time.Time{})
+		}}
+		s := &session{Server: srv, conn: &conn{listener: "tls!0.0.0.0!5641", who: "cn=alice serial=3A0F", rwc: nopConn{}}}
+		c := &Ctl{Name: "ctl", Path: "3/ctl"}
+		line := []byte("stop\n")
+		for b.Loop() {
+			s.audit(c, line)
+		}
+	})
+}
+
+// nopConn is a connection that names a peer and does nothing.
+type nopConn struct{ net.Conn }
+
+func (nopConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 51234}
 }
