@@ -3,8 +3,11 @@ package client
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/shardfs/shardfs/fsrv"
@@ -44,4 +47,49 @@ func TestPeerUID(t *testing.T) {
 		t.Fatalf("DialConn(a socket of uid %d) = %v", os.Getuid(), err)
 	}
 	c.Close()
+}
+
+// A client refused for a full server says so, over a unix socket (an
+// ENFILE to its Tversion) and over TLS (an alert before the handshake).
+func TestServerFull(t *testing.T) {
+	pki := testPKI(t)
+	root := &fsrv.Dir{Name: "/", List: func() []fsrv.File {
+		return []fsrv.File{&fsrv.Text{Name: "status", Content: func() []byte { return []byte("READY\n") }}}
+	}}
+	srv := &fsrv.Server{Root: root}
+	sock := "unix!" + filepath.Join(t.TempDir(), "s.sock")
+	ul, err := fsrv.Listen(sock + ",max=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := fsrv.ServerTLSConfig(filepath.Join(pki, "server.crt"), filepath.Join(pki, "server.key"), filepath.Join(pki, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := fsrv.ListenTLS("tls!127.0.0.1!0,max=1", conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsAddr := fsrv.AddrString(tl)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, l := range []net.Listener{ul, tl} {
+		wg.Go(func() { srv.Serve(ctx, l) })
+	}
+	defer func() { cancel(); wg.Wait() }()
+	cc, err := fsrv.ClientTLSConfig(filepath.Join(pki, "client.crt"), filepath.Join(pki, "client.key"), filepath.Join(pki, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{sock, tlsAddr} {
+		first, err := Dial(ctx, addr, WithTLS(cc))
+		if err != nil {
+			t.Fatalf("Dial(%s), the first: %v", addr, err)
+		}
+		defer first.Close()
+		_, err = Dial(ctx, addr, WithTLS(cc))
+		if !errors.Is(err, fsrv.ErrServerFull) || !strings.Contains(err.Error(), "server full") {
+			t.Errorf("Dial(%s) past its max=1 = %v; want an error saying server full", addr, err)
+		}
+	}
 }
