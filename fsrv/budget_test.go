@@ -312,7 +312,7 @@ func TestBudgets(t *testing.T) {
 // closed; one that keeps asking is not, nor is a unix socket's.
 func TestIdleTimeout(t *testing.T) {
 	fx := newFixture()
-	srv := &Server{Root: fx.root, Clock: fx.clock, Logger: testLogger(t), IdleTimeout: time.Minute}
+	srv := &Server{Root: fx.root, Clock: fx.clock, Logger: testLogger(t), IdleTimeout: time.Minute, testIdleClock: fx.clock}
 	closed := make(chan struct{}, 10)
 	srv.testReleased = func() { closed <- struct{}{} }
 	addr := listen(t, srv)

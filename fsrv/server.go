@@ -85,6 +85,11 @@ type Server struct {
 	// not block.
 	Audit func(AuditRecord)
 
+	// testIdleClock, if set, times the idle timeout, which otherwise
+	// runs on real time like the other connection timeouts (Clock is
+	// the tree's: tests advance it by hours for their shards).
+	testIdleClock clock.Clock
+
 	// testTracker, if set, is given each connection's tracker;
 	// testReleased is called when Serve gives a connection's place back.
 	testTracker  func(*tracker)
@@ -301,7 +306,7 @@ func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro b
 		return errors.New("fsrv: Server.Root is nil")
 	}
 	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
-	c.t.now = s.now
+	c.t.now = clock.Or(s.testIdleClock).Now
 	c.sess.conn = c
 	if s.testTracker != nil {
 		s.testTracker(c.t)
@@ -403,7 +408,7 @@ func (c *conn) serve() error {
 	}
 
 	if c.adm != nil && !c.adm.l.unix && c.s.idleTimeout() > 0 {
-		c.idle = &idleWatch{clk: clock.Or(c.s.Clock), timeout: c.s.idleTimeout(), t: c.t, close: c.close}
+		c.idle = &idleWatch{clk: clock.Or(c.s.testIdleClock), timeout: c.s.idleTimeout(), t: c.t, close: c.close}
 		c.t.touch()
 		c.idle.start()
 		defer c.idle.stop()

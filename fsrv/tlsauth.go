@@ -42,8 +42,17 @@ func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 func FingerprintOf(c *x509.Certificate) Fingerprint { return sha256.Sum256(c.Raw) }
 
 // Serial is a certificate's serial number as the audit line and the deny
-// list write it: upper-case hexadecimal, as openssl x509 -serial prints it.
-func Serial(c *x509.Certificate) string { return strings.ToUpper(c.SerialNumber.Text(16)) }
+// list write it: upper-case hexadecimal in whole bytes, as openssl x509
+// -serial prints it.
+func Serial(c *x509.Certificate) string { return serialText(c.SerialNumber) }
+
+func serialText(n *big.Int) string {
+	s := strings.ToUpper(n.Text(16))
+	if len(s)%2 == 1 {
+		s = "0" + s
+	}
+	return s
+}
 
 // Rules are a TLS listener's clients file: one line per certificate,
 // `CN|fingerprint ro|rw`; '#' starts a comment. A certificate takes the
@@ -118,11 +127,15 @@ func ParseDenyList(r io.Reader, file string) (*DenyList, error) {
 				s = strings.TrimSpace(s[len(p):])
 			}
 		}
-		b, err := hex.DecodeString(strings.ReplaceAll(s, ":", ""))
+		s = strings.ReplaceAll(s, ":", "")
+		if len(s)%2 == 1 {
+			s = "0" + s
+		}
+		b, err := hex.DecodeString(s)
 		if err != nil || len(b) == 0 || len(b) > 20 {
 			return fmt.Errorf("%q: want a serial in hexadecimal (at most 20 bytes) or a SHA-256 fingerprint", line)
 		}
-		d.serials[strings.ToUpper(new(big.Int).SetBytes(b).Text(16))] = struct{}{}
+		d.serials[serialText(new(big.Int).SetBytes(b))] = struct{}{}
 		return nil
 	})
 	if err != nil {

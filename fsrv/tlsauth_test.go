@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -281,5 +282,23 @@ func TestAuditUnixPeer(t *testing.T) {
 	want := fmt.Sprintf("uid=%d pid=%d", os.Getuid(), os.Getpid())
 	if len(got) != 1 || got[0].Who != want || got[0].Listener != "unix!"+addr || got[0].Command != "lease" {
 		t.Errorf("audited %+v; want one record of %s through unix!%s, cmd lease", got, want, addr)
+	}
+}
+
+// A serial of an odd number of hex digits (a leading zero nibble) is
+// written in whole bytes and parsed back in either form.
+func TestSerialOddDigits(t *testing.T) {
+	n, _ := new(big.Int).SetString("EA1732C0A5B5F0DAA4927DE5C03AAB9", 16)
+	if got := serialText(n); got != "0EA1732C0A5B5F0DAA4927DE5C03AAB9" {
+		t.Errorf("serialText = %q; want whole bytes", got)
+	}
+	for _, line := range []string{"EA1732C0A5B5F0DAA4927DE5C03AAB9", "serial=0EA1732C0A5B5F0DAA4927DE5C03AAB9"} {
+		d, err := ParseDenyList(strings.NewReader(line), "deny")
+		if err != nil {
+			t.Fatalf("ParseDenyList(%q) = %v", line, err)
+		}
+		if _, ok := d.serials["0EA1732C0A5B5F0DAA4927DE5C03AAB9"]; !ok {
+			t.Errorf("ParseDenyList(%q) holds %v", line, d.serials)
+		}
 	}
 }
