@@ -3,11 +3,14 @@ package client
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/shardfs/shardfs/fsrv"
@@ -91,5 +94,70 @@ func TestServerFull(t *testing.T) {
 		if !errors.Is(err, fsrv.ErrServerFull) || !strings.Contains(err.Error(), "server full") {
 			t.Errorf("Dial(%s) past its max=1 = %v; want an error saying server full", addr, err)
 		}
+	}
+}
+
+// servePeer listens on sock and accepts until killed.
+func servePeer(sock string) {
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		os.Exit(2)
+	}
+	os.Stdout.WriteString("listening\n")
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(0)
+		}
+		c.Close()
+	}
+}
+
+// TestPeerOtherUID: a socket served by another user (this test binary,
+// run as nobody) is refused by DialConn, naming the uid.
+func TestPeerOtherUID(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a server as another user")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A folder nobody can reach: the test binary and the socket.
+	dir, err := os.MkdirTemp("", "peer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "client.test")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "s.sock")
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"SHARDFS_TEST_PEER_SERVE=" + sock}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make([]byte, len("listening\n"))
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatalf("the server as uid 65534 did not start: %v", err)
+	}
+	_, err = DialConn(context.Background(), "unix!"+sock, nil)
+	if !errors.Is(err, ErrPeerUID) || !strings.Contains(err.Error(), "uid 65534") {
+		t.Errorf("DialConn(a socket of uid 65534) = %v; want ErrPeerUID naming uid 65534", err)
 	}
 }
