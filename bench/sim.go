@@ -25,6 +25,7 @@ func runSim(args []string) error {
 	mc := fs.Int("max-concurrency", 0, "max_concurrency (default: shards)")
 	window := fs.Duration("identify-interval", 5*time.Second, "identify window per bucket")
 	heartbeat := fs.Duration("heartbeat", 41250*time.Millisecond, "heartbeat interval")
+	heartbeatTimeout := fs.Duration("heartbeat-timeout", 0, "close 4009 after this long without a heartbeat (default: the simulator's, 12/11 of the interval)")
 	tlsDir := fs.String("tls", "", "serve over TLS with the certificate and key in this directory (cert.pem, key.pem)")
 	guilds := fs.Int("guilds", 0, "the bot's guild count (default: shards)")
 	if err := fs.Parse(args); err != nil {
@@ -51,6 +52,7 @@ func runSim(args []string) error {
 		IdentifyInterval:  *window,
 		SessionStartLimit: 1 << 24,
 		HeartbeatInterval: *heartbeat,
+		HeartbeatTimeout:  *heartbeatTimeout,
 		MaxQueuedFrames:   1 << 20,
 		Logger:            slog.New(slog.DiscardHandler),
 	})

@@ -77,6 +77,8 @@ func (c *Client) write(path string, text []byte) error {
 		f.Close()
 		return fmt.Errorf("%s: %w", path, err)
 	}
+	// A short count is the bytes a ctl applied before a bad line; the
+	// resend starts at that line and returns its error.
 	for len(text) > 0 {
 		n, err := f.WriteAt(text, 0)
 		if err != nil {
@@ -85,8 +87,8 @@ func (c *Client) write(path string, text []byte) error {
 		}
 		text = text[n:]
 	}
-	// A ctl line without its newline is applied at clunk, and its error
-	// comes back in Rclunk.
+	// A ctl line left without its newline by a write of a multiple of
+	// 4 KiB is applied at clunk, and its error comes back in Rclunk.
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}

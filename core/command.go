@@ -100,6 +100,12 @@ func ParseCommand(line string) (Command, error) { return parseCommand(line, true
 // returned command has no targets; the caller names the shard.
 func ParseShardCommand(line string) (Command, error) { return parseCommand(line, false) }
 
+// The reasons of a line whose first word is no command.
+const (
+	reasonEmpty   = "empty command"
+	reasonUnknown = "unknown command"
+)
+
 func parseCommand(line string, node bool) (Command, error) {
 	usage := ShardUsage
 	if node {
@@ -110,7 +116,7 @@ func parseCommand(line string, node bool) (Command, error) {
 	}
 	words := strings.Fields(line)
 	if len(words) == 0 {
-		return bad(line, "empty command")
+		return bad(line, reasonEmpty)
 	}
 	var c Command
 	for v := VerbReset; v <= VerbLease; v++ {
@@ -119,7 +125,7 @@ func parseCommand(line string, node bool) (Command, error) {
 		}
 	}
 	if c.Verb == 0 {
-		return bad(words[0], "unknown command")
+		return bad(words[0], reasonUnknown)
 	}
 	args := words[1:]
 	if c.Verb == VerbLease {

@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/internal/refusal"
+	"github.com/shardfs/shardfs/journal"
 )
 
 // junkLine returns n bytes without a newline, from every kind that needs
@@ -114,7 +117,7 @@ func TestRejectionsBounded(t *testing.T) {
 	if err := e.node.ExecShard(0, "frobnicate"); !errors.Is(err, core.ErrUsage) {
 		t.Fatalf("frobnicate = %v; want ErrUsage", err)
 	}
-	if after := rejectedLines(e.events(0)); len(after) != before+1 || !strings.Contains(after[len(after)-1], `cmd=frobnicate err="\"frobnicate\": unknown command;`) {
+	if after := rejectedLines(e.events(0)); len(after) != before+1 || !strings.HasSuffix(after[len(after)-1], ` event=rejected cmd=? len=10 err="unknown command"`) {
 		t.Errorf("a refusal after the window is not logged: %q", after[len(after)-1])
 	}
 }
@@ -218,7 +221,7 @@ func TestNodeRejectionNamesNoShard(t *testing.T) {
 	if err := e.node.ExecNode("frob all"); !errors.Is(err, core.ErrUsage) {
 		t.Fatalf("ExecNode(frob all) = %v; want ErrUsage", err)
 	}
-	e.node.Reject("drain now", errors.New("drain takes no argument"))
+	e.node.Reject("drain now", fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, "now"))
 	lines := rejectedLines(eventsOf(t, e, -1))
 	if len(lines) != 2 {
 		t.Fatalf("node-level rejected lines = %q; want 2", lines)
@@ -228,7 +231,95 @@ func TestNodeRejectionNamesNoShard(t *testing.T) {
 			t.Errorf("node-level line %q names a shard", l)
 		}
 	}
-	if want := `event=rejected cmd="drain now" err="drain takes no argument"`; !strings.HasSuffix(lines[1], want) {
+	if want := `event=rejected cmd=drain len=9 err="invalid argument: drain takes no argument, got \"...\""`; !strings.HasSuffix(lines[1], want) {
 		t.Errorf("Reject's line = %q; want it to end %s", lines[1], want)
 	}
+}
+
+// Junk written to every shard's ctl at once is bounded node-wide too:
+// the node's events get at most refusal.NodeBurst refusal lines a window
+// from all shards together (1,024 shards once put about 42 MB a minute
+// into the node's events), while each shard's own events still explain
+// its refusals.
+func TestRejectionsBoundedNodeWide(t *testing.T) {
+	const shards = 256
+	e := newEnv(t, core.Config{Plan: core.Range(shards, 0, shards-1)})
+	nodeBefore := e.node.Events().Size()
+	for range 20 {
+		for id := range shards {
+			if err := e.node.ExecShard(id, "frob "+strings.Repeat("x", 1000)); err == nil {
+				t.Fatal("frob accepted")
+			}
+		}
+	}
+	if n := len(rejectedLines(eventsSince(e.node.Events(), nodeBefore))); n != refusal.NodeBurst {
+		t.Errorf("%d refusal lines in the node's events from %d shards; want the node-wide burst of %d", n, shards, refusal.NodeBurst)
+	}
+	for id := range shards {
+		if n := len(rejectedLines(e.events(id))); n != refusal.Burst {
+			t.Fatalf("shard %d's events have %d refusal lines; want its burst of %d", id, n, refusal.Burst)
+		}
+	}
+	// The windows end: each shard's events sum up its own; the node's
+	// take summaries within its budget and sum up the rest.
+	e.clk.Advance(time.Minute)
+	for id := range shards {
+		if sum := summaries(e.events(id), id); len(sum) != 1 || sum[0] != 10 {
+			t.Fatalf("shard %d's summaries %v; want one of 10", id, sum)
+		}
+	}
+	e.clk.Advance(time.Minute)
+	ev := eventsSince(e.node.Events(), nodeBefore)
+	lines := strings.Count(ev, "\n")
+	nodeWide := strings.Count(ev, "event=rejected-suppressed scope=node ")
+	if nodeWide < 1 || lines > 3*refusal.NodeBurst {
+		t.Errorf("the node's events: %d lines, %d node-wide summaries; want at most %d lines and a node-wide summary", lines, nodeWide, 3*refusal.NodeBurst)
+	}
+	t.Logf("%d refusals on %d shards: %d lines, %d bytes in the node's events in two minutes", 20*shards, shards, lines, len(ev))
+}
+
+// A refused line's content never reaches the events or the logger: a
+// resume carrying the token written to send, a token pasted into ctl.
+func TestRejectionHidesContent(t *testing.T) {
+	out := &syncBuffer{}
+	e := newEnv(t, core.Config{Logger: slog.New(slog.NewTextHandler(out, nil))})
+	e.startAll()
+	e.clk.Advance(5 * time.Second)
+	const secret = "MTk4NjIyNDgzNDcxOTI1MjQ4.Gxyz.SECRETSECRETSECRET"
+	for _, try := range []func() error{
+		func() error {
+			return e.node.Send(0, []byte(`{"op":6,"d":{"token":"`+secret+`","session_id":"x","seq":1}}`))
+		},
+		func() error { return e.node.Send(0, []byte(`{"op":"`+secret+`"}`)) },
+		func() error { return e.node.Send(0, []byte(secret)) },
+		func() error { return e.node.ExecShard(0, secret) },
+		func() error { return e.node.ExecShard(0, "reset "+secret) },
+		func() error { return e.node.ExecNode("lease " + secret) },
+		func() error { return e.node.ExecNode("reset " + secret) },
+		func() error {
+			e.node.Reject("drain "+secret, fmt.Errorf("drain takes no argument, got %q", secret))
+			return errors.New("")
+		},
+	} {
+		if err := try(); err == nil {
+			t.Fatal("a secret was accepted as a command")
+		}
+	}
+	all := eventsSince(e.node.Events(), 0) + out.String()
+	if strings.Contains(all, "SECRET") || strings.Contains(all, "MTk4") {
+		t.Errorf("a refused line's content was logged:\n%s", all)
+	}
+	if n := len(rejectedLines(eventsSince(e.node.Events(), 0))); n != 8 {
+		t.Errorf("%d refusal lines; want 8", n)
+	}
+	if !strings.Contains(eventsSince(e.node.Events(), 0), " cmd=send op=6 len=") {
+		t.Error("the refused resume is not logged by its op")
+	}
+}
+
+func eventsSince(l *journal.Log, from int64) string {
+	from = max(from, l.Oldest())
+	buf := make([]byte, l.Size()-from)
+	n, _ := l.ReadAt(buf, from)
+	return string(buf[:n])
 }

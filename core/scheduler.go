@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/internal/refusal"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/wire"
 )
@@ -102,7 +103,8 @@ type Scheduler struct {
 	// leaseMu makes each lease command atomic (see applyLease).
 	leaseMu sync.Mutex
 
-	rejects rejectLimiter // see reject
+	rejectsOnce sync.Once
+	rejects     *refusal.Limiter // see rejectLimiter
 
 	sessions     SessionStore
 	resumeWindow time.Duration
@@ -447,7 +449,7 @@ func (n *Scheduler) Send(id int, payload []byte) error {
 		return err
 	}
 	if err := n.checkAndSend(s, payload); err != nil {
-		n.reject(s, "send "+string(payload[:min(len(payload), 2*maxLoggedCommand)]), err)
+		n.rejectSend(s, payload, err)
 		return err
 	}
 	return nil

@@ -1,16 +1,18 @@
 package fsrv
 
 import (
+	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 )
 
-// AuditRecord is one accepted write to a Ctl file (a node's ctl, a
-// shard's ctl or send): who wrote, through which listener. It carries the
-// command word, never the rest of the line.
+// AuditRecord is one command line a Ctl file (a node's ctl, a shard's
+// ctl or send) accepted: who wrote it, through which listener. It
+// carries the command word (or a send's op), never the rest of the line.
 type AuditRecord struct {
 	// Listener is the address of the listener the connection came
 	// through, in the tree's syntax (tls!HOST!PORT, unix!PATH), or "-"
@@ -22,12 +24,13 @@ type AuditRecord struct {
 	// certificate, `uid=N pid=N` for a unix socket's peer (SO_PEERCRED),
 	// "-" otherwise.
 	Who string
-	// File is the Ctl's Path (its Name without one); Bytes the size of
-	// the write.
+	// File is the Ctl's Path (its Name without one); Bytes the length
+	// of the line, without its newline.
 	File  string
 	Bytes int
-	// Command is the first word of the write's first line when it is a
-	// plain word (a ctl command: stop, reset, lease), else empty.
+	// Command is the line's first word when it is a plain word (a ctl
+	// command: stop, reset, lease), "opN" for a JSON object with an
+	// integer "op" (a gateway command written to send), else empty.
 	Command string
 }
 
@@ -57,11 +60,17 @@ func identity(rwc any) string {
 	return "-"
 }
 
-// commandWord is the first word of p's first non-blank line when it is
-// made of letters only.
+// commandWord is the first word of a command line when it is made of
+// letters only, or "opN" for a gateway command.
 func commandWord(p []byte) string {
+	if t := bytes.TrimSpace(p); len(t) > 0 && t[0] == '{' {
+		var cmd struct{ Op *int }
+		if json.Unmarshal(t, &cmd) == nil && cmd.Op != nil {
+			return "op" + strconv.Itoa(*cmd.Op)
+		}
+		return ""
+	}
 	w, _, _ := strings.Cut(strings.TrimSpace(string(p[:min(len(p), 64)])), " ")
-	w, _, _ = strings.Cut(w, "\n")
 	if w == "" || len(w) > 32 {
 		return ""
 	}
@@ -73,7 +82,7 @@ func commandWord(p []byte) string {
 	return w
 }
 
-// audit records an accepted write of p to c: a log line, and
+// audit records a command line p that c accepted: a log line, and
 // Server.Audit when set.
 func (s *session) audit(c *Ctl, p []byte) {
 	file := c.Path

@@ -135,8 +135,13 @@ func TestCtlChunkError(t *testing.T) {
 		if got := fx.takeHandled(); !slices.Equal(got, want) {
 			t.Errorf("%s: handled %d lines; want the %d before the bad one", dialect, len(got), len(want))
 		}
-		// What followed the bad line in its write is gone, and the fid
-		// goes on with the next write.
+		// What followed the bad line in its write is gone. A client that
+		// resends the rest of the write (a short count through 9pfuse or
+		// the kernel) gets the error again: the rest of the bad line
+		// never runs as a command. The fid goes on with the next write.
+		if n, err := w.WriteAt([]byte(text[4096:]), 4096); n != 0 || err == nil {
+			t.Errorf("%s: resend = %d, %v; want 0 and the error", dialect, n, err)
+		}
 		if n, err := w.WriteAt([]byte("stop\n"), int64(len(text))); n != 5 || err != nil {
 			t.Errorf("%s: then write stop = %d, %v; want 5, nil", dialect, n, err)
 		}
@@ -147,14 +152,20 @@ func TestCtlChunkError(t *testing.T) {
 	}
 }
 
-// TestCtlPartialAtClunk: a last line without its newline is applied when
-// the fid is clunked; under 9P2000.L its error is the clunk's.
+// padCut is a 4 KiB write, a client's cut of a longer one, that ends in
+// the start of a line.
+func padCut(start string) []byte {
+	return []byte(strings.Repeat("\n", 4096-len(start)) + start)
+}
+
+// TestCtlPartialAtClunk: a last line left without its newline by a
+// client's cut is applied when the fid is clunked; under 9P2000.L its
+// error is the clunk's.
 func TestCtlPartialAtClunk(t *testing.T) {
 	fx := newFixture()
 	addr := listen(t, fx.server(t))
 	for dialect, w := range openCtl(t, addr) {
-		w.WriteAt([]byte("lease 30"), 0)
-		w.WriteAt([]byte("s"), 8)
+		w.WriteAt(padCut("lease 30s"), 0)
 		if h := fx.takeHandled(); len(h) != 0 {
 			t.Errorf("%s: before clunk, handled %q; want nothing", dialect, h)
 		}
@@ -168,15 +179,15 @@ func TestCtlPartialAtClunk(t *testing.T) {
 	_, root := dialDotL(t, addr)
 	_, f, _ := root.Walk([]string{"ctl"})
 	f.Open(p9.WriteOnly)
-	f.WriteAt([]byte("frob"), 0)
+	f.WriteAt(padCut("frob"), 0)
 	if err := f.Close(); !errors.Is(err, linux.EINVAL) {
 		t.Errorf("9P2000.L clunk after frob = %v; want EINVAL", err)
 	}
 }
 
 // TestCtlPartialConnectionLost: a connection that ends without a clunk
-// drops the line it left without a newline: its end may never have been
-// sent ("lease 3" of "lease 30s").
+// drops the line a client's cut left without a newline: its end may never
+// have been sent ("lease 3" of "lease 30s").
 func TestCtlPartialConnectionLost(t *testing.T) {
 	for _, dialect := range []string{"9P2000.L", "9P2000"} {
 		fx := newFixture()
@@ -205,7 +216,7 @@ func TestCtlPartialConnectionLost(t *testing.T) {
 		} else {
 			w = open9(t, client)
 		}
-		if n, err := w.WriteAt([]byte("stop\nlease 3"), 0); n != 12 || err != nil {
+		if n, err := w.WriteAt(padCut("stop\nlease 3"), 0); n != 4096 || err != nil {
 			t.Fatalf("%s: write = %d, %v", dialect, n, err)
 		}
 		client.Close()

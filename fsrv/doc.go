@@ -6,9 +6,10 @@
 // A tree is built from four kinds of File: a *Dir lists its entries through
 // a callback at walk and listing time, so entries come and go; a *Text
 // computes its content at open and keeps it for that open; a *Ctl applies
-// the lines written to it, one command each, keeping a line cut between two
-// writes until its newline or the clunk (see Ctl); a *LogFile reads an
-// append-only LogSource by absolute offset. Permissions do not depend on
+// the lines written to it, one command each, a line ending at its newline
+// or with its write unless that write is a client's cut of a longer one,
+// and reports the bytes applied when a line fails after others (see Ctl);
+// a *LogFile reads an append-only LogSource by absolute offset. Permissions do not depend on
 // the user: directories are r-x, Text and LogFile files r, Ctl files rw (or w
 // without a Usage). Clients cannot create, remove or rename anything.
 //
@@ -27,7 +28,13 @@
 // no authentication is needed; a Twrite whose count disagrees with its size
 // is answered EINVAL on its tag, and any other request that cannot be
 // decoded ends the connection (hugelgupf/p9 would answer it on NOTAG,
-// leaving the client waiting for its own tag). In both dialects a Tattach's
+// leaving the client waiting for its own tag); a request of a type p9 does
+// not decode is answered ENOSYS, Tgetlock F_UNLCK, and a Tattach or Twalk
+// onto a fid in use EBADF. Under 9P2000 a request of an unknown type
+// (plan9port's Topenfd) or whose fields do not fill its frame is answered
+// Rerror, and ".." at the root of an attach stays there. In both dialects
+// a Tversion inside a session clunks every fid and aborts the requests in
+// flight, whose replies are not sent (version(5)), and a Tattach's
 // aname names the directory to attach at ("/3", or "3"), and Rattach
 // carries its QID; an aname that names a file is refused with ENOTDIR ("not
 // a directory: ..."), since diod's tools attach to "ctl" by default and
@@ -46,7 +53,8 @@
 // without detail is sent as a string the Linux kernel's 9P2000 client also
 // knows ("Invalid argument", "permission denied", "file not found", "Device
 // or resource busy", "i/o error"). A 9P2000 error string is clipped, ending
-// in "...", so that its Rerror fits the negotiated msize (srv9p drops a
+// in "...", so that it fits ERRMAX (127 bytes and a NUL), where plan9port
+// and Plan 9 cut, and its Rerror the negotiated msize (srv9p drops a
 // larger reply, and the client would wait forever).
 //
 // # Bounds

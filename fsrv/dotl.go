@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 )
 
@@ -99,7 +100,11 @@ var attrMask = p9.AttrMask{
 }
 
 func (f *dotlFile) getattr(n File) (p9.QID, p9.AttrMask, p9.Attr) {
-	a := f.s.stat(n)
+	return f.attrOf(f.s.stat(n))
+}
+
+// attrOf is a node's attributes in 9P2000.L form.
+func (f *dotlFile) attrOf(a attr) (p9.QID, p9.AttrMask, p9.Attr) {
 	mode := p9.ModeRegular
 	nlink := p9.NLink(1)
 	if a.dir {
@@ -172,6 +177,11 @@ func (f *dotlFile) WalkGetAttr(names []string) (qids []p9.QID, nf p9.File, mask 
 // GetAttr implements p9.File.
 func (f *dotlFile) GetAttr(p9.AttrMask) (qid p9.QID, mask p9.AttrMask, at p9.Attr, err error) {
 	defer f.guard(&err)
+	// An open fid shows the content its reads see, fixed at open.
+	if h := f.h.Load(); h != nil {
+		qid, mask, at = f.attrOf(f.s.statOpen(h))
+		return qid, mask, at, nil
+	}
 	qid, mask, at = f.getattr(f.node)
 	return qid, mask, at, nil
 }
@@ -352,6 +362,8 @@ func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(err
 // through, except that it
 //   - answers Tauth itself with ENOENT (p9 answers ENOSYS, which makes
 //     diod's tools fail; ENOENT tells them no authentication is needed);
+//   - answers a request of a type p9 does not decode with ENOSYS, and
+//     Tgetlock (fcntl F_GETLK, which p9 does not decode) with F_UNLCK;
 //   - caps or refuses the msize of a Tversion;
 //   - answers a Twrite whose count disagrees with its size with EINVAL
 //     on its tag (p9 answers on NOTAG), and ends a connection when p9
@@ -380,6 +392,15 @@ type dotlStream struct {
 	closeErr  error
 	// ending, if set, is set at Close (session.ending).
 	ending *atomic.Bool
+	// sessMsize, if set, follows the negotiated msize (session.msize),
+	// by which a ctl write tells a client's cut from a whole write.
+	sessMsize *atomic.Uint32
+
+	// again is the Tversion that ended p9's session, to start the next
+	// one with; read state. draining is set from then until the next
+	// session starts.
+	again    []byte
+	draining atomic.Bool
 
 	// attachQID resolves the aname of a Tattach (dotlAttacher.attachQID).
 	attachQID func(aname string) (p9.QID, error)
@@ -390,7 +411,23 @@ type dotlStream struct {
 	attaches map[uint16]p9.QID
 }
 
+// dotlRequest reports whether hugelgupf/p9 decodes requests of type typ
+// (its message registry), Tgetlock aside, which dotlStream answers.
+func dotlRequest(typ uint8) bool {
+	switch typ {
+	case 8, 12, 14, 16, 18, 20, 22, 24, 26, 30, 32, 40, 50, 52, msgTgetlock, 70, 72, 74, 76,
+		100, 102, 104, 108, 110, 116, 118, 120, 122, 126, 128, 130, 132, 134:
+		return true
+	}
+	return false
+}
+
 const (
+	msgTgetlock = 54
+	msgRgetlock = 55
+	// lockTypeUnlock is P9_LOCK_TYPE_UNLCK.
+	lockTypeUnlock = 2
+
 	msgTattach = 104
 	msgRattach = 105
 	msgTflush  = 108
@@ -423,7 +460,7 @@ func newDotlStream(rwc io.ReadWriteCloser, t *tracker, first []byte, msize, maxM
 func (s *dotlStream) Read(p []byte) (int, error) {
 	return s.read(p, func() error {
 		err := s.nextFrame()
-		if err != nil {
+		if err != nil && !errors.Is(err, errReversion) {
 			// p9 closes the connection only once every request in its
 			// hands is answered; a client that broke the protocol is
 			// dropped now.
@@ -450,6 +487,29 @@ func (s *dotlStream) nextFrame() error {
 			return err
 		}
 		return s.inject(rlerror(tag, errno(errNoAuth)))
+	case !dotlRequest(typ):
+		// hugelgupf/p9 would answer on NOTAG, which ends the connection
+		// (see Write): a 9P2000 Topen, plan9port's Topenfd or any other
+		// type it does not decode is refused on its own tag instead.
+		if _, err := s.r.Discard(body); err != nil {
+			return err
+		}
+		return s.inject(rlerror(tag, linux.ENOSYS))
+	case typ == msgTgetlock && size <= maxAttachFrame:
+		// Linux sends Tgetlock for fcntl(F_GETLK), which p9 does not
+		// decode. Every Tlock succeeds (there is nothing to lock), so no
+		// lock ever conflicts: Rgetlock says F_UNLCK.
+		frame, err := s.readWhole(hdr, body)
+		if err != nil {
+			return err
+		}
+		b := frame[headerSize:]
+		if len(b) < 25+2 || len(b) != 25+2+int(binary.LittleEndian.Uint16(b[25:])) {
+			return s.inject(rlerror(tag, linux.EINVAL))
+		}
+		r := append(newFrame(msgRgetlock, tag), lockTypeUnlock)
+		r = append(r, b[5:]...) // start, length, proc_id, client_id
+		return s.inject(finish(r))
 	case typ == msgTversion && size <= maxVersionFrame:
 		// A remount on the same stream sends a fresh Tversion.
 		frame, t, err := s.readVersion(hdr, body)
@@ -459,12 +519,13 @@ func (s *dotlStream) nextFrame() error {
 			}
 			return s.inject(rlerror(tag, errno(err)))
 		}
-		if err := s.t.start(tag, request{typ: typ}); err != nil {
-			return err
-		}
-		s.msize = min(t.msize, s.maxMsize)
-		s.pend = versionFrame(msgTversion, t.tag, s.msize, t.version)
-		return nil
+		// version(5): a Tversion inside a session (a remount on the same
+		// stream) aborts the requests in flight and clunks every fid. p9
+		// does neither, so its session ends here and a new one starts
+		// with this Tversion (see reversion).
+		s.again = versionFrame(msgTversion, t.tag, min(t.msize, s.maxMsize), t.version)
+		s.draining.Store(true)
+		return errReversion
 	case typ == msgTwrite:
 		// p9 answers a Twrite whose count disagrees with its size on
 		// NOTAG, and the request's own tag never gets a reply.
@@ -512,7 +573,11 @@ func (s *dotlStream) nextFrame() error {
 		} else {
 			ok = false
 		}
-		if err := s.t.start(tag, parseRequest(typ, frame[headerSize:], true)); err != nil {
+		req := parseRequest(typ, frame[headerSize:], true)
+		if s.reuses(req, frame[headerSize:]) {
+			return s.inject(rlerror(tag, linux.EBADF))
+		}
+		if err := s.t.start(tag, req); err != nil {
 			return err
 		}
 		if ok {
@@ -528,12 +593,31 @@ func (s *dotlStream) nextFrame() error {
 			return err
 		}
 		req = parseRequest(typ, b, true)
+		if s.reuses(req, b) {
+			if _, err := s.r.Discard(body); err != nil {
+				return err
+			}
+			return s.inject(rlerror(tag, linux.EBADF))
+		}
 	}
 	err = s.pass(hdr, body, req)
 	if errors.Is(err, errTooManyFids) {
 		return s.inject(rlerror(tag, errno(err)))
 	}
 	return err
+}
+
+// reuses reports whether req would make a fid the connection holds
+// already: hugelgupf/p9 would replace it, where attach(5) and walk(5) say
+// the new fid must not be in use (a walk to itself is a walk in place).
+func (s *dotlStream) reuses(req request, body []byte) bool {
+	if !req.makes || !s.t.fidInUse(req.newfid) {
+		return false
+	}
+	if req.typ != msgTattach && len(body) >= 4 && binary.LittleEndian.Uint32(body) == req.newfid {
+		return false
+	}
+	return true
 }
 
 // attachName returns the aname of a whole Tattach frame: fid[4] afid[4]
@@ -599,6 +683,11 @@ func (s *dotlStream) inject(frame []byte) error {
 func (s *dotlStream) Write(p []byte) (int, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if s.draining.Load() {
+		// The replies to requests a Tversion aborted are not sent.
+		s.wbuf = s.wbuf[:0]
+		return len(p), nil
+	}
 	s.wbuf = append(s.wbuf, p...)
 	for len(s.wbuf) >= 4 {
 		size := int(binary.LittleEndian.Uint32(s.wbuf))
@@ -636,11 +725,37 @@ func (s *dotlStream) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// reversion readies the stream for a new p9 session after a Tversion
+// ended the last one (again): it starts with that Tversion, no fid and no
+// request in flight. The caller has waited for the old session to end.
+func (s *dotlStream) reversion() {
+	frame := s.again
+	s.again = nil
+	s.t.reset()
+	s.t.start(frameTag(frame), request{typ: msgTversion})
+	s.msize = binary.LittleEndian.Uint32(frame[headerSize:])
+	if s.sessMsize != nil {
+		s.sessMsize.Store(s.msize)
+	}
+	if s.ending != nil {
+		s.ending.Store(false)
+	}
+	s.wmu.Lock()
+	s.wbuf = s.wbuf[:0]
+	s.draining.Store(false)
+	s.wmu.Unlock()
+	s.pend = frame
+}
+
 // Close closes the connection; p9 closes both its reader and its writer,
-// once every request is answered and before it drops the fids.
+// once every request is answered and before it drops the fids. At a
+// Tversion inside the session the connection stays open for the next.
 func (s *dotlStream) Close() error {
 	if s.ending != nil {
 		s.ending.Store(true)
+	}
+	if s.draining.Load() {
+		return nil
 	}
 	s.closeOnce.Do(func() { s.closeErr = s.rwc.Close() })
 	if errors.Is(s.closeErr, fs.ErrClosed) {

@@ -34,6 +34,7 @@ const (
 	kSetMsk // u32 setattr valid
 	kGetMsk // u64 getattr mask
 	kMode   // u32, octal
+	kU8
 )
 
 type field struct {
@@ -70,16 +71,27 @@ var dotlSpecs = map[uint8]msgSpec{
 	13:  {"Rlopen", []field{{"qid", kQid}, {"iounit", kU32}}},
 	14:  {"Tlcreate", []field{{"fid", kFid}, {"name", kStr}, {"flags", kOflags}, {"mode", kMode}, {"gid", kU32}}},
 	15:  {"Rlcreate", []field{{"qid", kQid}, {"iounit", kU32}}},
+	16:  {"Tsymlink", []field{{"fid", kFid}, {"name", kStr}, {"symtgt", kStr}, {"gid", kU32}}},
+	18:  {"Tmknod", []field{{"dfid", kFid}, {"name", kStr}, {"mode", kMode}, {"major", kU32}, {"minor", kU32}, {"gid", kU32}}},
+	20:  {"Trename", []field{{"fid", kFid}, {"dfid", kFid}, {"name", kStr}}},
+	22:  {"Treadlink", []field{{"fid", kFid}}},
 	24:  {"Tgetattr", []field{{"fid", kFid}, {"mask", kGetMsk}}},
 	25:  {"Rgetattr", concat([]field{{"valid", kGetMsk}, {"qid", kQid}}, attrFields)},
 	26:  {"Tsetattr", []field{{"fid", kFid}, {"valid", kSetMsk}, {"mode", kMode}, {"uid", kU32}, {"gid", kU32}, {"size", kU64}, {"atime", kU64}, {"atimens", kU64}, {"mtime", kU64}, {"mtimens", kU64}}},
 	27:  {"Rsetattr", nil},
 	30:  {"Txattrwalk", []field{{"fid", kFid}, {"newfid", kFid}, {"name", kStr}}},
 	31:  {"Rxattrwalk", []field{{"size", kU64}}},
+	32:  {"Txattrcreate", []field{{"fid", kFid}, {"name", kStr}, {"size", kU64}, {"flags", kU32}}},
+	33:  {"Rxattrcreate", nil},
 	40:  {"Treaddir", []field{{"fid", kFid}, {"offset", kU64}, {"count", kU32}}},
 	41:  {"Rreaddir", []field{{"ents", kEnts}}},
 	50:  {"Tfsync", []field{{"fid", kFid}}},
 	51:  {"Rfsync", nil},
+	52:  {"Tlock", []field{{"fid", kFid}, {"type", kU8}, {"flags", kU32}, {"start", kU64}, {"length", kU64}, {"procid", kU32}, {"clientid", kStr}}},
+	53:  {"Rlock", []field{{"status", kU8}}},
+	54:  {"Tgetlock", []field{{"fid", kFid}, {"type", kU8}, {"start", kU64}, {"length", kU64}, {"procid", kU32}, {"clientid", kStr}}},
+	55:  {"Rgetlock", []field{{"type", kU8}, {"start", kU64}, {"length", kU64}, {"procid", kU32}, {"clientid", kStr}}},
+	70:  {"Tlink", []field{{"dfid", kFid}, {"fid", kFid}, {"name", kStr}}},
 	72:  {"Tmkdir", []field{{"dfid", kFid}, {"name", kStr}, {"mode", kMode}, {"gid", kU32}}},
 	73:  {"Rmkdir", []field{{"qid", kQid}}},
 	74:  {"Trenameat", []field{{"olddfid", kFid}, {"oldname", kStr}, {"newdfid", kFid}, {"newname", kStr}}},
@@ -325,6 +337,9 @@ func zeroValue(k fieldKind) string {
 func encodeField(b []byte, k fieldKind, val string) ([]byte, error) {
 	le := binary.LittleEndian
 	switch k {
+	case kU8:
+		n, err := parseNum(val, 8)
+		return append(b, uint8(n)), err
 	case kU16:
 		n, err := parseNum(val, 16)
 		return le.AppendUint16(b, uint16(n)), err
@@ -468,6 +483,11 @@ func decodeField(b []byte, k fieldKind, norm func(uint64) uint64) (string, []byt
 		return strconv.Quote(s), nil
 	}
 	switch k {
+	case kU8:
+		if err := need(1); err != nil {
+			return "", nil, err
+		}
+		return strconv.FormatUint(uint64(b[0]), 10), b[1:], nil
 	case kU16:
 		if err := need(2); err != nil {
 			return "", nil, err

@@ -62,8 +62,9 @@ type Text struct {
 
 	// Content returns the file's bytes. It is called at every open, and the
 	// open file keeps that value, so that one cat sees one consistent text
-	// however many reads it takes; and at every stat, since the size shown
-	// is the length of the current content. Text ends with a newline: that
+	// however many reads it takes (a stat of the open file shows that
+	// value's length too); and at every stat of a file not open, since the
+	// size shown is the length of the current content. Text ends with a newline: that
 	// is Content's job, fsrv does not add it. Content must not block, may be
 	// called concurrently, and must not modify a slice it has returned.
 	Content func() []byte
@@ -75,31 +76,52 @@ type Text struct {
 }
 
 // Ctl is a file of line commands. A write may carry several lines; each
-// non-blank line is passed to Handle in order, and the write stops at the
-// first line whose Handle fails: that error is the write's error, the
-// lines before it stay applied, and the rest of that write is dropped.
+// non-blank line is passed to Handle in order.
 //
-// A line may span writes: a last line without a newline is kept by the
-// open file (per fid, from open to clunk) until a later write on that fid
-// brings its newline, since 9pfuse cuts a long write(2) into 4 KiB writes
-// wherever they fall. The error of a line is the error of the write that
-// completes it. At clunk, a kept line is applied as the file's last:
-// under 9P2000.L its error is the Rclunk's, under 9P2000, which cannot
-// report one, it is logged (a Handle may also record it, as shardfs does
-// in events). A connection that ends without a clunk drops a kept line,
-// whose end may never have been sent. A successful write reports its full
-// byte count, kept part included. A write longer than MaxCtlWrite, or a
-// line that grows past MaxCtlWrite across writes, is refused with
-// ErrTooLarge, and the kept part is dropped. Truncation (O_TRUNC, a
-// setattr or wstat of size 0) is accepted and does nothing, because shells
-// truncate before they write.
+// A line ends at its newline or at the end of the write that carries it,
+// so a single write without a newline ("printf stop > ctl") is a whole
+// command whose error that write returns. Only a write that is a client's
+// cut of a longer write(2) keeps its last line open for the next write on
+// the same fid: one of exactly msize-24 bytes (the data of a full Twrite,
+// where Linux, plan9port and 9fans.net/go cut), or a multiple of 4 KiB or
+// one that ends a 4 KiB page of the bytes written through this open (where
+// FUSE cuts for 9pfuse, which cuts again at msize-24). A write of 4 KiB
+// without a newline is therefore kept, and applied at the clunk at the
+// latest. A line so kept and not completed by the clunk is applied at
+// the clunk: under 9P2000.L its error is the Rclunk's, under 9P2000, which
+// cannot report one, it is logged (a Handle may also record it, as shardfs
+// does in events). A connection that ends without a clunk drops a kept
+// line, whose end may never have been sent.
+//
+// A write stops at the first line whose Handle fails, and what follows
+// that line is not applied. When no line of the write was applied, the
+// write returns the error. Otherwise it returns the count of the bytes
+// applied (the lines before the bad one), a short count as Unix write(2)
+// gives, and the next write on that fid returns the error without
+// applying anything: a client that resends from the short count (the
+// kernel, 9pfuse, cat) starts at the bad line and its writer sees the
+// error. When the bad line began in an earlier write (a kept line), the
+// write returns the error and so does the next one: through 9pfuse or the
+// kernel a failure after a cut that succeeded reaches the program as a
+// short count, and the program resends the rest of the line, which must
+// not run as a command. A clunk that comes before that next write returns
+// the error under 9P2000.L.
+//
+// A write or a line longer than MaxCtlWrite is refused with ErrTooLarge.
+// When the end of the overlong line has not come yet (a write over
+// MaxCtlWrite, or a kept line that grows past it),
+// every later write on that fid fails with that error, so that the rest
+// of the line never runs as a command of its own; open the file again.
+// Truncation (O_TRUNC, a setattr or wstat of size 0) is accepted and does
+// nothing, because shells truncate before they write.
 //
 // Its mode is rw when Usage is set and w otherwise.
 type Ctl struct {
 	Name string
 
-	// Handle applies one command line. The line has no newline and no
-	// leading or trailing white space; blank lines are skipped. Writes to
+	// Handle applies one command line. The line has no newline and, unless
+	// Raw is set, no leading or trailing white space; blank lines are
+	// skipped. Writes to
 	// one Ctl are serialised, so Handle sees the lines of one write together.
 	// Errors should wrap fs.ErrInvalid (a bad command), fs.ErrPermission,
 	// fs.ErrNotExist, ErrBusy or ErrTooLarge; any other error reaches the
@@ -112,6 +134,11 @@ type Ctl struct {
 	// Ctl without Usage is write-only, and opening it for reading is refused
 	// with permission denied.
 	Usage func() string
+
+	// Raw gives Handle each line as written, without its newline but with
+	// its white space, so that a size limit counts the bytes the client
+	// wrote (a line of white space only is still skipped).
+	Raw bool
 
 	// Private hides the file from read-only connections.
 	Private bool
@@ -140,12 +167,15 @@ type LogSource interface {
 	ModTime() time.Time
 }
 
-// LogFile is a read-only file over an append-only log: its size is the log's
-// Size, a read at the end returns end of file at once (cat terminates; tail
-// -f follows by polling the size), and a read below the oldest retained
-// offset returns data from the oldest retained line. The open file then
-// remembers how far it was moved and applies that shift to its later reads,
-// so a reader that reads at increasing offsets sees no byte twice. Its mode
+// LogFile is a read-only file over an append-only log with absolute
+// offsets: its size is the log's Size (the end offset, never the bytes
+// retained), a read at an offset reads there, a read at the end returns end
+// of file at once (cat terminates; tail -f follows by polling the size),
+// and a read below the oldest retained offset returns data from the oldest
+// retained line. A read at the offset where that read ended continues the
+// retained data, so that a reader that reads at increasing offsets sees no
+// byte twice; a read at any other offset, on the same open file, reads at
+// that absolute offset (pread(size-50) returns the last 50 bytes). Its mode
 // is r for everyone.
 type LogFile struct {
 	Name   string

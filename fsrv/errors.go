@@ -175,11 +175,18 @@ func fuseErrno(s string) linux.Errno {
 // tag[2] and the string's length[2].
 const rerrorOverhead = headerSize + 2
 
-// clipEname shortens a 9P2000 error string so that its Rerror fits msize:
-// srv9p drops a reply larger than msize, and the client then waits for it
-// forever. A clipped string ends in "...", cut at a rune boundary.
+// errMax is Plan 9's ERRMAX: an error string of 128 bytes with its NUL.
+// plan9port's library (9pfuse, 9p) and Plan 9's kernel cut a longer one,
+// so the word and the detail's start, which say what went wrong, come
+// first and the rest is clipped here.
+const errMax = 128
+
+// clipEname shortens a 9P2000 error string to errMax-1 bytes and so that
+// its Rerror fits msize: srv9p drops a reply larger than msize, and the
+// client then waits for it forever. A clipped string ends in "...", cut
+// at a rune boundary.
 func clipEname(e string, msize uint32) string {
-	limit := int(msize) - rerrorOverhead
+	limit := min(int(msize)-rerrorOverhead, errMax-1)
 	if len(e) <= limit {
 		return e
 	}

@@ -78,14 +78,17 @@ func TestClipEname(t *testing.T) {
 		want  string
 	}{
 		{"short", 256, "short"},
-		{strings.Repeat("a", 247), 256, strings.Repeat("a", 247)},
-		{strings.Repeat("a", 248), 256, strings.Repeat("a", 244) + "..."},
+		// ERRMAX (128 bytes with the NUL) bounds every msize: plan9port
+		// and Plan 9 cut a longer string.
+		{strings.Repeat("a", 127), 256, strings.Repeat("a", 127)},
+		{strings.Repeat("a", 128), 256, strings.Repeat("a", 124) + "..."},
+		{strings.Repeat("a", 300), 8192, strings.Repeat("a", 124) + "..."},
 		// A cut inside a rune moves back to its start.
-		{strings.Repeat("a", 243) + "é" + strings.Repeat("b", 10), 256, strings.Repeat("a", 243) + "..."},
+		{strings.Repeat("a", 123) + "é" + strings.Repeat("b", 10), 8192, strings.Repeat("a", 123) + "..."},
 	}
 	for _, tt := range tests {
 		got := clipEname(tt.in, tt.msize)
-		if got != tt.want || len(got)+rerrorOverhead > int(tt.msize) || !utf8.ValidString(got) {
+		if got != tt.want || len(got)+rerrorOverhead > int(tt.msize) || len(got) >= errMax || !utf8.ValidString(got) {
 			t.Errorf("clipEname(%d bytes, %d) = %q; want %q", len(tt.in), tt.msize, got, tt.want)
 		}
 	}

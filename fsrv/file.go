@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -88,13 +88,18 @@ func (s *session) statText(t *Text, c []byte) attr {
 	return a
 }
 
-// statOpen is stat for a file just opened, reusing the content the open
-// took rather than computing it again.
+// statOpen is stat for an open file. A Text shows the content its reads
+// see, as it was when the file was opened: the first call (at open)
+// computes the attributes from that content and later ones return them
+// unchanged, so that a stat of an old open file does not make the
+// version go back and forth.
 func (s *session) statOpen(h *handle) attr {
-	if t, ok := h.node.(*Text); ok {
-		return s.statText(t, h.text)
+	t, ok := h.node.(*Text)
+	if !ok {
+		return s.stat(h.node)
 	}
-	return s.stat(h.node)
+	h.attrOnce.Do(func() { h.attr = s.statText(t, h.text) })
+	return h.attr
 }
 
 // qidVersion returns the last version the server computed for n without
@@ -133,15 +138,34 @@ type openMode struct {
 type handle struct {
 	node File
 	text []byte // Text content or Ctl usage, fixed at open
-	dir  []File // Dir entries, fixed at open
+	// attr is a Text's attributes for that content (see statOpen).
+	attrOnce sync.Once
+	attr     attr
+	dir      []File // Dir entries, fixed at open
 	// write is set when the file was opened for writing.
 	write bool
-	// partial is the start of a Ctl line that a write left without its
-	// newline; guarded by the Ctl's writeMu.
+	// partial is the start of a Ctl line that a client's cut left without
+	// its newline. It and the three fields after it are guarded by the
+	// Ctl's writeMu.
 	partial []byte
-	// shift is how far a LogFile read was moved forward because the data it
-	// asked for had been dropped; later reads of this open apply it.
-	shift atomic.Int64
+	// written counts the bytes this open took, for the 4 KiB pages 9pfuse
+	// cuts at.
+	written int64
+	// pending is the error of the line a write stopped at after applying
+	// the lines before it; the next write on this open returns it.
+	pending error
+	// overlong is set when a line grew past the limit before its end
+	// came: every later write on this open fails with it, so that the
+	// rest of that line never runs as a command.
+	overlong error
+	// logMu guards shift and next.
+	logMu sync.Mutex
+	// shift is how far a LogFile read was moved forward because the data
+	// it asked for had been dropped, and next the offset where that read
+	// ended: a read at next continues it and is moved as far, so that a
+	// sequential reader sees no byte twice. A read at any other offset is
+	// a read at that absolute offset.
+	shift, next int64
 }
 
 // open checks m against n's permissions and takes the snapshot reads of
@@ -182,26 +206,46 @@ func (h *handle) read(p []byte, off int64) int {
 		}
 		return copy(p, h.text[off:])
 	case *LogFile:
-		shift := h.shift.Load()
-		want := off + shift
+		h.logMu.Lock()
+		defer h.logMu.Unlock()
+		shifted := h.shift > 0 && off == h.next
+		want := off
+		if shifted {
+			want += h.shift
+		}
 		k, start := n.Source.ReadAt(p, want)
-		if k > 0 && start > want {
-			// Data below start was dropped. Linux reads at increasing
-			// offsets, so remember the move for the reads that follow
-			// and none of them returns these bytes again.
-			h.shift.CompareAndSwap(shift, shift+start-want)
+		switch {
+		case k > 0 && start > want:
+			// Data below start was dropped: the read returns data from
+			// the oldest retained line, and a read where it ended goes
+			// on from there.
+			h.shift, h.next = start-off, off+int64(k)
+		case shifted && k > 0:
+			h.next = off + int64(k)
 		}
 		return k
 	}
 	return 0
 }
 
-// write applies the complete lines of a write to an open Ctl. A last
-// line without a newline is kept in the open file and completed by its
-// next write, or applied when the file is clunked (see clunk): 9pfuse cuts
-// a long write into 4 KiB chunks wherever they fall. The write reports its
-// full byte count; the error of a line is the error of the write that
-// completes it, and what follows the bad line in that write is dropped.
+// ioHeader is what a Twrite adds to its data (IOHDRSZ): clients cut a
+// long write into Twrites of msize-ioHeader bytes of data.
+const ioHeader = 24
+
+// fusePage is the size of the writes 9pfuse gets from FUSE, which it cuts
+// again at msize-ioHeader when its msize is smaller.
+const fusePage = 4096
+
+// write applies the lines of a write to an open Ctl (see Ctl for the
+// rules): a line ends at its newline, or at the end of a write that is
+// not a client's cut of a longer one; a write that is such a cut (a full
+// Twrite of msize-ioHeader bytes, a multiple of 4 KiB, or one that ends a
+// 4 KiB page of the bytes written through this open) keeps its last line
+// for the next.
+// When a line fails after lines of the same write were applied, the write
+// reports the bytes applied, as a short count, and the next write on this
+// open returns the error: a retry starts at the bad line, and its writer
+// sees why.
 func (s *session) write(h *handle, p []byte) (int, error) {
 	c, ok := h.node.(*Ctl)
 	if !ok || c.Handle == nil || !h.write || s.ro {
@@ -209,37 +253,91 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	if len(p) > MaxCtlWrite {
-		h.partial = nil // its end is lost
-		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(p), MaxCtlWrite)
+	if h.overlong != nil {
+		return 0, h.overlong
 	}
-	last := bytes.LastIndexByte(p, '\n')
-	if last < 0 {
-		if len(h.partial)+len(p) > MaxCtlWrite {
-			n := len(h.partial) + len(p)
-			h.partial = nil
-			return 0, fmt.Errorf("%w: a line of more than %d bytes, the limit is %d", ErrTooLarge, n-1, MaxCtlWrite)
-		}
-		h.partial = append(h.partial, p...)
-		return len(p), nil
-	}
-	lines := p[:last+1]
-	if len(h.partial) > 0 {
-		lines = append(h.partial, lines...)
-	}
-	h.partial = nil
-	if err := s.apply(c, lines); err != nil {
+	if err := h.pending; err != nil {
+		h.pending = nil
 		return 0, err
 	}
-	if rest := p[last+1:]; len(rest) > 0 {
-		h.partial = append([]byte(nil), rest...)
+	if len(p) > MaxCtlWrite {
+		// Its end may follow in the next write, which must not run as a
+		// command of its own.
+		h.partial = nil
+		h.overlong = fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(p), MaxCtlWrite)
+		return 0, h.overlong
 	}
+	const limit = MaxCtlWrite
+	cut := len(p) == int(s.msize.Load())-ioHeader || len(p)%fusePage == 0 || (h.written+int64(len(p)))%fusePage == 0
+	applied := 0 // bytes of p up to the end of the last line applied
+	changed := false
+	defer func() {
+		if changed {
+			c.bump(s.now())
+		}
+	}()
+	rest := p
+	for len(rest) > 0 {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 && cut {
+			if n := len(h.partial) + len(rest); n > limit {
+				h.partial = nil
+				h.overlong = fmt.Errorf("%w: a line of at least %d bytes, the limit is %d", ErrTooLarge, n, limit)
+				return s.stopped(h, applied, false, h.overlong)
+			}
+			h.partial = append(h.partial, rest...)
+			break
+		}
+		line, adv := rest, len(rest)
+		if i >= 0 {
+			line, adv = rest[:i], i+1
+		}
+		rest = rest[adv:]
+		began := len(h.partial) > 0 // in a write already reported written
+		if began {
+			line = append(h.partial, line...)
+			h.partial = nil
+		}
+		if len(line) > limit {
+			return s.stopped(h, applied, began, fmt.Errorf("%w: a line of %d bytes, the limit is %d", ErrTooLarge, len(line), limit))
+		}
+		ok, err := s.apply(c, line)
+		if err != nil {
+			return s.stopped(h, applied, began, err)
+		}
+		changed = changed || ok
+		applied += adv
+	}
+	h.written += int64(len(p))
 	return len(p), nil
 }
 
-// clunk applies the line an open Ctl still holds, as the file's last. A
-// connection that ends without a clunk drops it instead: the rest of that
-// line may never have been sent.
+// stopped ends a write at a line that failed after applied bytes of it
+// were applied: a short count, the error kept for the next write; or the
+// error itself when nothing was applied. The error is kept as well when
+// the line began in an earlier write (began): through 9pfuse or the
+// kernel, that write's failure after an earlier cut succeeded reaches the
+// program as a short count, and the program resends the rest of the line,
+// which must fail too rather than run as a command.
+func (s *session) stopped(h *handle, applied int, began bool, err error) (int, error) {
+	h.partial = nil
+	if applied == 0 {
+		if began && h.overlong == nil {
+			h.pending = err
+		}
+		return 0, err
+	}
+	h.written += int64(applied)
+	if h.overlong == nil {
+		h.pending = err
+	}
+	return applied, nil
+}
+
+// clunk applies the line an open Ctl still holds, as the file's last, or
+// returns the error a short write left for a next write that never came.
+// A connection that ends without a clunk drops the line instead: the rest
+// of it may never have been sent.
 func (s *session) clunk(h *handle) error {
 	c, ok := h.node.(*Ctl)
 	if !ok || c.Handle == nil {
@@ -247,35 +345,39 @@ func (s *session) clunk(h *handle) error {
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	line := h.partial
-	h.partial = nil
-	if len(line) == 0 || s.ending.Load() {
+	line, pending := h.partial, h.pending
+	h.partial, h.pending = nil, nil
+	if s.ending.Load() {
 		return nil
 	}
-	return s.apply(c, line)
+	if pending != nil {
+		return pending
+	}
+	if len(line) == 0 {
+		return nil
+	}
+	ok, err := s.apply(c, line)
+	if ok {
+		c.bump(s.now())
+	}
+	return err
 }
 
-// apply passes each non-blank line of p to c.Handle, stopping at the first
-// that fails. The caller holds c.writeMu.
-func (s *session) apply(c *Ctl, p []byte) error {
-	applied := false
-	defer func() {
-		if applied {
-			c.bump(s.now())
-			s.audit(c, p)
-		}
-	}()
-	for rest := p; len(rest) > 0; {
-		var line []byte
-		line, rest, _ = bytes.Cut(rest, []byte{'\n'})
-		l := strings.TrimSpace(string(line))
-		if l == "" {
-			continue
-		}
-		if err := c.Handle(l); err != nil {
-			return err
-		}
-		applied = true
+// apply passes one line, without its newline, to c.Handle unless it is
+// blank. The caller holds c.writeMu.
+// It reports whether Handle applied a command; the caller bumps the
+// file's version once per write that did.
+func (s *session) apply(c *Ctl, line []byte) (bool, error) {
+	l := strings.TrimSpace(string(line))
+	if l == "" {
+		return false, nil
 	}
-	return nil
+	if c.Raw {
+		l = string(line)
+	}
+	if err := c.Handle(l); err != nil {
+		return false, err
+	}
+	s.audit(c, line)
+	return true, nil
 }

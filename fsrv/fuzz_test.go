@@ -35,6 +35,10 @@ func transcriptFrames(t testing.TB, dotl bool) [][]byte {
 			if !strings.HasPrefix(line, "T") {
 				continue
 			}
+			line, err := expandPad(line)
+			if err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
 			var frame []byte
 			if dotl {
 				m, err := parseDotL(line)

@@ -242,6 +242,25 @@ func (t *tracker) finish(frame []byte) []uint16 {
 	return r.flushes
 }
 
+// fidInUse reports whether fid is one the connection holds.
+func (t *tracker) fidInUse(fid uint32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.fids[fid]
+	return ok
+}
+
+// reset forgets every request in flight and every fid: a 9P2000
+// Tversion inside a session aborts the one and clunks the other.
+func (t *tracker) reset() {
+	t.mu.Lock()
+	clear(t.reqs)
+	clear(t.fids)
+	t.making = 0
+	t.mu.Unlock()
+	t.cond.Broadcast()
+}
+
 // close wakes a reader waiting for room: the connection is going away.
 func (t *tracker) close() {
 	t.mu.Lock()

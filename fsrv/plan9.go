@@ -114,6 +114,9 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 				if !isDir(f.node) {
 					return fmt.Errorf("%w: %s", errNotDir, aname)
 				}
+				// walk(5): ".." at the root of the attach stays there,
+				// so the chain above it is forgotten.
+				f.up = nil
 				fid.SetAux(f)
 				qid = s.qid9(s.stat(f.node))
 				return nil
@@ -213,7 +216,14 @@ func (s *session) plan9Server(g *gate, msize uint32) *srv9p.Server {
 		Stat: func(_ context.Context, fid *srv9p.Fid) (d *plan9.Dir, err error) {
 			err = call("stat", func() error {
 				f := aux(fid)
-				dir := s.dir9(f.node, f.uname)
+				// An open fid shows the content its reads see, fixed
+				// at open (stat(5) of an open file).
+				var dir plan9.Dir
+				if f.h != nil {
+					dir = s.dir9Attr(f.node, s.statOpen(f.h), f.uname)
+				} else {
+					dir = s.dir9(f.node, f.uname)
+				}
 				if f.node == s.Root {
 					dir.Name = "/"
 				}
@@ -304,7 +314,11 @@ func (s *Server) qid9(a attr) plan9.Qid {
 // dir9 is a node's stat in 9P2000 form. Files are owned by whoever attached:
 // fsrv has no users, and 9pfuse shows the name.
 func (s *session) dir9(n File, uname string) plan9.Dir {
-	a := s.stat(n)
+	return s.dir9Attr(n, s.stat(n), uname)
+}
+
+// dir9Attr is dir9 with the attributes given.
+func (s *session) dir9Attr(n File, a attr, uname string) plan9.Dir {
 	if uname == "" {
 		uname = "none"
 	}

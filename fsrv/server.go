@@ -79,10 +79,9 @@ type Server struct {
 	// night.
 	IdleTimeout time.Duration
 
-	// Audit, when set, is called for every write a Ctl applied (at
-	// least its first line), after the log line that records it (see
-	// AuditRecord). It is called with the Ctl's writes held: it must
-	// not block.
+	// Audit, when set, is called for every command line a Ctl applied,
+	// after the log line that records it (see AuditRecord). It is called
+	// with the Ctl's writes held: it must not block.
 	Audit func(AuditRecord)
 
 	// testIdleClock, if set, times the idle timeout, which otherwise
@@ -431,21 +430,42 @@ func (c *conn) serve() error {
 		attacher := dotlAttacher{c.sess}
 		st := newDotlStream(readWriteCloser{rest, out, c.rwc}, c.t, neg.first, neg.msize, c.s.maxMsize(), attacher.attachQID)
 		st.ending = &c.sess.ending
+		c.sess.msize.Store(neg.msize)
+		st.sessMsize = &c.sess.msize
 		st.wd = wd
-		srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
-		srv.Handle(st, st)
+		for {
+			srv := p9.NewServer(attacher, p9.WithServerLogger(ulogger{log}))
+			srv.Handle(st, st)
+			// A Tversion inside the session ends it and starts a new
+			// one with no fids (version(5)); p9 has waited for its
+			// requests and dropped its fids.
+			if st.again == nil {
+				break
+			}
+			st.reversion()
+		}
 	default:
 		log.Debug("fsrv: 9P2000 session", "msize", neg.msize)
 		c.sess.msize.Store(neg.msize)
-		var g gate
-		srv := c.sess.plan9Server(&g, c.s.maxMsize())
-		st := newPlan9Stream(rest, out, c.rwc, c.t, c.sess, neg.first)
+		st := newPlan9Stream(rest, out, c.rwc, c.t, c.sess, neg.first, c.s.maxMsize())
 		st.wd = wd
-		srv.Serve(st, st)
-		// srv9p returns when its reader fails, without waiting for the
-		// requests it started; wait for their callbacks here.
-		c.close()
-		g.close()
+		for {
+			g := new(gate)
+			srv := c.sess.plan9Server(g, c.s.maxMsize())
+			srv.Serve(st, st)
+			// srv9p returns when its reader fails, without waiting for
+			// the requests it started; wait for their callbacks here. A
+			// Tversion inside the session ends it too, and starts a new
+			// one with no fids (version(5)).
+			if st.again != nil {
+				g.close()
+				st.reversion()
+				continue
+			}
+			c.close()
+			g.close()
+			break
+		}
 	}
 	log.Debug("fsrv: connection ended")
 	return nil

@@ -16,7 +16,8 @@ type session struct {
 	// on a read-only listener.
 	conn *conn
 	// msize is the negotiated message size, which error strings must fit
-	// (9P2000).
+	// (9P2000) and by which a ctl write tells a client's cut of a longer
+	// write (msize-24 bytes) from a whole one.
 	msize atomic.Uint32
 	// ending is set once the connection is going away: the clunks that
 	// follow are the engine's cleanup, not the client's.

@@ -119,7 +119,7 @@ func TestRoles(t *testing.T) {
 		t.Errorf("commands handled: %q; want the read-write client's stop only", h)
 	}
 	mu.Lock()
-	want := AuditRecord{Listener: addr, Who: "cn=alice serial=" + Serial(p.client.Cert), File: "ctl", Bytes: 5, Command: "stop"}
+	want := AuditRecord{Listener: addr, Who: "cn=alice serial=" + Serial(p.client.Cert), File: "ctl", Bytes: 4, Command: "stop"}
 	if len(audited) != 1 || !strings.HasPrefix(audited[0].Peer, "127.0.0.1:") {
 		t.Errorf("audited %+v; want one record from 127.0.0.1", audited)
 	} else if audited[0].Peer = ""; audited[0] != want {
@@ -299,6 +299,23 @@ func TestSerialOddDigits(t *testing.T) {
 		}
 		if _, ok := d.serials["0EA1732C0A5B5F0DAA4927DE5C03AAB9"]; !ok {
 			t.Errorf("ParseDenyList(%q) holds %v", line, d.serials)
+		}
+	}
+}
+
+func TestCommandWord(t *testing.T) {
+	for line, want := range map[string]string{
+		"stop":                           "stop",
+		"lease 30s":                      "lease",
+		"  reset all ":                   "reset",
+		`{"op":3,"d":{"status":"idle"}}`: "op3",
+		`{"d":{}}`:                       "",
+		`{not json`:                      "",
+		"reshard 16":                     "reshard",
+		"x=1":                            "",
+	} {
+		if got := commandWord([]byte(line)); got != want {
+			t.Errorf("commandWord(%q) = %q; want %q", line, got, want)
 		}
 	}
 }

@@ -29,7 +29,9 @@ import (
 //
 // QID paths come from a process-wide counter, so the runner renames them
 // in replies: the first path seen becomes 0x1, the next 0x2, and so on.
-// Data may be written as a Go quoted string ("stop\nstart\n").
+// Data may be written as a Go quoted string ("stop\nstart\n"), and as
+// pad N "text": N bytes that end in text, newlines before it, the way a
+// client's cut of a long write at N bytes ends in the start of a line.
 //
 // Other verbs act on the fixture (fixture_test.go):
 //
@@ -40,6 +42,8 @@ import (
 //	advance 1s          advance the fixture's clock
 //	handled "a" "b"     the ctl lines handled since the last check
 //	hangup              the server must close the connection
+//	raw HEX             send these bytes (spaces ignored), for messages
+//	                    the parsers cannot write
 func TestTranscript(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil {
@@ -140,6 +144,14 @@ func runTranscript(t *testing.T, file, script string, dotl bool) {
 			}
 		case verb == "hangup":
 			tr.expectHangup(pos)
+		case verb == "raw":
+			b, err := hex.DecodeString(strings.ReplaceAll(rest, " ", ""))
+			if err != nil {
+				t.Fatalf("%s: %v", pos, err)
+			}
+			if _, err := tr.conn.Write(b); err != nil {
+				t.Fatalf("%s: write: %v", pos, err)
+			}
 		case verb[0] == 'T':
 			tr.send(pos, line)
 		case verb[0] == 'R':
@@ -198,6 +210,10 @@ func (tr *transcript) send(pos, line string) {
 	if tr.conn == nil {
 		t.Fatalf("%s: not serving", pos)
 	}
+	line, err := expandPad(line)
+	if err != nil {
+		t.Fatalf("%s: %v", pos, err)
+	}
 	var msg []byte
 	if tr.dotl {
 		m, err := parseDotL(line)
@@ -219,6 +235,27 @@ func (tr *transcript) send(pos, line string) {
 	if _, err := tr.conn.Write(msg); err != nil {
 		t.Fatalf("%s: write: %v", pos, err)
 	}
+}
+
+var padData = regexp.MustCompile(`data pad ([0-9]+) ("(?:[^"\\]|\\.)*")`)
+
+// expandPad replaces data pad N "text" with the quoted data it stands for.
+func expandPad(line string) (string, error) {
+	var err error
+	line = padData.ReplaceAllStringFunc(line, func(m string) string {
+		sub := padData.FindStringSubmatch(m)
+		n, _ := strconv.Atoi(sub[1])
+		text, e := strconv.Unquote(sub[2])
+		if e == nil && len(text) > n {
+			e = fmt.Errorf("pad %d: %q is longer", n, text)
+		}
+		if e != nil {
+			err = e
+			return m
+		}
+		return "data " + strconv.Quote(strings.Repeat("\n", n-len(text))+text)
+	})
+	return line, err
 }
 
 // parsePlan9 is plan9.ParseFcall with Go quoted data.

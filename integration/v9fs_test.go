@@ -622,8 +622,18 @@ var scenarios = []scenario{
 			if out := strings.Join(r.out["events"], "\n"); !strings.Contains(out, "event=rejected") {
 				t.Errorf("guest: 0/events has no rejected line naming frobnicate: %q", out)
 			}
-			if ev := eventLines(r.node, 0); !strings.Contains(ev, `cmd=frobnicate`) {
+			if ev := eventLines(r.node, 0); !strings.Contains(ev, `event=rejected cmd=? len=10 err="unknown command"`) {
 				t.Errorf("node: shard 0's events have no rejected frobnicate line:\n%s", ev)
+			}
+			// busybox's printf fails without a message.
+			if r.rc["bogus"] == 0 {
+				t.Errorf("guest: printf bogus > 0/ctl succeeded")
+			}
+			if r.rc["partial"] == 0 {
+				t.Errorf("guest: printf 'reset\\nbogus\\n' > 0/ctl succeeded")
+			}
+			if n := r.after[0].Reconnects - r.before[0].Reconnects; n != 1 {
+				t.Errorf("node: printf 'reset\\nbogus\\n' > 0/ctl reset shard 0 %d times; want once", n)
 			}
 		},
 	},

@@ -285,11 +285,7 @@ func (f *Fleet) command(line string) (bool, error) {
 		return false, nil
 	}
 	if len(words) > 1 {
-		err := fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(words[1:], " "))
-		if n := f.core(); n != nil {
-			n.Reject(line, err)
-		}
-		return true, err
+		return true, fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(words[1:], " "))
 	}
 	f.startDrain(context.Background())
 	return true, nil

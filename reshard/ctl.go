@@ -2,7 +2,6 @@ package reshard
 
 import (
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -19,7 +18,7 @@ const Usage = "reshard N|auto\n"
 // when the line is written (a malformed line, a move already running, the
 // node's own refusals, a given total that is no larger or beyond
 // MaxTotal, a budget that cannot pay for it, the rate) is the write's
-// error, with its reason, and an event=rejected line; the checks that
+// error, with its reason (the tree logs its event=rejected line); the checks that
 // take time (discovery, the community count) refuse later, in /events
 // and /reshard.
 func (m *Mover) Command(line string) (handled bool, err error) {
@@ -27,13 +26,14 @@ func (m *Mover) Command(line string) (handled bool, err error) {
 	if len(f) == 0 || f[0] != "reshard" {
 		return false, nil
 	}
-	defer func() {
-		if err != nil {
-			m.note(slog.LevelWarn, "rejected", "command", line, "reason", err.Error())
-		}
-	}()
 	bad := func(format string, args ...any) (bool, error) {
-		return true, fmt.Errorf("%w: %q: %s; usage: %s", core.ErrUsage, line, fmt.Sprintf(format, args...), strings.TrimSpace(Usage))
+		// The line is clipped: under 9P2000 the error string is cut at
+		// 127 bytes (ERRMAX), and the reason after it must survive.
+		quoted := line
+		if len(quoted) > 32 {
+			quoted = strings.ToValidUTF8(quoted[:32], "") + "..."
+		}
+		return true, fmt.Errorf("%w: %q: %s; usage: %s", core.ErrUsage, quoted, fmt.Sprintf(format, args...), strings.TrimSpace(Usage))
 	}
 	if len(f) != 2 {
 		return bad("want one argument")

@@ -248,8 +248,8 @@ func TestMoverRefusesOnWrite(t *testing.T) {
 			if st := e.m.Status(); st.State != Refused || st.Reason != err.Error() || !st.StartedAt.IsZero() {
 				t.Errorf("Status() = %+v; want refused, the reason, not started", st)
 			}
-			if ev := e.eventsText(); !strings.Contains(ev, `event=rejected command="`+tc.line+`"`) || !strings.Contains(ev, tc.want) {
-				t.Errorf("events = %q; want a rejected line with the reason", ev)
+			if ev := e.eventsText(); strings.Contains(ev, "event=rejected") {
+				t.Errorf("events = %q; want no line of the mover's: the tree logs a refusal of the hook", ev)
 			}
 			if len(e.built) != 0 {
 				t.Errorf("%d plans built after a refusal", len(e.built))

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -52,8 +53,9 @@ type Config struct {
 	// Files are more files at the root, after the standard ones.
 	Files []fsrv.File
 	// Command, when set, sees every node command first (a line written to
-	// /ctl): handled false passes it on to the core. CommandUsage is
-	// added to /ctl's usage.
+	// /ctl): handled false passes it on to the core. A refusal is logged
+	// to the node's events as the core's are (core.Scheduler.Reject), so
+	// the hook logs none itself. CommandUsage is added to /ctl's usage.
 	Command      func(line string) (handled bool, err error)
 	CommandUsage string
 }
@@ -131,6 +133,9 @@ func orDefault(v, def int) int {
 func (t *Tree) nodeCommand(line string) error {
 	if t.cfg.Command != nil {
 		if handled, err := t.cfg.Command(line); handled {
+			if err != nil {
+				t.node.Reject(line, err)
+			}
 			return fsError(err)
 		}
 	}
@@ -210,10 +215,21 @@ func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {
 			&fsrv.LogFile{Name: "events", Source: events},
 			&fsrv.Text{Name: "diag", Content: func() []byte { return t.diag(id) }},
 			&fsrv.LogFile{Name: "dispatch", Source: sf.dispatch, Private: true},
-			&fsrv.Ctl{Name: "send", Path: strconv.Itoa(id) + "/send", Handle: func(line string) error { return fsError(t.node.Send(id, []byte(line))) }, Private: true},
+			&fsrv.Ctl{Name: "send", Path: strconv.Itoa(id) + "/send", Handle: func(line string) error { return fsError(t.node.Send(id, sendPayload(line))) }, Raw: true, Private: true},
 		)
 	})
 	return sf.dir
+}
+
+// sendPayload is the payload of a line written to N/send. The gateway's
+// size limit counts the bytes as written, white space included: a line
+// over it is passed on whole, for Send to refuse and log; any other is
+// trimmed.
+func sendPayload(line string) []byte {
+	if len(line) > core.MaxPayload {
+		return []byte(line)
+	}
+	return []byte(strings.TrimSpace(line))
 }
 
 // Dispatch writes one dispatch to the shard's dispatch log and the node's.
@@ -456,6 +472,14 @@ func fsError(err error) error {
 	if err == nil {
 		return nil
 	}
+	if ce, ok := err.(*core.CommandError); ok && len(ce.Word) > maxErrWord {
+		// The word comes first in the error and can be the whole junk
+		// line; under 9P2000 the string is cut at 127 bytes (ERRMAX),
+		// and the reason after the word must survive that.
+		short := *ce
+		short.Word = clipWord(ce.Word)
+		err = &short
+	}
 	var kind error
 	switch {
 	case errors.Is(err, core.ErrTooLarge):
@@ -468,6 +492,19 @@ func fsError(err error) error {
 		return err
 	}
 	return &kindError{err: err, kind: kind}
+}
+
+// maxErrWord bounds the quoted word of a refused command in a write's
+// error.
+const maxErrWord = 32
+
+// clipWord cuts w to maxErrWord bytes at a rune boundary, marking the cut.
+func clipWord(w string) string {
+	cut := maxErrWord
+	for cut > 0 && !utf8.RuneStart(w[cut]) {
+		cut--
+	}
+	return w[:cut] + "..."
 }
 
 type kindError struct{ err, kind error }

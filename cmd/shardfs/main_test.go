@@ -157,7 +157,9 @@ func tcpHostPort(addr string) string {
 // eventually polls f, at a process boundary, for at most 30 s.
 func eventually(t *testing.T, what string, f func() (bool, string)) {
 	t.Helper()
-	err := poll.Until(t.Context(), what, 30*time.Second, 100*time.Millisecond, func() error {
+	// A bound on a hang only: on a loaded machine a supervised child took
+	// 13 s from its start to serving its tree.
+	err := poll.Until(t.Context(), what, 2*time.Minute, 100*time.Millisecond, func() error {
 		if ok, last := f(); !ok {
 			return fmt.Errorf("%q", last)
 		}

@@ -178,7 +178,7 @@ func (c *conn) identifyLocked(d identifyData, now time.Time) {
 	sh := s.shardLocked(shardID)
 	if s.cfg.Flavor == Discord {
 		bucket := shardID % s.cfg.MaxConcurrency
-		if last, ok := s.buckets[bucket]; ok && now.Sub(last) < s.cfg.IdentifyInterval {
+		if last, ok := s.buckets[bucket]; ok && now.Sub(last) < s.cfg.IdentifyInterval-s.cfg.IdentifyTolerance {
 			sh.refused.Add(1)
 			c.enqueue(frame{kind: framePayload, data: invalidSessionNo})
 			return

@@ -74,6 +74,13 @@ type Config struct {
 	// IdentifyInterval is how long a Discord identify bucket stays taken;
 	// default 5 s.
 	IdentifyInterval time.Duration
+	// IdentifyTolerance accepts an identify that comes up to this much
+	// before its bucket's IdentifyInterval has passed; default 0, strict.
+	// A test whose clients are other processes on a loaded machine sets
+	// it: the simulator times an identify when its goroutine reads it,
+	// and two clients' frames read late by different amounts turn a
+	// 5.05 s spacing at the writers into under 5 s at the simulator.
+	IdentifyTolerance time.Duration
 	// SessionStartLimit is Discord's daily identify allowance; default 1000.
 	// Identifying when none remains revokes the token, as Discord does.
 	SessionStartLimit int

@@ -140,6 +140,11 @@ s_lease() {
 s_reject() {
 	show frob put "$TREE/0/ctl" frobnicate
 	show events grep frobnicate "$TREE/0/events"
+	# A write without a newline is a command whose error the writer sees;
+	# a write that fails part-way applies the lines before the bad one
+	# once (issue 21 items 9 and 10).
+	show bogus sh -c "printf bogus >$TREE/0/ctl"
+	show partial sh -c "printf 'reset\nbogus\n' >$TREE/0/ctl"
 }
 
 s_tail() {
