@@ -18,9 +18,9 @@ import (
 	"github.com/shardfs/shardfs/clock"
 )
 
-// Where secrets.cpio.gz puts the bot token and etcd's TLS files, and
-// tls.cpio.gz the TLS listener's files (the keys and the token mode 0600,
-// in a folder of mode 0700).
+// Where enrollment leaves the bot token, etcd's TLS files and the TLS
+// listener's files (the keys and the token mode 0600, in a folder of mode
+// 0700, in memory).
 const (
 	TokenPath       = "/secrets/token"
 	EtcdCAPath      = "/secrets/etcd-ca.crt"
@@ -36,11 +36,14 @@ type Config struct {
 	// Console receives the progress lines (PID 1's standard error is the
 	// kernel console).
 	Console io.Writer
-	// Run runs the node until ctx ends. token is empty when no
-	// secrets.cpio.gz was loaded: Run must then still serve the tree,
-	// every shard FATAL with "no token". An error is printed and Run is
-	// called again after a backoff.
+	// Run runs the node until ctx ends. token is empty when the node
+	// did not enroll (no shardfs.enroll): Run must then still serve the
+	// tree, every shard FATAL with "no token". An error is printed and Run
+	// is called again after a backoff.
 	Run func(ctx context.Context, s Settings, token string) error
+	// Input is the console's input (PID 1's standard input), where an
+	// operator types a node's one-time enrollment code; nil: none.
+	Input io.Reader
 	// Clock paces the retries; nil means real time.
 	Clock clock.Clock
 }
@@ -111,11 +114,33 @@ func Boot(ctx context.Context, cfg Config) error {
 		return err
 	}
 
+	if settings.Enroll != "" && !refused {
+		name := settings.Node
+		if name == "" {
+			name = NodeName(leaseHostname(lease), leaseMAC(lease))
+		}
+		var addrs []string
+		if ip := leaseIP(lease); ip != "" {
+			addrs = append(addrs, ip)
+		}
+		if f, ok := cfg.Input.(*os.File); ok {
+			hideTyping(f)
+		}
+		e, err := enrollNode(ctx, clk, con, "", settings, name, leaseMAC(lease), addrs, consoleLines(ctx, cfg.Input))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			con.printf("%v", err)
+			return refuse(ctx, clk, con)
+		}
+		settings.Enrollment = &e
+	}
 	return runNode(ctx, clk, con, cfg.Run, "", settings, refused, leaseHostname(lease), leaseMAC(lease))
 }
 
-// runNode is Boot once the network is up: it reads the files the secrets
-// and TLS initrds left under root, then refuses the node (refused, or no
+// runNode is Boot once the network is up and the node enrolled: it reads
+// the files enrollment left under root, then refuses the node (refused, or no
 // listener would export the tree) or runs it, retrying it with a backoff.
 func runNode(ctx context.Context, clk clock.Clock, con *console, run func(context.Context, Settings, string) error, root string, settings Settings, refused bool, dhcpHostname string, mac net.HardwareAddr) error {
 	token := readToken(con, root)
@@ -144,7 +169,7 @@ func runNode(ctx context.Context, clk clock.Clock, con *console, run func(contex
 	})
 }
 
-// checkListen completes the listeners with the TLS files tls.cpio.gz
+// checkListen completes the listeners with the TLS files enrollment
 // brought: with them and no shardfs.listen, the node listens on
 // DefaultListen; a tls! listener without them, or no listener at all, is
 // refused.
@@ -160,27 +185,27 @@ func checkListen(con *console, root string, s *Settings) bool {
 		s.TLSCert, s.TLSKey, s.TLSClientCA = root+TLSCertPath, root+TLSKeyPath, root+TLSClientCAPath
 		if len(s.Listen) == 0 {
 			s.Listen = []string{DefaultListen}
-			con.printf("listening on %s (the default: tls.cpio.gz brought the TLS files)", DefaultListen)
+			con.printf("listening on %s (the default: enrollment brought the TLS files)", DefaultListen)
 		}
 		return true
 	case 0:
 	default:
-		con.printf("tls.cpio.gz holds only some of %s, %s, %s: no TLS listener", TLSCertPath, TLSKeyPath, TLSClientCAPath)
+		con.printf("enrollment brought only some of %s, %s, %s: no TLS listener", TLSCertPath, TLSKeyPath, TLSClientCAPath)
 	}
 	if len(s.Listen) == 0 {
-		con.printf("kernel command line: shardfs.listen: missing, and no tls.cpio.gz brought the TLS files for the default %s: nothing would export the tree", DefaultListen)
+		con.printf("kernel command line: shardfs.listen: missing, and no enrollment (shardfs.enroll) brought the TLS files for the default %s: nothing would export the tree", DefaultListen)
 		return false
 	}
 	for _, l := range s.Listen {
 		if strings.HasPrefix(l, "tls!") {
-			con.printf("kernel command line: shardfs.listen=%s: no TLS files (tls.cpio.gz was not loaded, or shardfs netboot had no --tls-cert --tls-key --tls-client-ca)", l)
+			con.printf("kernel command line: shardfs.listen=%s: no TLS files (the node did not enroll: no shardfs.enroll, or the enrollment server has no --tls-client-ca)", l)
 			return false
 		}
 	}
 	return true
 }
 
-// etcdFiles sets etcd's TLS files that secrets.cpio.gz brought.
+// etcdFiles sets etcd's TLS files that enrollment brought.
 func etcdFiles(con *console, root string, s *Settings) {
 	if _, err := os.Stat(root + EtcdCAPath); err == nil {
 		s.EtcdCA = root + EtcdCAPath
@@ -213,13 +238,13 @@ func NodeName(dhcpHostname string, mac net.HardwareAddr) string {
 	return "pxe-" + strings.ReplaceAll(mac.String(), ":", "-")
 }
 
-// readToken reads and removes the token secrets.cpio.gz left: from then on
+// readToken reads and removes the token enrollment left: from then on
 // it lives only in the node's memory. Without it the console says what
 // the node does instead.
 func readToken(con *console, root string) string {
 	b, err := os.ReadFile(root + TokenPath)
 	if errors.Is(err, fs.ErrNotExist) {
-		con.printf("no token: no %s (secrets.cpio.gz was not loaded, or was made without --token-file); the node serves its tree and every shard is FATAL with \"no token\"", TokenPath)
+		con.printf("no token: no %s (no shardfs.enroll on the kernel command line, or the enrollment server has no --token-file); the node serves its tree and every shard is FATAL with \"no token\"", TokenPath)
 		return ""
 	}
 	if err != nil {

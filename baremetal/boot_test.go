@@ -113,7 +113,7 @@ func TestReadToken(t *testing.T) {
 	if tok := readToken(con, root); tok != "" {
 		t.Errorf("readToken without secrets = %q; want empty", tok)
 	}
-	if l := next(t, out); !strings.Contains(l, `no token: no /secrets/token (secrets.cpio.gz was not loaded`) || !strings.Contains(l, `FATAL with "no token"`) {
+	if l := next(t, out); !strings.Contains(l, `no token: no /secrets/token (no shardfs.enroll`) || !strings.Contains(l, `FATAL with "no token"`) {
 		t.Errorf("console = %q; want it to say there is no token and what follows", l)
 	}
 	os.MkdirAll(filepath.Join(root, "secrets"), 0o700)
@@ -265,9 +265,9 @@ func TestRunNodeRefuses(t *testing.T) {
 	}
 }
 
-// TestRunNodeWithoutSecrets: tls.cpio.gz was loaded, secrets.cpio.gz was
-// not: the node runs on the default TLS listener with no token, and the
-// console says so.
+// TestRunNodeWithoutSecrets: the TLS files are there but no token (an
+// enrollment server without --token-file): the node runs on the default
+// TLS listener with no token, and the console says so.
 func TestRunNodeWithoutSecrets(t *testing.T) {
 	root := t.TempDir()
 	os.MkdirAll(root+"/secrets", 0o700)
@@ -309,7 +309,7 @@ func TestRunNodeWithoutSecrets(t *testing.T) {
 		console = append(console, <-out)
 	}
 	text := strings.Join(console, "\n")
-	for _, want := range []string{`every shard is FATAL with "no token"`, "listening on " + DefaultListen + " (the default: tls.cpio.gz brought the TLS files)", `this node is "pxe-52-54-00-12-34-56"`, "without a token: its tree only, every shard FATAL, no etcd"} {
+	for _, want := range []string{`every shard is FATAL with "no token"`, "listening on " + DefaultListen + " (the default: enrollment brought the TLS files)", `this node is "pxe-52-54-00-12-34-56"`, "without a token: its tree only, every shard FATAL, no etcd"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("console =\n%s\nwant %q", text, want)
 		}

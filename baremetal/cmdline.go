@@ -24,17 +24,22 @@ type Settings struct {
 	Node    string // the node's name in etcd; Boot defaults it (NodeName)
 	API     string
 	Gateway string
+	// Enroll is the enrollment server's host:port (package enroll).
+	Enroll string
 
-	// The TLS listener's files, which Boot sets when tls.cpio.gz
-	// brought them (never from the command line).
+	// The TLS listener's files, which Boot sets once the enrollment
+	// server sent them (never from the command line).
 	TLSCert, TLSKey, TLSClientCA string
-	// etcd's TLS files, which Boot sets when secrets.cpio.gz brought
+	// etcd's TLS files, which Boot sets when the enrollment server sent
 	// them.
 	EtcdCA, EtcdCert, EtcdKey string
+	// Enrollment, which Boot sets once the node enrolled, is what its
+	// /enroll shows.
+	Enrollment *Enrollment
 }
 
 // DefaultListen is the listener of a node whose command line names none
-// and whose tls.cpio.gz brought the TLS files.
+// and whose enrollment brought the TLS files.
 const DefaultListen = "tls!0.0.0.0!5641"
 
 // Args are serve's flags for s (the token is not among them).
@@ -93,11 +98,11 @@ var (
 	ErrUnknownKey = errors.New("unknown key")
 	ErrMalformed  = errors.New("malformed value")
 	ErrMissing    = errors.New("missing")
-	ErrSecret     = errors.New("the token never goes on the kernel command line: /proc/cmdline is world-readable and the boot script travels in the clear; use netboot --token-file, which writes secrets.cpio.gz")
+	ErrSecret     = errors.New("the token never goes on the kernel command line: /proc/cmdline is world-readable and the boot script travels in the clear; the node receives it from the enrollment server (shardfs.enroll, shardfs netboot --serve)")
 )
 
 // Keys are the shardfs.* keys the command line may carry.
-var Keys = []string{"flavor", "total", "shards", "listen", "etcd", "bot", "node", "api", "gateway"}
+var Keys = []string{"flavor", "total", "shards", "listen", "etcd", "bot", "node", "api", "gateway", "enroll"}
 
 // ParseCmdline reads the shardfs.* keys of a kernel command line (the
 // content of /proc/cmdline) and ignores every other word. Values may be
@@ -246,6 +251,15 @@ func (s *Settings) set(name, v string) error {
 			return err
 		}
 		s.Gateway = v
+	case "enroll":
+		host, port, err := net.SplitHostPort(v)
+		if err != nil {
+			return err
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || host == "" {
+			return errors.New("want HOST:PORT, the address of shardfs netboot --serve")
+		}
+		s.Enroll = v
 	}
 	return nil
 }

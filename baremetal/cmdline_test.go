@@ -84,7 +84,7 @@ func TestParseCmdlineProblems(t *testing.T) {
 }
 
 // TestCmdlineToServe: the command line of a fleet node becomes serve's
-// etcd flags, with the files secrets.cpio.gz and tls.cpio.gz brought;
+// etcd flags, with the files enrollment brought;
 // plain TCP on loopback or with ,insecure is allowed.
 func TestCmdlineToServe(t *testing.T) {
 	for _, tc := range []struct {

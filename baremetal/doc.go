@@ -6,9 +6,11 @@
 // (ParseCmdline), loads the NIC modules the image lists in /etc/modules
 // (finit_module, in the order netboot resolved from each module's
 // .modinfo), brings up lo, runs DHCP on every eth*/en* interface with
-// u-root's dhclient (address, routes, /etc/resolv.conf), reads the token
-// that secrets.cpio.gz left in /secrets/token and removes the file, reaps
-// orphans, and runs the node (runNode: shardfs serve's flags, Settings.Args). Every failure goes to the console; DHCP and
+// u-root's dhclient (address, routes, /etc/resolv.conf), enrolls with
+// the enrollment server (package enroll: a key made at boot, its
+// fingerprint on the console, the secrets once an operator approves it or
+// a one-time code is typed on the console), reads the token enrollment
+// left in /secrets/token and removes the file, reaps orphans, and runs the node (runNode: shardfs serve's flags, Settings.Args). Every failure goes to the console; DHCP and
 // the node are retried with a doubling backoff (1 s to 30 s) and Boot
 // never returns on its own, since PID 1 exiting panics the kernel.
 //
@@ -23,27 +25,30 @@
 //     on the command line) refuse the node: the reason is repeated on the
 //     console once a minute, the network stays up. netboot runs the same
 //     check and refuses to write such an image.
-//   - Three initrds: initrd.cpio.gz (no secret), tls.cpio.gz (the TLS
-//     listener's certificate, key and client CA) and secrets.cpio.gz (the
-//     token, and etcd's TLS files), the last two mode 0600 and each
-//     optional in boot.ipxe (`initrd … || echo`). The listener's files
-//     travel apart from the token so that a node whose secrets.cpio.gz is
-//     missing still exports its tree and can say why it does nothing.
+//   - One initrd, no secret: initrd.cpio.gz holds the binary, the
+//     modules, the CA bundle and the enrollment CA's certificate. The
+//     token, the TLS listener's certificate and key (signed by the
+//     enrollment server for the key the node made; the key never leaves
+//     the node) and etcd's credentials come by enrollment (shardfs.enroll)
+//     and live in the initramfs, that is in memory, mode 0600.
+//   - Enrollment is retried with the backoff while the server cannot be
+//     reached or refuses; a refusal of an already-enrolled key (a lost
+//     reply) makes a new key, printed again. The console's echo is turned
+//     off while the node waits, so that a typed code does not show.
 //   - Listeners: shardfs.listen, repeatable. Without it the node listens
-//     on tls!0.0.0.0!5641 when tls.cpio.gz brought the TLS files
+//     on tls!0.0.0.0!5641 once enrollment brought the TLS files
 //     (/secrets/tls.crt, tls.key, client-ca.crt), and refuses otherwise:
 //     the tree is never exported in the clear unless asked for.
-//   - No token (secrets.cpio.gz absent, or made without --token-file):
-//     the console says so, and the node still serves its tree on its
-//     listeners (the default TLS one when tls.cpio.gz was loaded), every
-//     shard FATAL with "no token", so the operator sees why over the
-//     network. Such a node does not join etcd: it would take shards it
-//     cannot run. A node that lacks tls.cpio.gz too has no TLS listener
-//     and refuses to start unless the command line names a unix or
-//     ,insecure one.
+//   - No token (no shardfs.enroll, or an enrollment server without
+//     --token-file): the console says so, and the node still serves its
+//     tree on its listeners, every shard FATAL with "no token", so the
+//     operator sees why. Such a node does not join etcd: it would take
+//     shards it cannot run. A node without shardfs.enroll has no TLS
+//     listener and refuses to start unless the command line names a unix
+//     or ,insecure one.
 //   - A fleet node (shardfs.etcd, shardfs.bot, optional shardfs.node) runs
 //     serve --etcd --bot --node, with --etcd-ca, --etcd-cert and
-//     --etcd-key when secrets.cpio.gz brought /secrets/etcd-ca.crt,
+//     --etcd-key when enrollment brought /secrets/etcd-ca.crt,
 //     etcd.crt and etcd.key. Without shardfs.node the node's name is the
 //     host name DHCP gave (option 12), else pxe- and the NIC's hardware
 //     address (pxe-52-54-00-12-34-56): the kernel's own host name is

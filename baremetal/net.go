@@ -81,3 +81,11 @@ func leaseMAC(l dhclient.Lease) net.HardwareAddr {
 	}
 	return nil
 }
+
+// leaseIP is the address the lease gave, or "".
+func leaseIP(l dhclient.Lease) string {
+	if m, _ := l.Message(); m != nil && m.YourIPAddr != nil && !m.YourIPAddr.IsUnspecified() {
+		return m.YourIPAddr.String()
+	}
+	return ""
+}

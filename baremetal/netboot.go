@@ -25,14 +25,10 @@ type Netboot struct {
 	Modules []KernelModule
 	// Cmdline is the kernel command line boot.ipxe passes.
 	Cmdline string
-	// TokenFile, when set, is read into secrets.cpio.gz.
-	TokenFile string
-	// EtcdCA, EtcdCert and EtcdKey, when set, are etcd's TLS files (the
-	// CA, and the client certificate and key), put into secrets.cpio.gz.
-	EtcdCA, EtcdCert, EtcdKey string
-	// TLSCert, TLSKey and TLSClientCA, when set, are the TLS listener's
-	// files, put into tls.cpio.gz.
-	TLSCert, TLSKey, TLSClientCA string
+	// EnrollCA, when set, is the enrollment CA's certificate (PEM), put
+	// at EnrollCAPath: the only thing the node needs to enroll besides
+	// the server's address (shardfs.enroll), and no secret.
+	EnrollCA string
 	// CABundle, when set, is the PEM file of the certificate authorities
 	// the node trusts for wss:// and https:// (the gateway, the API), put
 	// where Go looks on Linux, CABundlePath.
@@ -45,11 +41,9 @@ const CABundlePath = "/etc/ssl/certs/ca-certificates.crt"
 
 // The files of the output folder.
 const (
-	BootScript  = "boot.ipxe"
-	InitrdFile  = "initrd.cpio.gz"
-	SecretsFile = "secrets.cpio.gz"
-	TLSFile     = "tls.cpio.gz"
-	KernelFile  = "vmlinuz"
+	BootScript = "boot.ipxe"
+	InitrdFile = "initrd.cpio.gz"
+	KernelFile = "vmlinuz"
 )
 
 // DefaultConsole is put before the command line unless it names a
@@ -119,6 +113,9 @@ func (n Netboot) Initrd() *initramfs.Image {
 	for _, d := range []string{"proc", "sys", "run", "tmp", "etc"} {
 		a.Dir(d, 0o755)
 	}
+	if n.EnrollCA != "" {
+		a.Copy(strings.TrimPrefix(EnrollCAPath, "/"), n.EnrollCA, 0o644)
+	}
 	if n.CABundle != "" {
 		a.Copy(strings.TrimPrefix(CABundlePath, "/"), n.CABundle, 0o644)
 	}
@@ -133,62 +130,22 @@ func (n Netboot) Initrd() *initramfs.Image {
 	return a
 }
 
-// Secrets is the secrets initrd: the token and etcd's TLS files, the
-// token and etcd's key readable by root only. The files are read only when
-// written. Without it the node still serves its tree (over the listener
-// tls.cpio.gz brought), every shard FATAL with "no token".
-func (n Netboot) Secrets() *initramfs.Image {
-	a := secretsDir()
-	if n.TokenFile != "" {
-		a.Copy(TokenPath, n.TokenFile, 0o600)
-	}
-	if n.EtcdCA != "" {
-		a.Copy(EtcdCAPath, n.EtcdCA, 0o644)
-	}
-	if n.EtcdKey != "" {
-		a.Copy(EtcdCertPath, n.EtcdCert, 0o644)
-		a.Copy(EtcdKeyPath, n.EtcdKey, 0o600)
-	}
-	return a
-}
-
-// TLS is the TLS listener's initrd: its certificate, key (readable by
-// root only) and the CA of the clients it accepts. It is apart from the
-// token so that a node whose secrets.cpio.gz is missing still exports its
-// tree, and says why it does nothing.
-func (n Netboot) TLS() *initramfs.Image {
-	a := secretsDir()
-	a.Copy(TLSCertPath, n.TLSCert, 0o644)
-	a.Copy(TLSKeyPath, n.TLSKey, 0o600)
-	a.Copy(TLSClientCAPath, n.TLSClientCA, 0o644)
-	return a
-}
-
-// secretsDir is an archive with /secrets (mode 0700) only.
-func secretsDir() *initramfs.Image {
-	a := &initramfs.Image{Level: gzip.BestCompression}
-	a.Dir(filepath.Dir(strings.TrimPrefix(TokenPath, "/")), 0o700)
-	return a
-}
-
-func (n Netboot) hasSecrets() bool { return n.TokenFile != "" || n.EtcdCA != "" || n.EtcdKey != "" }
-func (n Netboot) hasTLS() bool     { return n.TLSKey != "" }
-
-// Script is boot.ipxe. A missing secrets.cpio.gz or tls.cpio.gz does not
-// stop the boot: the node comes up and says on its console what it lacks
-// (without the token it serves its tree, every shard FATAL with "no
-// token"; without the TLS files it has no TLS listener).
+// Script is boot.ipxe: the kernel and the one initrd, which hold no
+// secret; the node enrolls for its secrets (package enroll).
 func (n Netboot) Script() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "#!ipxe\n# Written by shardfs netboot. It holds no secret: the token is in %s.\n", SecretsFile)
+	b.WriteString("#!ipxe\n# Written by shardfs netboot. Nothing here is secret: the node enrolls for its secrets.\n")
 	fmt.Fprintf(&b, "kernel %s %s\n", KernelFile, n.KernelCmdline())
 	fmt.Fprintf(&b, "initrd %s\n", InitrdFile)
-	if n.hasTLS() {
-		fmt.Fprintf(&b, "initrd %s || echo shardfs: no %s: the node has no TLS listener\n", TLSFile, TLSFile)
-	}
-	fmt.Fprintf(&b, "initrd %s || echo shardfs: no %s: the node boots without its token\n", SecretsFile, SecretsFile)
 	b.WriteString("boot\n")
 	return b.String()
+}
+
+func (n Netboot) enrollWhat() string {
+	if n.EnrollCA == "" {
+		return ""
+	}
+	return ", the enrollment CA < " + n.EnrollCA
 }
 
 // Output is one file of the output folder.
@@ -208,7 +165,7 @@ func (n Netboot) Outputs() []Output {
 			_, err := io.WriteString(w, script)
 			return err
 		}},
-		{Name: InitrdFile, Mode: 0o644, What: fmt.Sprintf("/init < %s, %d modules", n.Init, len(n.Modules)), write: func(w io.Writer) error {
+		{Name: InitrdFile, Mode: 0o644, What: fmt.Sprintf("/init < %s, %d modules%s", n.Init, len(n.Modules), n.enrollWhat()), write: func(w io.Writer) error {
 			_, err := n.Initrd().WriteTo(w)
 			return err
 		}},
@@ -224,25 +181,6 @@ func (n Netboot) Outputs() []Output {
 			return err
 		}})
 	}
-	if n.hasTLS() {
-		out = append(out, Output{Name: TLSFile, Mode: 0o600, What: "the TLS listener's certificate, key and client CA", write: func(w io.Writer) error {
-			_, err := n.TLS().WriteTo(w)
-			return err
-		}})
-	}
-	if n.hasSecrets() {
-		var what []string
-		if n.TokenFile != "" {
-			what = append(what, "the token")
-		}
-		if n.EtcdCA != "" || n.EtcdKey != "" {
-			what = append(what, "etcd's TLS files")
-		}
-		out = append(out, Output{Name: SecretsFile, Mode: 0o600, What: strings.Join(what, ", "), write: func(w io.Writer) error {
-			_, err := n.Secrets().WriteTo(w)
-			return err
-		}})
-	}
 	return out
 }
 
@@ -254,12 +192,6 @@ func (n Netboot) String() string {
 	}
 	fmt.Fprintf(&b, "\n%s holds:\n%s", InitrdFile, n.Initrd())
 	fmt.Fprintf(&b, "\nat boot /init mounts:\n%s", RootFS)
-	if n.hasTLS() {
-		fmt.Fprintf(&b, "\n%s holds:\n%s", TLSFile, n.TLS())
-	}
-	if n.hasSecrets() {
-		fmt.Fprintf(&b, "\n%s holds:\n%s", SecretsFile, n.Secrets())
-	}
 	return b.String()
 }
 

@@ -5,7 +5,6 @@ import (
 	"compress/gzip"
 	"errors"
 	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -57,12 +56,10 @@ func TestNetbootWrite(t *testing.T) {
 		return p
 	}
 	nb := Netboot{
-		Init:      src("shardfs", "ELF-ish"),
-		Modules:   []KernelModule{{Name: "virtio", Path: src("virtio.ko", "mod1")}, {Name: "virtio_net", Path: src("virtio_net.ko", "mod2")}},
-		Cmdline:   "shardfs.flavor=discord shardfs.total=1",
-		TokenFile: src("token", "TOKEN-SECRET\n"),
-		TLSCert:   src("tls.crt", "CERT"), TLSKey: src("tls.key", "KEY-SECRET"), TLSClientCA: src("ca.crt", "CA"),
-		EtcdCA: src("etcd-ca.crt", "ETCD-CA"), EtcdCert: src("etcd.crt", "ETCD-CERT"), EtcdKey: src("etcd.key", "ETCD-KEY-SECRET"),
+		Init:     src("shardfs", "ELF-ish"),
+		Modules:  []KernelModule{{Name: "virtio", Path: src("virtio.ko", "mod1")}, {Name: "virtio_net", Path: src("virtio_net.ko", "mod2")}},
+		Cmdline:  "shardfs.flavor=discord shardfs.total=1",
+		EnrollCA: src("enroll-ca.crt", "ENROLL-CA"),
 		CABundle: src("bundle.pem", "BUNDLE"),
 	}
 	out := filepath.Join(dir, "out")
@@ -70,7 +67,7 @@ func TestNetbootWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantModes := map[string]os.FileMode{BootScript: 0o644, InitrdFile: 0o644, SecretsFile: 0o600, TLSFile: 0o600}
+	wantModes := map[string]os.FileMode{BootScript: 0o644, InitrdFile: 0o644}
 	for name, mode := range wantModes {
 		fi, err := os.Stat(filepath.Join(out, name))
 		if err != nil || fi.Mode().Perm() != mode || fi.Size() != sizes[name] {
@@ -92,6 +89,7 @@ func TestNetbootWrite(t *testing.T) {
 		{"lib/modules/virtio_net.ko", cpio.S_IFREG | 0o644},
 		{"etc/modules", cpio.S_IFREG | 0o644},
 		{"etc/ssl/certs/ca-certificates.crt", cpio.S_IFREG | 0o644},
+		{"etc/shardfs/enroll-ca.crt", cpio.S_IFREG | 0o644},
 	} {
 		if modes[want.path] != want.mode {
 			t.Errorf("initrd %s: mode %o; want %o", want.path, modes[want.path], want.mode)
@@ -106,29 +104,16 @@ func TestNetbootWrite(t *testing.T) {
 		}
 	}
 
-	// secrets.cpio.gz: the token and etcd's files, nothing of TLS.
-	modes, data = readArchive(t, filepath.Join(out, SecretsFile))
-	wantSecrets := map[string]uint64{"secrets": cpio.S_IFDIR | 0o700, "secrets/token": cpio.S_IFREG | 0o600,
-		"secrets/etcd-ca.crt": cpio.S_IFREG | 0o644, "secrets/etcd.crt": cpio.S_IFREG | 0o644, "secrets/etcd.key": cpio.S_IFREG | 0o600}
-	if !maps.Equal(modes, wantSecrets) {
-		t.Errorf("secrets.cpio.gz modes = %v; want %v", modes, wantSecrets)
+	if data["etc/shardfs/enroll-ca.crt"] != "ENROLL-CA" {
+		t.Errorf("initrd: the enrollment CA %q; want ENROLL-CA", data["etc/shardfs/enroll-ca.crt"])
 	}
-	if data["secrets/token"] != "TOKEN-SECRET\n" || data["secrets/etcd.key"] != "ETCD-KEY-SECRET" || data["secrets/etcd-ca.crt"] != "ETCD-CA" {
-		t.Errorf("secrets.cpio.gz = %q", data)
-	}
-	// tls.cpio.gz: the listener's files only, not the token.
-	modes, data = readArchive(t, filepath.Join(out, TLSFile))
-	wantTLS := map[string]uint64{"secrets": cpio.S_IFDIR | 0o700, "secrets/tls.crt": cpio.S_IFREG | 0o644,
-		"secrets/tls.key": cpio.S_IFREG | 0o600, "secrets/client-ca.crt": cpio.S_IFREG | 0o644}
-	if !maps.Equal(modes, wantTLS) {
-		t.Errorf("tls.cpio.gz modes = %v; want %v", modes, wantTLS)
-	}
-	if data["secrets/tls.key"] != "KEY-SECRET" || data["secrets/client-ca.crt"] != "CA" || data["secrets/tls.crt"] != "CERT" {
-		t.Errorf("tls.cpio.gz = %q", data)
+	// Nothing else is written: the secrets come by enrollment.
+	if ents, _ := os.ReadDir(out); len(ents) != 2 {
+		t.Errorf("netboot wrote %v; want boot.ipxe and the initrd only", ents)
 	}
 
 	script, _ := os.ReadFile(filepath.Join(out, BootScript))
-	for _, want := range []string{"#!ipxe\n", "kernel vmlinuz console=tty0 console=ttyS0,115200 quiet edd=off panic=10 shardfs.flavor=discord shardfs.total=1\n", "initrd initrd.cpio.gz\ninitrd tls.cpio.gz || echo shardfs: no tls.cpio.gz: the node has no TLS listener\ninitrd secrets.cpio.gz || echo shardfs: no secrets.cpio.gz: the node boots without its token\nboot\n"} {
+	for _, want := range []string{"#!ipxe\n", "kernel vmlinuz console=tty0 console=ttyS0,115200 quiet edd=off panic=10 shardfs.flavor=discord shardfs.total=1\n", "initrd initrd.cpio.gz\nboot\n"} {
 		if !strings.Contains(string(script), want) {
 			t.Errorf("boot.ipxe =\n%s\nwant %q", script, want)
 		}
@@ -137,18 +122,8 @@ func TestNetbootWrite(t *testing.T) {
 	if !strings.Contains(plan, "at boot /init mounts:\n"+RootFS.String()) {
 		t.Errorf("dry run =\n%s\nwant the mount table", plan)
 	}
-	for _, want := range []string{
-		"tls.cpio.gz      0600  the TLS listener's certificate, key and client CA\n",
-		"secrets.cpio.gz  0600  the token, etcd's TLS files\n",
-		"tls.cpio.gz holds:\n", "file    0600 /secrets/tls.key < " + nb.TLSKey,
-		"secrets.cpio.gz holds:\n", "file    0600 /secrets/token < " + nb.TokenFile, "file    0600 /secrets/etcd.key < " + nb.EtcdKey,
-	} {
-		if !strings.Contains(plan, want) {
-			t.Errorf("dry run =\n%s\nwant %q", plan, want)
-		}
-	}
-	if strings.Contains(plan, "SECRET") {
-		t.Errorf("dry run =\n%s\nshows a secret's content", plan)
+	if want := "file    0644 /etc/shardfs/enroll-ca.crt < " + nb.EnrollCA; !strings.Contains(plan, want) {
+		t.Errorf("dry run =\n%s\nwant %q", plan, want)
 	}
 }
 
@@ -161,10 +136,9 @@ func TestNetbootNoSecrets(t *testing.T) {
 	if !slices.Equal(names, []string{BootScript, InitrdFile}) {
 		t.Errorf("outputs = %v; want boot.ipxe and the initrd only", names)
 	}
-	// boot.ipxe still asks for secrets.cpio.gz (an operator may add it),
-	// never for a tls.cpio.gz netboot did not make.
-	if script := nb.Script(); !strings.Contains(script, "initrd secrets.cpio.gz || echo") || strings.Contains(script, TLSFile) {
-		t.Errorf("boot.ipxe =\n%s\nwant secrets.cpio.gz optional, no tls.cpio.gz", script)
+	// boot.ipxe loads the one initrd and nothing else.
+	if script := nb.Script(); strings.Count(script, "\ninitrd ") != 1 || strings.Contains(script, "secrets.cpio") {
+		t.Errorf("boot.ipxe =\n%s\nwant the one initrd", script)
 	}
 	for _, tc := range []struct{ cmdline, want string }{
 		{"console=ttyS0 shardfs.total=1", "quiet edd=off panic=10 console=ttyS0 shardfs.total=1"},

@@ -17,6 +17,7 @@
 package certs
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -114,12 +115,22 @@ func NewCA(name string, v Validity) (*CA, error) {
 // server certificate is valid for a year by default, a client one for 90
 // days.
 func (ca *CA) Issue(k Kind, name string, names []string, v Validity) (*Issued, error) {
-	if name == "" {
-		return nil, errors.New("certs: a certificate needs a name")
-	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
+	}
+	cert, err := ca.IssueFor(&key.PublicKey, k, name, names, v)
+	if err != nil {
+		return nil, err
+	}
+	return &Issued{Cert: cert, Key: key}, nil
+}
+
+// IssueFor is Issue for a key made elsewhere, whose private half the CA
+// never sees (an enrolling node's, from its certificate request).
+func (ca *CA) IssueFor(pub crypto.PublicKey, k Kind, name string, names []string, v Validity) (*x509.Certificate, error) {
+	if name == "" {
+		return nil, errors.New("certs: a certificate needs a name")
 	}
 	sn, err := serial()
 	if err != nil {
@@ -152,15 +163,11 @@ func (ca *CA) Issue(k Kind, name string, names []string, v Validity) (*Issued, e
 			}
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 	if err != nil {
 		return nil, err
 	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &Issued{Cert: cert, Key: key}, nil
+	return x509.ParseCertificate(der)
 }
 
 // TLS returns the certificate as tls.Config takes it.

@@ -33,16 +33,25 @@ func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d
 
 // Mono returns c's monotonic reading, a duration since an arbitrary origin
 // that a step of the wall clock does not move: Fake.Mono for a Fake, else
-// the monotonic part of time.Now.
+// the boot clock (Boot). Deadlines that guard a lease are kept on it.
 func Mono(c Clock) time.Duration {
 	if m, ok := c.(interface{ Mono() time.Duration }); ok {
 		return m.Mono()
 	}
-	return time.Since(monoOrigin)
+	return Boot()
 }
 
+// Boot returns the time since an arbitrary origin on a clock that keeps
+// counting while the machine is suspended: CLOCK_BOOTTIME on Linux. Go's
+// own monotonic reading (CLOCK_MONOTONIC) stands still during a suspend,
+// so a lease deadline kept on it would pass late by the whole suspend: a
+// node woken after its etcd lease expired would still think it owned its
+// shards. Neither clock moves while a VM is stopped (QEMU stop, a frozen
+// guest): that case no local clock can see (doc/fleet.md).
+func Boot() time.Duration { return boot() }
+
 // monoOrigin carries a monotonic reading, so time.Since(monoOrigin) ignores
-// wall-clock steps.
+// wall-clock steps; the fallback where no boot clock exists.
 var monoOrigin = time.Now()
 
 // Or returns c, or Real when c is nil.

@@ -84,8 +84,10 @@
 //     outcome depends on which of two real-time events comes first.
 //   - A loaded snapshot is ignored, with one event=snapshot-ignored line
 //     (Warn) saying why, when it is of another flavor, used, of another
-//     total, has a negative sequence, a saved_at in the future (the clock
-//     jumped backwards), is older than the resume window (Config.
+//     total, has a negative sequence, a saved_at more than SnapshotSkew
+//     (5 s) in the future (saved_at is the saver's wall clock, often
+//     another node's: within the skew it counts as just saved), is older
+//     than the resume window (Config.
 //     ResumeWindow; 120 s Discord, 60 s Fluxer), or, for Fluxer, resumes
 //     on another endpoint than Config.Gateway (an empty Gateway refuses
 //     every Fluxer snapshot). Discord's resume URL is not checked here:

@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/shardfs/shardfs/clock"
 )
 
 // Lease is the backend that grants shards the right to connect. Operator
@@ -44,38 +46,63 @@ func NotOwned(shard int) LeaseGrant {
 }
 
 // Fence is the "may write until" deadline of a shard's connections, on the
-// monotonic clock (clock.Mono). The transport checks it before every write
-// it makes on the gateway socket (identify, resume, heartbeat, command,
-// the close frame) and, past it, drops the connection without writing.
+// monotonic clock (clock.Mono: CLOCK_BOOTTIME, which counts a suspend),
+// with the grant's wall-clock deadline as a second, pessimistic bound. The
+// transport checks it before every write it makes on the gateway socket
+// (identify, resume, heartbeat, command, the close frame) and, past it,
+// drops the connection without writing; the core and the transport check
+// it before a received event is counted or delivered (dispatch, events,
+// the relay), so that a node woken from a pause delivers nothing it
+// received for a shard it may no longer own.
 //
 // Why it exists beside the lease timer: after a pause (SIGSTOP, a VM
 // freeze) every overdue timer fires at once and in any order, so a
-// connection's heartbeat timer may run before the shard's lease timer has
-// stopped it. The fence is checked against the clock at the moment of the
-// write, so no timer order can let a frame out past the deadline.
+// connection's heartbeat timer, or its reader, may run before the shard's
+// lease timer has stopped it. The fence is checked against the clock at
+// the moment of the write or the delivery, so no timer order can let a
+// frame out, or an event in, past the deadline.
+//
+// Why the wall clock too: the boot clock is the node's own, and etcd
+// counts the lease on its leader's; a wall clock that stepped forward
+// past the deadline (NTP after a long stop, an operator) may be the only
+// sign that time passed. Either clock past its deadline closes the fence;
+// the next renewal opens it again (same generation), so a wall step costs
+// a reconnect that resumes, never an identify.
 //
 // The core gives each connection the fence of the grant it started under:
 // renewals of the same generation move it, a new generation gets a new
 // fence, and a handover freezes it.
 type Fence struct {
 	until atomic.Int64 // monotonic nanoseconds; math.MaxInt64: no limit
+	wall  atomic.Int64 // Unix nanoseconds of the wall deadline; math.MaxInt64: none
 }
 
 // NewFence returns a fence that allows writes until the monotonic reading
-// until (math.MaxInt64: always). The core makes the fences of its shards;
-// this is for transports' tests.
-func NewFence(until time.Duration) *Fence { return newFence(until) }
+// until (math.MaxInt64: always), with no wall-clock bound. The core makes
+// the fences of its shards; this is for transports' tests.
+func NewFence(until time.Duration) *Fence { return newFence(until, time.Time{}) }
 
-func newFence(until time.Duration) *Fence {
+func newFence(until time.Duration, wall time.Time) *Fence {
 	f := &Fence{}
-	f.until.Store(int64(until))
+	f.set(until, wall)
 	return f
 }
 
-// Allows reports whether a write may go out at monotonic time now. A nil
-// Fence allows every write (no lease enforced).
+// Allows reports whether a write may go out at monotonic time now,
+// checking the monotonic deadline only. A nil Fence allows every write
+// (no lease enforced).
 func (f *Fence) Allows(now time.Duration) bool {
 	return f == nil || int64(now) < f.until.Load()
+}
+
+// Open reports whether c's clocks are both before their deadlines: the
+// monotonic reading (clock.Mono) and the wall clock (c.Now). A nil Fence
+// is always open.
+func (f *Fence) Open(c clock.Clock) bool {
+	if f == nil {
+		return true
+	}
+	return f.Allows(clock.Mono(c)) && c.Now().UnixNano() < f.wall.Load()
 }
 
 // Until returns the monotonic deadline, and false when there is none.
@@ -87,4 +114,13 @@ func (f *Fence) Until() (time.Duration, bool) {
 	return time.Duration(u), u != math.MaxInt64
 }
 
-func (f *Fence) set(until time.Duration) { f.until.Store(int64(until)) }
+// set moves the fence to the monotonic reading until and the wall time
+// wall (zero: no wall bound, as with no monotonic bound).
+func (f *Fence) set(until time.Duration, wall time.Time) {
+	w := int64(math.MaxInt64)
+	if !wall.IsZero() && until != math.MaxInt64 {
+		w = wall.UnixNano()
+	}
+	f.wall.Store(w)
+	f.until.Store(int64(until))
+}

@@ -245,3 +245,66 @@ func TestHandoverWaitsForTheOldConnection(t *testing.T) {
 		})
 	}
 }
+
+// The fence covers reads (DESIGN 7.3): a dispatch the connection received
+// at the deadline is neither delivered nor counted, even while the shard
+// is still READY because the lease timer has not run yet (a node woken
+// from a pause, its reader running before its overdue lease timer); and a
+// wall clock past the grant's deadline closes the fence too, until a
+// renewal moves it.
+func TestFenceClosesReads(t *testing.T) {
+	e := ownerEnv(t, nil)
+	delivered := map[int64]bool{}
+	var readyAtDeadline bool
+	// Due at the deadline and created before the lease timer, so that it
+	// fires first.
+	e.clk.AfterFunc(10*time.Second, func() {
+		c := e.tr.Last(0)
+		readyAtDeadline = e.diag(0).State == core.Ready
+		c.Link.DispatchDo(3, func() { delivered[3] = true })
+	})
+	e.grant(0, 7, 10*time.Second)
+	e.ready(0, 1)
+	c := e.conn(0)
+	c.Link.DispatchDo(2, func() { delivered[2] = true })
+	if !delivered[2] || e.diag(0).Sequence != 2 {
+		t.Fatalf("dispatch before the deadline: delivered %v, sequence %d; want delivered, 2", delivered[2], e.diag(0).Sequence)
+	}
+
+	// The wall clock steps past the deadline: the fence closes at once.
+	e.clk.Advance(3 * time.Second)
+	e.clk.JumpWall(8 * time.Second)
+	c.Link.DispatchDo(4, func() { delivered[4] = true })
+	if delivered[4] || e.diag(0).Sequence != 2 {
+		t.Fatalf("dispatch with the wall clock past the deadline: delivered %v, sequence %d; want neither (sequence 2)", delivered[4], e.diag(0).Sequence)
+	}
+	e.clk.JumpWall(-8 * time.Second)
+	e.grant(0, 7, 7*time.Second) // a renewal: deadline unchanged on both clocks
+	c.Link.DispatchDo(5, func() { delivered[5] = true })
+	if !delivered[5] {
+		t.Fatal("dispatch after the wall clock came back and a renewal: not delivered; want delivered")
+	}
+
+	e.clk.Advance(7 * time.Second)
+	if !readyAtDeadline {
+		t.Fatal("the probe did not run while the shard was READY at its deadline")
+	}
+	if delivered[3] {
+		t.Fatal("a dispatch received at the deadline, before the lease timer ran, was delivered")
+	}
+	if got := e.diag(0).Sequence; got != 5 {
+		t.Fatalf("sequence after the deadline = %d; want 5 (the fenced dispatch not counted)", got)
+	}
+	// Nothing received past the fence reaches the events either: a READY
+	// read with the wall clock past a new grant's deadline is dropped.
+	e.grant(0, 9, 10*time.Second)
+	c2 := e.conn(0)
+	if c2 == c {
+		t.Fatal("the new generation did not open a new connection")
+	}
+	e.clk.JumpWall(11 * time.Second)
+	c2.Link.Ready(core.Session{ID: secretSession, ResumeURL: "wss://resume.example"}, 9)
+	if d := e.diag(0); d.State == core.Ready || strings.Contains(e.events(0), "sequence=9") {
+		t.Fatalf("a READY received past the fence: state %v; want not READY and no ready line\n%s", d.State, e.events(0))
+	}
+}

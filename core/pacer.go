@@ -27,6 +27,19 @@ type IdentifyPacer interface {
 	BudgetWait(operator bool) time.Time
 }
 
+// SlotDeadliner is an IdentifyPacer whose slots must be used by a
+// deadline: a pacer shared across nodes (lease/etcd/identify) spaces one
+// bucket's identifies only if each goes out soon enough after its slot
+// began. The core asks it right after a grant (or a Request that answered
+// now) and carries the answer in the Attempt (Attempt.IdentifyBy).
+type SlotDeadliner interface {
+	// IdentifyBy returns, for the slot last granted to shard, the
+	// monotonic reading (clock.Mono) by which its identify must be
+	// written, and a func that gives the slot's start back when it was
+	// not; ok is false when the slot has no deadline.
+	IdentifyBy(shard int) (by time.Duration, unused func(), ok bool)
+}
+
 // StartLimit is Discord's session_start_limit.
 type StartLimit struct {
 	Total, Remaining int

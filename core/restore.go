@@ -22,6 +22,17 @@ const (
 	FluxerResumeWindow  = 60 * time.Second
 )
 
+// SnapshotSkew is how far the saver's wall clock may be ahead of the
+// loader's. saved_at is the saver's clock, often another node's (a planned
+// move), and no decision may rest on another node's wall clock being
+// exactly right (DESIGN 7.3): a snapshot saved up to SnapshotSkew "in the
+// future" is taken as just saved (age 0). Skew in either direction moves
+// the resume window's check by at most the skew; a snapshot resumed a
+// little past its window costs a failed resume and then an identify, the
+// same as one whose session the gateway dropped early. Beyond it a clock
+// is wrong and the snapshot is ignored, since its age is unknown.
+const SnapshotSkew = 5 * time.Second
+
 // loadConcurrency bounds the loads Scheduler.Start has in flight, so that 1,024
 // shards cost 16 rounds of loads rather than 1,024 in a row, and a store
 // that hangs on every call delays the last shard's start by at most
@@ -114,8 +125,8 @@ func (n *Scheduler) ignoreReason(snap Snapshot, now time.Time) string {
 		return fmt.Sprintf("another total (%d; this plan has %d)", snap.Total, n.plan.Total)
 	case snap.Sequence < 0:
 		return fmt.Sprintf("malformed (sequence %d)", snap.Sequence)
-	case snap.SavedAt.After(now):
-		return fmt.Sprintf("saved_at in the future by %v (the clock jumped backwards)", snap.SavedAt.Sub(now))
+	case snap.SavedAt.Sub(now) > SnapshotSkew:
+		return fmt.Sprintf("saved_at in the future by %v, beyond the tolerated skew of %v (a clock is wrong)", snap.SavedAt.Sub(now), SnapshotSkew)
 	case now.Sub(snap.SavedAt) > n.resumeWindow:
 		return fmt.Sprintf("older than the resume window (age %v, window %v)", now.Sub(snap.SavedAt).Round(time.Millisecond), n.resumeWindow)
 	case n.flavor == Fluxer && n.gateway == "":
@@ -225,7 +236,7 @@ func (s *shard) restore() {
 		s.emit(s.line(now, "snapshot-ignored", slog.LevelWarn).str("reason", why).str("then", "new session"))
 		return
 	}
-	age := now.Sub(snap.SavedAt)
+	age := max(0, now.Sub(snap.SavedAt)) // within SnapshotSkew: the saver's clock is ahead
 	if err := n.markUsed(s.id, snap); err != nil {
 		// The stored copy may still be resumable: resuming now could
 		// make a second resume of it possible later.

@@ -140,7 +140,14 @@ func TestSnapshotLoadRules(t *testing.T) {
 		{name: "another flavor", snap: ptr(snapAt(core.Fluxer, time.Second)), want: `reason="another flavor (fluxer; this node is discord)"`},
 		{name: "another total", snap: ptr(func() core.Snapshot { s := snapAt(core.Discord, time.Second); s.Total = 8; return s }()), want: `reason="another total (8; this plan has 4)"`},
 		{name: "negative sequence", snap: ptr(func() core.Snapshot { s := snapAt(core.Discord, time.Second); s.Sequence = -1; return s }()), want: `reason="malformed (sequence -1)"`},
-		{name: "saved in the future", snap: ptr(snapAt(core.Discord, -time.Second)), want: `reason="saved_at in the future by 1s (the clock jumped backwards)"`},
+		// The saver's wall clock is another node's (DESIGN 7.3): a planned
+		// move takes milliseconds, so any skew puts saved_at in the future.
+		// Within SnapshotSkew it counts as age 0 (it once ignored 15 ms).
+		{name: "saver 15ms ahead", snap: ptr(snapAt(core.Discord, -15*time.Millisecond)), resume: true, want: "event=snapshot-loaded age_ms=0 sequence=77"},
+		{name: "saver 2s ahead", snap: ptr(snapAt(core.Discord, 7*time.Millisecond-2*time.Second)), resume: true, want: "event=snapshot-loaded age_ms=0 sequence=77"},
+		{name: "saver 2s behind", snap: ptr(snapAt(core.Discord, 7*time.Millisecond+2*time.Second)), resume: true, want: "event=snapshot-loaded age_ms=2007 sequence=77"},
+		{name: "saved in the future", snap: ptr(snapAt(core.Discord, -core.SnapshotSkew-time.Millisecond)),
+			want: `reason="saved_at in the future by 5.001s, beyond the tolerated skew of 5s (a clock is wrong)"`},
 		{name: "fluxer another gateway", flavor: core.Fluxer, gateway: "wss://other.fluxer.example/", snap: ptr(snapAt(core.Fluxer, time.Second)), want: `reason="another gateway"`},
 		{name: "fluxer same gateway spelled otherwise", flavor: core.Fluxer, gateway: "WSS://Gateway.Fluxer.example?v=1", snap: ptr(snapAt(core.Fluxer, time.Second)), resume: true, want: "event=snapshot-loaded"},
 		{name: "fluxer gateway unknown", flavor: core.Fluxer, snap: ptr(snapAt(core.Fluxer, time.Second)), want: `reason="no gateway endpoint to check it against"`},

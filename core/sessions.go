@@ -2,8 +2,27 @@ package core
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"time"
 )
+
+// SessionKey is the name a dispatch line gives its session: the first 12
+// hex digits (48 bits) of SHA-256 over a fixed label and the session id.
+// (shard, session key, s) names one event across nodes and restarts, so a
+// reader that gets a copy (a node that delivered after losing its shard,
+// a replay) can drop it. It depends on the id alone, so every node and
+// every restart computes the same key for one session; the id is 128
+// random bits, so the key does not reveal it, and 48 bits keep two
+// sessions of one shard apart. An empty id (no session yet) has the
+// empty key.
+func SessionKey(id string) string {
+	if id == "" {
+		return ""
+	}
+	h := sha256.Sum256([]byte("shardfs session key\x00" + id))
+	return hex.EncodeToString(h[:6])
+}
 
 // Snapshot is what a shard needs to resume its session after the process
 // that held it stopped cleanly (DESIGN.md section 7.1). Session.ID is a

@@ -134,6 +134,21 @@ func (l *Link) lockCurrent() bool {
 	return true
 }
 
+// lockReceiving is lockCurrent for what the connection received: it also
+// returns false, unlocked, once the shard's fence is closed (Fence.Open),
+// so that nothing read after the deadline is counted, delivered or written
+// to the events.
+func (l *Link) lockReceiving() bool {
+	if !l.lockCurrent() {
+		return false
+	}
+	if !l.s.fence.Open(l.s.node.clock) {
+		l.s.mu.Unlock()
+		return false
+	}
+	return true
+}
+
 // Phase records the connection phase the transport reached.
 func (l *Link) Phase(p Phase) {
 	if l.lockCurrent() {
@@ -182,8 +197,13 @@ func (l *Link) Dispatch(seq int64) { l.DispatchDo(seq, nil) }
 // the sequence for a snapshot cannot fall between the two, and a resume
 // from that snapshot replays exactly what was not delivered. deliver
 // must be quick and must not call the Scheduler.
+//
+// Past the shard's fence (Fence.Open) the dispatch is neither counted nor
+// delivered: the lease may be gone and another node may be delivering the
+// same event, so a node woken from a pause delivers nothing it read after
+// its deadline, whichever of its overdue timers or readers runs first.
 func (l *Link) DispatchDo(seq int64, deliver func()) {
-	if l.lockCurrent() {
+	if l.lockReceiving() {
 		if s := l.s; s.state == Ready || s.state == Starting && s.transport.resuming {
 			s.sess.seq, s.sess.seqValid = seq, true
 			s.dispatches++
@@ -198,7 +218,7 @@ func (l *Link) DispatchDo(seq int64, deliver func()) {
 // Ready records a new session (READY at sequence seq).
 func (l *Link) Ready(sess Session, seq int64) {
 	defer l.s.node.observe(EventReady).done()
-	if !l.lockCurrent() {
+	if !l.lockReceiving() {
 		return
 	}
 	s := l.s
@@ -220,7 +240,7 @@ func (l *Link) Ready(sess Session, seq int64) {
 // connection that did not resume it means nothing and is dropped.
 func (l *Link) Resumed(seq int64) {
 	defer l.s.node.observe(EventResumed).done()
-	if !l.lockCurrent() {
+	if !l.lockReceiving() {
 		return
 	}
 	s := l.s
@@ -480,6 +500,20 @@ func (s *shard) identifyNowLocked() {
 	s.connectLocked(false)
 }
 
+// slotDeadline is what the pacer says of the slot it just granted shard s
+// (SlotDeadliner), for the attempt that identifies on it.
+func (s *shard) slotDeadline() (by time.Duration, unused func()) {
+	d, ok := s.node.pacer.(SlotDeadliner)
+	if !ok {
+		return 0, nil
+	}
+	var has bool
+	if err := s.callout(func() { by, unused, has = d.IdentifyBy(s.id) }); err != nil || !has {
+		return 0, nil
+	}
+	return by, unused
+}
+
 // connectLocked binds a new connection to the shard. The connection
 // becomes the shard's only once Connect has returned it: a Connect that
 // panics leaves no half-bound link behind.
@@ -492,6 +526,9 @@ func (s *shard) connectLocked(resume bool) {
 		Resume: resume, Session: s.sess.session, Sequence: s.sess.seq,
 		LeaseGeneration: s.lease.Generation,
 		Fence:           s.fence,
+	}
+	if !resume {
+		a.IdentifyBy, a.SlotUnused = s.slotDeadline()
 	}
 	s.transport.hbMisses = 0
 	var c Conn
@@ -803,9 +840,9 @@ func (s *shard) setLease(g LeaseGrant) {
 	moved := s.state == Stopped && s.stopReason == StoppedByMove && sameGen
 	s.lease = g
 	if sameGen && s.fence != nil && !moved {
-		s.fence.set(s.monoDeadline(g, now))
+		s.fence.set(s.monoDeadline(g, now), g.Deadline)
 	} else if !moved {
-		s.fence = newFence(s.monoDeadline(g, now))
+		s.fence = newFence(s.monoDeadline(g, now), g.Deadline)
 	}
 	if !g.Deadline.IsZero() && !now.Before(g.Deadline) {
 		s.leaseDueLocked(now)

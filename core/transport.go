@@ -54,6 +54,16 @@ type Attempt struct {
 	// checks it before every write and drops the connection, writing
 	// nothing, once it has passed. Nil when no lease is enforced.
 	Fence *Fence
+	// IdentifyBy, when not zero, is the monotonic reading (clock.Mono) by
+	// which the identify of a new session must be written: the pacer's
+	// slot spaces this bucket's identifies only if it goes out by then
+	// (SlotDeadliner). Past it the transport writes no identify, calls
+	// SlotUnused and fails the attempt (transient), so that the shard asks
+	// for a slot again.
+	IdentifyBy time.Duration
+	// SlotUnused gives the slot's start back to the pacer; nil when there
+	// is nothing to give back. The transport calls it at most once.
+	SlotUnused func()
 }
 
 // Session is what a gateway session needs to be resumed. Its ID is a

@@ -36,6 +36,7 @@ var kinds = map[string][]string{
 	"node":      {"node"},
 	"fleet":     {"node", "fleet"},
 	"supervise": {"supervise"},
+	"relay":     {"node", "relay"},
 }
 
 // TestReference: the reference names every file, directory and ctl
@@ -48,8 +49,9 @@ func TestReference(t *testing.T) {
 		"node":      walk(t, nodeRoot(t, nil)),
 		"fleet":     walk(t, nodeRoot(t, fleetEtcd(t))),
 		"supervise": walk(t, superviseRoot(t)),
+		"relay":     walk(t, relayRoot(t)),
 	}
-	for _, kind := range []string{"node", "fleet", "supervise"} {
+	for _, kind := range []string{"node", "fleet", "supervise", "relay"} {
 		got, want := built[kind], ref.tree(kinds[kind])
 		for _, p := range sortedKeys(got.files) {
 			switch mode, ok := want.files[p]; {
@@ -132,6 +134,20 @@ func nodeRoot(t *testing.T, e *node.Etcd) *fsrv.Dir {
 	n, err := node.New(node.Config{
 		Flavor: core.Discord, Token: "unused", GatewayURL: "ws://127.0.0.1:1/",
 		Plan: core.Range(4, 0, 3), Etcd: e,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n.Server.Root
+}
+
+// relayRoot builds the tree of a node with the gateway relay (serve
+// --relay).
+func relayRoot(t *testing.T) *fsrv.Dir {
+	n, err := node.New(node.Config{
+		Flavor: core.Discord, Token: "unused", GatewayURL: "ws://127.0.0.1:1/",
+		Plan: core.Range(4, 0, 3), Relay: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -266,9 +282,9 @@ func (r reference) tree(marks []string) tree {
 
 var (
 	// - `/lease`, read (node): ...
-	fileEntry = regexp.MustCompile("^- `(/[^`]*)`, (read|write|read-write|directory)(?: \\((node|fleet|supervise)\\))?[,:]")
+	fileEntry = regexp.MustCompile("^- `(/[^`]*)`, (read|write|read-write|directory)(?: \\((node|fleet|supervise|relay|enrollment server|PXE node)\\))?[,:]")
 	// - `reset all|ID...`, `stop all|ID...`: ...   - `drain` (fleet): ...
-	cmdEntry = regexp.MustCompile("^- ((?:`[^`]+`,\\s*)*`[^`]+`)(?: \\((node|fleet|supervise)\\))?:")
+	cmdEntry = regexp.MustCompile("^- ((?:`[^`]+`,\\s*)*`[^`]+`)(?: \\((node|fleet|supervise|relay)\\))?:")
 	codeSpan = regexp.MustCompile("`([^`]+)`")
 )
 

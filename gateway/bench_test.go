@@ -66,7 +66,7 @@ func BenchmarkDispatch(b *testing.B) {
 			target.Store(-1)
 			done := make(chan struct{}, 1)
 			tr, err := New(Config{Flavor: v.flavor, Token: testToken, API: child.api, Compression: v.compress, Intents: 1 << 9,
-				Sink: func(_ int, _ int64, _ string, d []byte) {
+				Sink: func(_ int, _ string, _ int64, _ string, d []byte) {
 					if count.Add(1) == target.Load() {
 						done <- struct{}{}
 					}

@@ -42,10 +42,11 @@ var errNotOpen = fmt.Errorf("%w: the gateway connection is not open", core.ErrBu
 // conn is one connection attempt: one reader goroutine, one clock timer,
 // and, only while commands wait for the socket, one writer goroutine.
 type conn struct {
-	t    *Transport
-	link *core.Link
-	a    core.Attempt
-	rec  *shardRecord
+	t        *Transport
+	link     *core.Link
+	a        core.Attempt
+	rec      *shardRecord
+	slotBack atomic.Bool // the identify slot was given back (identifyLate)
 
 	// ended closes once the connection can write nothing more (see Ended).
 	ended     chan struct{}
@@ -54,6 +55,7 @@ type conn struct {
 	// Owned by the reader goroutine.
 	inf  *inflater
 	sid  string // session id this connection serves, "" before READY
+	skey string // core.SessionKey(sid), for the sink
 	base string // URL connected to, without query
 	idle *idleConn
 	// messages counts messages read whole from gorilla (not through inf):
@@ -157,6 +159,7 @@ func newConn(t *Transport, l *core.Link, a core.Attempt) *conn {
 	if a.Resume {
 		c.seq.Store(a.Sequence)
 		c.sid = a.Session.ID
+		c.skey = core.SessionKey(c.sid)
 	}
 	return c
 }
@@ -795,6 +798,11 @@ func (c *conn) hello(d []byte) error {
 		c.claim()
 	}
 	c.link.Phase(cp)
+	if next == phaseIdentifying {
+		if e := c.identifyLate(); e != nil {
+			return e
+		}
+	}
 	if err := c.write(ws, pl); err != nil {
 		return &connError{class: core.Transient, fault: faultIO, err: fmt.Errorf("write: %w", err)}
 	}
@@ -878,10 +886,12 @@ func (c *conn) dispatch(p *payload) error {
 }
 
 // deliver hands a dispatch to the sink unless the sink already has it (see
-// shardRecord) or the connection is closing.
+// shardRecord), the connection is closing, or the connection's fence is
+// closed: nothing read after the lease's deadline reaches the dispatch
+// logs or the relay (core.Fence; the core checks it too before counting).
 func (c *conn) deliver(seq int64, name string, d []byte) {
 	sink := c.t.cfg.Sink
-	if sink == nil {
+	if sink == nil || !c.a.Fence.Open(c.t.clock) {
 		return
 	}
 	r := c.rec
@@ -896,7 +906,7 @@ func (c *conn) deliver(seq int64, name string, d []byte) {
 		}
 		r.last = seq
 	}
-	sink(c.a.Shard, seq, name, d)
+	sink(c.a.Shard, c.skey, seq, name, d)
 }
 
 // claim makes the resumed session the one the shard's sink follows. A
@@ -931,15 +941,15 @@ func (c *conn) ready(d []byte, seq int64) error {
 	if err := c.endHandshake("READY", phaseIdentifying, phaseResuming, phaseLive); err != nil {
 		return err
 	}
-	c.sid = sid
+	c.sid, c.skey = sid, core.SessionKey(sid)
 	c.seq.Store(seq)
-	if sink := c.t.cfg.Sink; sink != nil {
+	if sink := c.t.cfg.Sink; sink != nil && c.a.Fence.Open(c.t.clock) {
 		red := redactReady(d)
 		r := c.rec
 		r.mu.Lock()
 		if !c.phase().closing() {
 			r.session, r.last = sid, seq
-			sink(c.a.Shard, seq, "READY", red)
+			sink(c.a.Shard, c.skey, seq, "READY", red)
 		}
 		r.mu.Unlock()
 	}
@@ -978,7 +988,7 @@ func (c *conn) invalidSession(d []byte) error {
 			return errClosing
 		}
 		c.setPhaseLocked(p, phaseInvalidated)
-		c.sid = ""
+		c.sid, c.skey = "", ""
 		c.seq.Store(-1)
 		c.waitUntil = time.Time{}
 		c.armLocked(c.t.clock.Now())
@@ -1104,6 +1114,10 @@ func (c *conn) tick() {
 		c.writeHeartbeat(ws)
 	}
 	if identify != nil {
+		if e := c.identifyLate(); e != nil {
+			c.report(e)
+			return
+		}
 		if err := c.write(ws, identify); err != nil {
 			c.writeFailed(err)
 		} else {

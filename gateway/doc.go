@@ -186,11 +186,15 @@
 // Fencing. A connection whose core.Attempt carries a Fence (a shard under
 // a lease) writes through fencedConn: every write gorilla makes on the
 // socket, the upgrade request, heartbeats, identify, resume, commands,
-// pongs and close frames, first checks the fence on the monotonic clock
-// and, past it, closes the socket without writing (TestFenceDropsWithout
-// Writing, against the simulator). So a node woken from a pause sends no
-// frame for a shard it may no longer own, whichever overdue timer runs
-// first; a lease that expires closes its connections without a close
+// pongs and close frames, first checks the fence (core.Fence.Open: the
+// boot clock and the wall clock) and, past it, closes the socket without
+// writing (TestFenceDropsWithoutWriting, against the simulator); and no
+// received event reaches the Sink past it (TestFenceDropsReads). So a node
+// woken from a pause sends no frame and delivers no event for a shard it
+// may no longer own, whichever overdue timer or reader runs first. An
+// identify also checks its slot's deadline (core.Attempt.IdentifyBy,
+// TestIdentifyByDeadline): past it, it is not written, the slot is given
+// back and the attempt fails; a lease that expires closes its connections without a close
 // frame, which the gateway treats as an abnormal closure (the session
 // stays resumable).
 //

@@ -51,6 +51,8 @@ type envConfig struct {
 	// wrap, when set, wraps the transport the node uses.
 	wrap  func(core.Transport) core.Transport
 	token string // default testToken, for the simulator and the client
+	// clk, when set, is the env's clock (for a pacer made before the env).
+	clk *clock.Fake
 }
 
 func newEnv(t testing.TB, ec envConfig) *env {
@@ -58,7 +60,10 @@ func newEnv(t testing.TB, ec envConfig) *env {
 	if ec.shards == 0 {
 		ec.shards = 1
 	}
-	e := &env{t: t, clk: clock.NewFake(), sink: newRecorder(), logs: &syncBuffer{}, flavor: ec.flavor}
+	e := &env{t: t, clk: ec.clk, sink: newRecorder(), logs: &syncBuffer{}, flavor: ec.flavor}
+	if e.clk == nil {
+		e.clk = clock.NewFake()
+	}
 	if ec.token == "" {
 		ec.token = testToken
 	}
@@ -351,6 +356,14 @@ func (c *countingPacer) Request(shard int, op bool, grant func()) (bool, func())
 	return c.p.Request(shard, op, grant)
 }
 
+// IdentifyBy passes on the wrapped pacer's slot deadlines, if it has any.
+func (c *countingPacer) IdentifyBy(shard int) (time.Duration, func(), bool) {
+	if d, ok := c.p.(core.SlotDeadliner); ok {
+		return d.IdentifyBy(shard)
+	}
+	return 0, nil, false
+}
+
 func (c *countingPacer) requests() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -365,16 +378,17 @@ type recorder struct {
 }
 
 type delivered struct {
-	seq  int64
-	name string
-	d    string
+	seq     int64
+	name    string
+	d       string
+	session string // the session key
 }
 
 func newRecorder() *recorder { return &recorder{shards: map[int][]delivered{}} }
 
-func (r *recorder) sink(shard int, seq int64, name string, d []byte) {
+func (r *recorder) sink(shard int, session string, seq int64, name string, d []byte) {
 	r.mu.Lock()
-	r.shards[shard] = append(r.shards[shard], delivered{seq, name, string(d)})
+	r.shards[shard] = append(r.shards[shard], delivered{seq, name, string(d), session})
 	ch := r.ch
 	r.ch = nil
 	r.mu.Unlock()

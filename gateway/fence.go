@@ -13,8 +13,8 @@ import (
 // errFenced is the error of a write refused by the connection's fence.
 var errFenced = errors.New("the shard's lease ran out (fencing deadline passed): connection dropped without writing")
 
-// fencedConn checks the connection's fence (core.Attempt.Fence) on the
-// monotonic clock before every write that reaches the socket: the HTTP
+// fencedConn checks the connection's fence (core.Attempt.Fence: the boot
+// clock and the wall clock, core.Fence.Open) before every write that reaches the socket: the HTTP
 // upgrade, identify, resume, heartbeats, commands, gorilla's pongs and
 // close frames alike. Past the deadline it closes the socket without
 // writing and fails the write, so that a node woken from a pause sends no
@@ -34,7 +34,7 @@ type fencedConn struct {
 }
 
 func (c *fencedConn) Write(p []byte) (int, error) {
-	if !c.fence.Allows(clock.Mono(c.clock)) {
+	if !c.fence.Open(c.clock) {
 		if !c.cut.Swap(true) {
 			_ = c.Conn.Close()
 			c.log.Warn("gateway: fencing deadline passed; dropped the connection without writing", "shard", c.shard, "bytes", len(p))
@@ -50,4 +50,27 @@ func (c *conn) fenced(nc net.Conn) net.Conn {
 		return nc
 	}
 	return &fencedConn{Conn: nc, fence: c.a.Fence, clock: c.t.clock, log: c.t.log, shard: c.a.Shard}
+}
+
+// errIdentifyLate is the failure of an attempt whose identify would have
+// gone out after the slot's identify-by deadline.
+var errIdentifyLate = errors.New("identify not written: the identify slot's deadline passed before the identify could go out (a stall between the grant and the identify); the slot was given back")
+
+// identifyLate checks the attempt's identify-by deadline (core.Attempt.
+// IdentifyBy) just before the identify is written: the pacer spaces one
+// bucket's identifies across nodes only if each goes out by then, and the
+// dial queue, TLS, Hello and a stall of the process (CPU starvation, a
+// short SIGSTOP) all fall between the grant and the write. Past it, the
+// slot's start is given back, once, and the attempt fails; the shard asks
+// for a new slot.
+func (c *conn) identifyLate() *connError {
+	if c.a.IdentifyBy == 0 || clock.Mono(c.t.clock) < c.a.IdentifyBy {
+		return nil
+	}
+	if c.a.SlotUnused != nil && !c.slotBack.Swap(true) {
+		c.a.SlotUnused()
+	}
+	c.t.log.Warn("gateway: identify slot's deadline passed before the identify; not sent, slot given back", "shard", c.a.Shard,
+		"late", clock.Mono(c.t.clock)-c.a.IdentifyBy)
+	return &connError{class: core.Transient, fault: faultStalled, err: errIdentifyLate}
 }

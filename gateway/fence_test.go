@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,5 +70,159 @@ func TestFenceDropsWithoutWriting(t *testing.T) {
 	}
 	if !strings.Contains(e.logs.String(), "fencing deadline passed") {
 		t.Fatalf("no log line about the fenced write:\n%s", e.logs.String())
+	}
+}
+
+// The fence covers reads: events the gateway sends after the deadline, read
+// by a connection whose lease timer has not stopped it yet (a node woken
+// from a pause), never reach the sink (dispatch logs, the relay).
+func TestFenceDropsReads(t *testing.T) {
+	var ft *fenceTransport
+	e := newEnv(t, envConfig{
+		wrap: func(tr core.Transport) core.Transport {
+			ft = &fenceTransport{Transport: tr}
+			return ft
+		},
+	})
+	ft.fence = core.NewFence(clock.Mono(e.clk) + 12*time.Second)
+	e.start()
+	e.publish(0, 3)
+	e.synced(0)
+	before := e.sink.get(0)
+	e.clk.Advance(13 * time.Second) // past the fence; no heartbeat falls due
+	sent := e.sim.Stats(0).Dispatched
+	e.publish(0, 5)
+	e.simWait("the five events to be sent", func() bool { return e.sim.Stats(0).Dispatched == sent+5 })
+	// The drop comes after the five events on the same socket: once the
+	// shard backs off, its reader has read them all.
+	e.drop(0)
+	if after := e.sink.get(0); len(after) != len(before) {
+		t.Fatalf("sink after the fence: %d events, %d before; want no new one: %v", len(after), len(before), after[len(before):])
+	}
+}
+
+// deadlinePacer is a pacer whose slots must be used within 2 s of their
+// grant (core.SlotDeadliner), as lease/etcd/identify's are.
+type deadlinePacer struct {
+	core.IdentifyPacer
+	clk    *clock.Fake
+	mu     sync.Mutex
+	by     map[int]time.Duration
+	unused int
+}
+
+func (p *deadlinePacer) Request(shard int, op bool, grant func()) (bool, func()) {
+	stamp := func() {
+		p.mu.Lock()
+		p.by[shard] = clock.Mono(p.clk) + 2*time.Second
+		p.mu.Unlock()
+	}
+	now, cancel := p.IdentifyPacer.Request(shard, op, func() { stamp(); grant() })
+	if now {
+		stamp()
+	}
+	return now, cancel
+}
+
+func (p *deadlinePacer) IdentifyBy(shard int) (time.Duration, func(), bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	by, ok := p.by[shard]
+	delete(p.by, shard)
+	return by, func() {
+		p.mu.Lock()
+		p.unused++
+		p.mu.Unlock()
+	}, ok
+}
+
+// An identify that could only go out after its slot's identify-by deadline
+// (a stall between the grant and the write: here the gate holds it 3 s)
+// is not written: the slot is given back, the attempt fails, and the shard
+// asks for a new slot, whose identify goes out in time.
+func TestIdentifyByDeadline(t *testing.T) {
+	clk := clock.NewFake()
+	dp := &deadlinePacer{IdentifyPacer: core.NewDiscordPacer(clk, 1), clk: clk, by: map[int]time.Duration{}}
+	stallUntil := clk.Now().Add(3 * time.Second)
+	var stalls atomic.Int32
+	e := newEnv(t, envConfig{
+		clk:   clk,
+		pacer: dp,
+		tr: func(c *Config, _ *gatewaysim.Server) {
+			c.IdentifyNotBefore = func(int) time.Time {
+				if stalls.Add(1) == 1 {
+					return stallUntil // the first identify stalls 3 s
+				}
+				return time.Time{}
+			}
+		},
+	})
+	m := e.mark(0)
+	e.node.Start()
+	e.clk.Advance(3 * time.Second)
+	e.waitBackoff(0, m)
+	if got := e.sim.Stats(0).Identifies; got != 0 {
+		t.Fatalf("identifies the gateway saw after the stall = %d; want 0 (past the slot's deadline)", got)
+	}
+	dp.mu.Lock()
+	unused := dp.unused
+	dp.mu.Unlock()
+	if unused != 1 {
+		t.Fatalf("slots given back = %d; want 1", unused)
+	}
+	if !strings.Contains(e.logs.String(), "deadline passed before the identify") {
+		t.Fatalf("no log line about the late identify:\n%s", e.logs.String())
+	}
+	e.clk.Advance(5 * time.Second) // the backoff ends: a new slot, in time
+	e.synced(0)
+	if got := e.sim.Stats(0).Identifies; got != 1 {
+		t.Fatalf("identifies after the second slot = %d; want 1", got)
+	}
+	if got := e.pacer.requests(); got != 2 {
+		t.Fatalf("slot requests = %d; want 2", got)
+	}
+}
+
+// Every dispatch reaches the sink with its session's key (core.SessionKey
+// of the id the gateway gave): the same key after a resume, on any node,
+// so that (shard, session key, s) names an event and a reader can drop a
+// copy; the id itself is never handed over.
+func TestSinkSessionKey(t *testing.T) {
+	var mu sync.Mutex
+	var ids []string
+	e := newEnv(t, envConfig{tr: func(c *Config, _ *gatewaysim.Server) {
+		c.OnSession = func(_ int, s core.Session, _ int64) {
+			mu.Lock()
+			ids = append(ids, s.ID)
+			mu.Unlock()
+		}
+	}})
+	e.start()
+	e.publish(0, 2)
+	e.synced(0)
+	e.drop(0)
+	e.clk.Advance(5 * time.Second) // the backoff ends: the shard resumes
+	e.publish(0, 2)
+	e.synced(0)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ids) != 1 || ids[0] == "" {
+		t.Fatalf("sessions started: %d; want 1 (then a resume)", len(ids))
+	}
+	want := core.SessionKey(ids[0])
+	evs := e.sink.get(0)
+	if len(evs) < 5 {
+		t.Fatalf("sink has %d events; want READY, 2 events, RESUMED, 2 events", len(evs))
+	}
+	for _, ev := range evs {
+		if ev.session != want {
+			t.Fatalf("event %d %s has session key %q; want %q for every event of the session", ev.seq, ev.name, ev.session, want)
+		}
+		if strings.Contains(ev.d, ids[0]) {
+			t.Fatalf("event %d %s carries the session id", ev.seq, ev.name)
+		}
+	}
+	if len(want) != 12 || strings.Contains(want, ids[0]) {
+		t.Fatalf("SessionKey = %q; want 12 hex digits that do not contain the id", want)
 	}
 }

@@ -202,8 +202,8 @@ func TestParkCountsFromLastMessage(t *testing.T) {
 					setup(c, sim)
 				}
 				sink := c.Sink
-				c.Sink = func(shard int, seq int64, name string, d []byte) {
-					sink(shard, seq, name, d)
+				c.Sink = func(shard int, session string, seq int64, name string, d []byte) {
+					sink(shard, session, seq, name, d)
 					if name == "SLOW" {
 						clk.Load().Advance(2 * parkAfter)
 					}

@@ -19,12 +19,13 @@ import (
 )
 
 // Sink receives every dispatch, synchronously, from the connection's reader:
-// shard and sequence (-1 for RESUMED and for a dispatch without one), the
-// event name and its raw d. d is strict JSON in UTF-8, and the name UTF-8
+// shard, the session key (core.SessionKey; empty before READY), sequence
+// (-1 for RESUMED and for a dispatch without one), the event name and its
+// raw d. d is strict JSON in UTF-8, and the name UTF-8
 // (invalid bytes from the gateway are replaced with U+FFFD). d is valid
 // only during the call; a sink that keeps it must copy it. A slow sink
 // slows its shard and nothing else.
-type Sink func(shard int, seq int64, name string, d []byte)
+type Sink func(shard int, session string, seq int64, name string, d []byte)
 
 // Config configures a Transport. Flavor and Token are required.
 type Config struct {

@@ -122,7 +122,7 @@ func FuzzDispatchLine(f *testing.F) {
 			d = redactReady(d)
 		}
 		from := log.Size()
-		tree.Dispatch(0, p.seq, name, d)
+		tree.Dispatch(0, "a1b2c3d4e5f6", p.seq, name, d)
 		line := make([]byte, log.Size()-from)
 		n, _ := log.ReadAt(line, from)
 		line = bytes.TrimSuffix(line[:n], []byte("\n"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -111,9 +112,10 @@ type Machine struct {
 	// Started is when QEMU was started.
 	Started time.Time
 
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan struct{}
+	err   error
 }
 
 // Boot starts QEMU. The guest runs until it powers off, ctx ends (QEMU is
@@ -140,8 +142,15 @@ func Boot(ctx context.Context, cfg Config) (*Machine, error) {
 		theirs = append(theirs, guest)
 	}
 	cmd.ExtraFiles = theirs
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		closeAll()
+		m.closePorts()
+		return nil, err
+	}
+	m.stdin = stdin
 	m.Started = time.Now()
-	err := cmd.Start()
+	err = cmd.Start()
 	// QEMU holds its ends now; ours must go, or the test would never see
 	// EOF on a port after QEMU exits.
 	closeAll()
@@ -179,6 +188,12 @@ func (m *Machine) closePorts() {
 	for _, c := range m.Ports {
 		c.Close()
 	}
+}
+
+// Type writes s to the guest's serial console, as if typed there.
+func (m *Machine) Type(s string) error {
+	_, err := io.WriteString(m.stdin, s)
+	return err
 }
 
 // Done is closed when QEMU has exited.

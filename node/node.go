@@ -7,11 +7,16 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"net"
+	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -24,6 +29,7 @@ import (
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/relay"
 	"github.com/shardfs/shardfs/reshard"
 	"github.com/shardfs/shardfs/shardfs"
 )
@@ -97,10 +103,29 @@ type Config struct {
 	// Etcd, when set, makes the node one of a fleet sharing the bot (see
 	// Etcd); Sessions is then etcd's and must be nil.
 	Etcd *Etcd
+	// Relay, when true, runs the gateway relay (DESIGN section 9, package
+	// relay) on the first plan's shards: Node.Relay serves it on the
+	// listeners Run opens for serve --relay, and the tree has /relay,
+	// /clients and the node command kick.
+	Relay bool
+	// RelayResumeWindow is how long a relay client's session stays
+	// resumable (0: 60 s); RelayCache the cache kinds (nil: the relay's
+	// defaults).
+	RelayResumeWindow time.Duration
+	RelayCache        []string
+	// RelayState, when set, is the file the relay's state goes to at a
+	// clean stop (Close) and comes from at New, which removes it once
+	// read: the cache, a tail of each shard's dispatches and the client
+	// sessions, so that clients resume across a clean restart. Run sets
+	// it to relay.json in SessionsDir.
+	RelayState string
+
 	// MetricsListen, when set, serves /metrics over HTTP for Prometheus
 	// on HOST:PORT from Start to Close: loopback only, unless ",insecure"
 	// follows (see listenMetrics).
 	MetricsListen string
+	// Files are more files at the tree's root (a PXE node's /enroll).
+	Files []fsrv.File
 }
 
 // Format hides the token from every fmt verb.
@@ -125,6 +150,8 @@ type Node struct {
 	Server    *fsrv.Server
 	// Fleet is the node's part in a fleet (Config.Etcd), else nil.
 	Fleet *Fleet
+	// Relay is the gateway relay (Config.Relay), else nil.
+	Relay *relay.Server
 
 	cfg       Config
 	log       *slog.Logger
@@ -185,6 +212,15 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	s.cur = p
 	s.Transport, s.Lease, s.Scheduler, s.Tree = p.transport, p.lease, p.core, p.tree
+	if cfg.Relay {
+		if s.Relay, err = s.newRelay(p); err != nil {
+			p.End()
+			if s.Fleet != nil {
+				s.Fleet.close()
+			}
+			return nil, err
+		}
+	}
 	// The root shows the current plan's tree, so that a move to a larger
 	// plan switches what every connection sees.
 	root := &fsrv.Dir{Name: "/",
@@ -285,13 +321,23 @@ func (s *Node) Close() error {
 		if s.Fleet != nil {
 			s.Fleet.shutdown() // hands the shards over first
 		}
+		var errs []error
+		if s.Relay != nil {
+			// First: its clients close 4000 while the shards still run.
+			errs = append(errs, s.Relay.Close())
+		}
 		// A move cut short ends its new plan: its sessions are of no use.
-		errs := []error{s.move.Close()}
+		errs = append(errs, s.move.Close())
 		// After a move the first plan ended at the switch, its transport
 		// closed with it.
 		cur := s.current()
 		cur.core.Close()
 		errs = append(errs, cur.transport.Close())
+		if s.Relay != nil && s.cfg.RelayState != "" {
+			// After the shards stopped: the saved tail ends where their
+			// saved sessions do.
+			errs = append(errs, s.saveRelay())
+		}
 		errs = append(errs, s.Server.Close())
 		if s.metrics != nil {
 			errs = append(errs, s.metrics.close(s.metricsStarted))
@@ -307,4 +353,72 @@ func (s *Node) audit(r fsrv.AuditRecord) {
 	now := s.clock.Now()
 	line := fmt.Sprintf("ts=%s event=write %s\n", now.UTC().Format("2006-01-02T15:04:05.000Z"), r)
 	s.events.Append([]byte(line), now)
+}
+
+// newRelay makes the gateway relay of the plan p: it reads p's dispatch
+// journals and sends through p's core. A later move to a larger plan does
+// not move the relay (its clients keep the first plan's shards).
+func (s *Node) newRelay(p *planRun) (*relay.Server, error) {
+	api := ""
+	if s.cfg.Flavor == core.Discord {
+		// REST goes to the API's origin with the path the bot asked for.
+		if u, err := url.Parse(orString(s.cfg.API, gateway.DiscordAPI)); err == nil && u.Host != "" {
+			api = u.Scheme + "://" + u.Host
+		}
+	}
+	var state io.Reader
+	if s.cfg.RelayState != "" {
+		b, err := os.ReadFile(s.cfg.RelayState)
+		switch {
+		case err == nil:
+			state = bytes.NewReader(b)
+			// Read once: a crash later must not bring back this state.
+			os.Remove(s.cfg.RelayState)
+		case !errors.Is(err, fs.ErrNotExist):
+			s.log.Warn("relay: the saved state is unreadable; clients start anew", "err", err)
+		}
+	}
+	cfg := relay.Config{
+		Token: s.cfg.Token, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
+		Journal: p.tree.DispatchLog, Send: p.core.Send,
+		ResumeWindow: s.cfg.RelayResumeWindow, Cache: s.cfg.RelayCache, API: api,
+		Events: s.events, Clock: s.cfg.Clock, Logger: s.log.With("component", "relay"),
+	}
+	cfg.State = state
+	r, err := relay.New(cfg)
+	if err != nil && state != nil {
+		s.log.Warn("relay: the saved state does not fit; clients start anew", "err", err)
+		cfg.State = nil
+		r, err = relay.New(cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.tree.Registry().MustRegister(r.Collector())
+	return r, nil
+}
+
+// saveRelay writes the relay's state to Config.RelayState, whole or not
+// at all.
+func (s *Node) saveRelay() error {
+	tmp := s.cfg.RelayState + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("relay state: %w", err)
+	}
+	err = s.Relay.Save(f)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, s.cfg.RelayState)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("relay state: %w", err)
+	}
+	return nil
 }

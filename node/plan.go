@@ -9,6 +9,7 @@ import (
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/lease/local"
+	"github.com/shardfs/shardfs/relay"
 	"github.com/shardfs/shardfs/reshard"
 	"github.com/shardfs/shardfs/shardfs"
 )
@@ -99,7 +100,9 @@ func (s *Node) Current() (*core.Scheduler, *shardfs.Tree) {
 func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	cfg := s.cfg
 	p := &planRun{lease: local.New(s.clock)}
-	p.route = reshard.NewRoute(func(shard int, seq int64, name string, d []byte) { p.tree.Dispatch(shard, seq, name, d) })
+	p.route = reshard.NewRoute(func(shard int, session string, seq int64, name string, d []byte) {
+		p.tree.Dispatch(shard, session, seq, name, d)
+	})
 	// The fleet's lease, session store and identify pacer replace the
 	// node's own (a fleet never moves to a new plan, so only a first plan
 	// has a fleet).
@@ -164,7 +167,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		Scheduler: c, Info: s.info, Identify: budget, LeaseBackend: "local",
 		DispatchRetention: cfg.DispatchRetention, NodeDispatchRetention: cfg.NodeDispatchRetention,
 		Registry: reg, Logger: s.log, Dispatch: dispatch,
-		Files:   []fsrv.File{&fsrv.Text{Name: "reshard", Content: s.move.File}},
+		Files:   append([]fsrv.File{&fsrv.Text{Name: "reshard", Content: s.move.File}}, cfg.Files...),
 		Command: s.move.Command, CommandUsage: reshard.Usage,
 	}
 	if fleet != nil {
@@ -179,10 +182,29 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		}
 		tc.CommandUsage = reshard.Usage + usage
 	}
+	if cfg.Relay && prev == nil {
+		s.relayTree(&tc)
+	}
 	tree = shardfs.New(tc)
 	if fleet != nil {
 		fleet.register(tree.Registry())
 	}
 	p.tree = tree
 	return p, nil
+}
+
+// relayTree adds /relay, /clients and kick to a tree's configuration;
+// they read Node.Relay, made after the plan.
+func (s *Node) relayTree(tc *shardfs.Config) {
+	tc.Files = append(tc.Files,
+		&fsrv.Text{Name: "relay", Content: func() []byte { return s.Relay.Status() }},
+		&fsrv.Text{Name: "clients", Content: func() []byte { return s.Relay.ClientsText() }})
+	next, usage := tc.Command, tc.CommandUsage
+	tc.Command = func(line string) (bool, error) {
+		if handled, err := s.Relay.Command(line); handled {
+			return handled, err
+		}
+		return next(line)
+	}
+	tc.CommandUsage = usage + relay.Usage
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -32,6 +33,9 @@ type RunConfig struct {
 	// IdleTimeout closes a TCP or TLS connection with no request for
 	// that long (0: fsrv's default; negative: never).
 	IdleTimeout time.Duration
+	// Relay are the gateway relay's listeners (serve --relay, the syntax
+	// of Listen; the tls! ones with TLS's files); none runs no relay.
+	Relay []string
 	// SessionsDir, when set, is the folder of session snapshots
 	// (sessions/dir): Run locks it before anything is spent on the
 	// gateway, and closes it after the node saved every shard.
@@ -75,6 +79,18 @@ func Run(ctx context.Context, rc RunConfig) error {
 	ls, err := fsrv.Open(rc.Listen, rc.TLS)
 	if err != nil {
 		return err
+	}
+	var relayLs *fsrv.Listeners
+	if len(rc.Relay) > 0 {
+		if relayLs, err = fsrv.Open(rc.Relay, rc.TLS); err != nil {
+			ls.Close()
+			return fmt.Errorf("--relay: %w", err)
+		}
+		rc.Config.Relay = true
+		if rc.SessionsDir != "" {
+			rc.Config.RelayState = filepath.Join(rc.SessionsDir, "relay.json")
+		}
+		defer relayLs.Close()
 	}
 	// The folder is locked before anything is spent on the gateway: a
 	// second serve on it stops here, naming the first's PID.
@@ -126,6 +142,17 @@ func Run(ctx context.Context, rc RunConfig) error {
 	var wg sync.WaitGroup
 	if rc.Parent != nil {
 		rc.Parent.Serving(pctx, n, ls.Socket())
+	}
+	if relayLs != nil {
+		for _, l := range relayLs.List {
+			log.Info("relay listening", "addr", l.Addr().String())
+			// Serve returns when the node's Close closes the relay.
+			wg.Go(func() {
+				if err := n.Relay.Serve(l); err != nil {
+					log.Error("relay listener failed", "addr", l.Addr().String(), "err", err)
+				}
+			})
+		}
 	}
 	var refused error
 	if n.Fleet == nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/internal/refusal"
 )
 
 // Usage is the node command that moves by hand, as /ctl's usage lists it.
@@ -29,11 +30,7 @@ func (m *Mover) Command(line string) (handled bool, err error) {
 	bad := func(format string, args ...any) (bool, error) {
 		// The line is clipped: under 9P2000 the error string is cut at
 		// 127 bytes (ERRMAX), and the reason after it must survive.
-		quoted := line
-		if len(quoted) > 32 {
-			quoted = strings.ToValidUTF8(quoted[:32], "") + "..."
-		}
-		return true, fmt.Errorf("%w: %q: %s; usage: %s", core.ErrUsage, quoted, fmt.Sprintf(format, args...), strings.TrimSpace(Usage))
+		return true, fmt.Errorf("%w: %q: %s; usage: %s", core.ErrUsage, refusal.Clip(line, refusal.MaxWord), fmt.Sprintf(format, args...), strings.TrimSpace(Usage))
 	}
 	if len(f) != 2 {
 		return bad("want one argument")

@@ -9,13 +9,14 @@ import (
 )
 
 // Event is one dispatch as the gateway delivered it: the shard of its plan,
-// its sequence (negative: none, as RESUMED), its type and the raw JSON of
-// its d.
+// its session key (core.SessionKey), its sequence (negative: none, as
+// RESUMED), its type and the raw JSON of its d.
 type Event struct {
-	Shard int
-	Seq   int64
-	Type  string
-	D     []byte
+	Shard   int
+	Session string
+	Seq     int64
+	Type    string
+	D       []byte
 }
 
 // Sink receives the merged stream: the dispatches to write to the node's

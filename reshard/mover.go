@@ -44,7 +44,7 @@ type PlanRun interface {
 // plan's tree or, during a move and the cut's window after it, to the
 // move's Cut.
 type Route struct {
-	deliver func(shard int, seq int64, typ string, d []byte)
+	deliver func(shard int, session string, seq int64, typ string, d []byte)
 	side    atomic.Pointer[cutSide]
 }
 
@@ -55,14 +55,14 @@ type cutSide struct {
 
 // NewRoute returns a route that delivers to the plan's tree with deliver
 // while no move's Cut stands in between.
-func NewRoute(deliver func(shard int, seq int64, typ string, d []byte)) *Route {
+func NewRoute(deliver func(shard int, session string, seq int64, typ string, d []byte)) *Route {
 	return &Route{deliver: deliver}
 }
 
 // Dispatch is the plan's gateway transport's sink.
-func (r *Route) Dispatch(shard int, seq int64, typ string, d []byte) {
+func (r *Route) Dispatch(shard int, session string, seq int64, typ string, d []byte) {
 	if cs := r.side.Load(); cs != nil {
-		ev := Event{Shard: shard, Seq: seq, Type: typ, D: d}
+		ev := Event{Shard: shard, Session: session, Seq: seq, Type: typ, D: d}
 		if cs.old {
 			cs.cut.Old(ev)
 		} else {
@@ -70,7 +70,7 @@ func (r *Route) Dispatch(shard int, seq int64, typ string, d []byte) {
 		}
 		return
 	}
-	r.deliver(shard, seq, typ, d)
+	r.deliver(shard, session, seq, typ, d)
 }
 
 // MoverConfig says what a Mover needs of its node. Current, Build and Show
@@ -355,7 +355,7 @@ func (m *Mover) run(ctx context.Context, old PlanRun, why string, want int) {
 		if isOld {
 			r = oldRoute
 		}
-		r.deliver(ev.Shard, ev.Seq, ev.Type, ev.D)
+		r.deliver(ev.Shard, ev.Session, ev.Seq, ev.Type, ev.D)
 	}})
 	oldRoute.side.Store(&cutSide{cut: cut, old: true})
 	newRoute.side.Store(&cutSide{cut: cut})

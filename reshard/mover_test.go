@@ -36,9 +36,9 @@ func newFakeRun(plan core.Plan, events *journal.Log, state core.State) *fakeRun 
 	for _, id := range plan.Local {
 		f.states[id] = state
 	}
-	f.route = NewRoute(func(shard int, seq int64, typ string, d []byte) {
+	f.route = NewRoute(func(shard int, session string, seq int64, typ string, d []byte) {
 		f.mu.Lock()
-		f.dispatches = append(f.dispatches, Event{Shard: shard, Seq: seq, Type: typ, D: append([]byte(nil), d...)})
+		f.dispatches = append(f.dispatches, Event{Shard: shard, Session: session, Seq: seq, Type: typ, D: append([]byte(nil), d...)})
 		f.mu.Unlock()
 	})
 	return f
@@ -297,9 +297,9 @@ func TestMoverSwitch(t *testing.T) {
 		t.Fatalf("the new plan = %+v; want 4 shards", p)
 	}
 	msg := func(id string) []byte { return []byte(`{"id":"` + id + `"}`) }
-	old.Route().Dispatch(0, 5, "MESSAGE_CREATE", msg("both"))
-	p.Route().Dispatch(2, 3, "MESSAGE_CREATE", msg("both")) // the copy
-	p.Route().Dispatch(1, 4, "MESSAGE_CREATE", msg("new only"))
+	old.Route().Dispatch(0, "k", 5, "MESSAGE_CREATE", msg("both"))
+	p.Route().Dispatch(2, "k", 3, "MESSAGE_CREATE", msg("both")) // the copy
+	p.Route().Dispatch(1, "k", 4, "MESSAGE_CREATE", msg("new only"))
 	for id := range 4 {
 		p.set(id, core.Ready)
 	}

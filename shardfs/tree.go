@@ -12,12 +12,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/internal/refusal"
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -234,8 +234,9 @@ func sendPayload(line string) []byte {
 
 // Dispatch writes one dispatch to the shard's dispatch log and the node's.
 // It is the gateway's sink: d is the raw JSON of the payload's d field and
-// is not kept after the call; a negative seq (RESUMED) is written as null.
-func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
+// is not kept after the call; a negative seq (RESUMED) is written as null,
+// and so is an empty session key (core.SessionKey).
+func (t *Tree) Dispatch(shard int, session string, seq int64, typ string, d []byte) {
 	sf := t.local[shard]
 	if sf == nil {
 		return
@@ -254,6 +255,12 @@ func (t *Tree) Dispatch(shard int, seq int64, typ string, d []byte) {
 	}
 	b = append(b, `,"t":`...)
 	b = appendJSONString(b, typ)
+	b = append(b, `,"session":`...)
+	if session == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, session)
+	}
 	b = append(b, `,"d":`...)
 	switch {
 	case len(d) == 0:
@@ -477,7 +484,7 @@ func fsError(err error) error {
 		// line; under 9P2000 the string is cut at 127 bytes (ERRMAX),
 		// and the reason after the word must survive that.
 		short := *ce
-		short.Word = clipWord(ce.Word)
+		short.Word = refusal.Clip(ce.Word, maxErrWord)
 		err = &short
 	}
 	var kind error
@@ -497,15 +504,6 @@ func fsError(err error) error {
 // maxErrWord bounds the quoted word of a refused command in a write's
 // error.
 const maxErrWord = 32
-
-// clipWord cuts w to maxErrWord bytes at a rune boundary, marking the cut.
-func clipWord(w string) string {
-	cut := maxErrWord
-	for cut > 0 && !utf8.RuneStart(w[cut]) {
-		cut--
-	}
-	return w[:cut] + "..."
-}
 
 type kindError struct{ err, kind error }
 

@@ -408,22 +408,22 @@ func TestSendAndDispatch(t *testing.T) {
 		f.Close()
 	}
 
-	e.tree.Dispatch(1, 2, "MESSAGE_CREATE", []byte(`{"content":"hi"}`))
-	e.tree.Dispatch(3, 7, "GUILD_CREATE", []byte("{\n  \"id\": \"1\"\n}"))
-	e.tree.Dispatch(1, -1, `WEIRD"TYPE`, nil)
-	want1 := `{"shard":1,"s":2,"t":"MESSAGE_CREATE","d":{"content":"hi"}}` + "\n" + `{"shard":1,"s":null,"t":"WEIRD\"TYPE","d":null}` + "\n"
+	e.tree.Dispatch(1, "a1b2c3d4e5f6", 2, "MESSAGE_CREATE", []byte(`{"content":"hi"}`))
+	e.tree.Dispatch(3, "a1b2c3d4e5f6", 7, "GUILD_CREATE", []byte("{\n  \"id\": \"1\"\n}"))
+	e.tree.Dispatch(1, "", -1, `WEIRD"TYPE`, nil) // no session yet: null
+	want1 := `{"shard":1,"s":2,"t":"MESSAGE_CREATE","session":"a1b2c3d4e5f6","d":{"content":"hi"}}` + "\n" + `{"shard":1,"s":null,"t":"WEIRD\"TYPE","session":null,"d":null}` + "\n"
 	if got := readL(t, root, "1/dispatch"); got != want1 {
 		t.Fatalf("1/dispatch = %q; want %q", got, want1)
 	}
 	all := readL(t, root, "dispatch")
-	if !strings.Contains(all, `{"shard":3,"s":7,"t":"GUILD_CREATE","d":{"id":"1"}}`+"\n") || strings.Count(all, "\n") != 3 {
+	if !strings.Contains(all, `{"shard":3,"s":7,"t":"GUILD_CREATE","session":"a1b2c3d4e5f6","d":{"id":"1"}}`+"\n") || strings.Count(all, "\n") != 3 {
 		t.Fatalf("dispatch = %q", all)
 	}
 }
 
 func TestMetricsParse(t *testing.T) {
 	e := newEnv(t)
-	e.tree.Dispatch(0, 2, "MESSAGE_CREATE", []byte(`{}`))
+	e.tree.Dispatch(0, "a1b2c3d4e5f6", 2, "MESSAGE_CREATE", []byte(`{}`))
 	text := readL(t, e.dotl(), "metrics")
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := parser.TextToMetricFamilies(strings.NewReader(text))
@@ -449,7 +449,7 @@ func TestMetricsEventSeconds(t *testing.T) {
 	if n := e.tree.DispatchCount(); n != 0 {
 		t.Errorf("DispatchCount = %d before any dispatch", n)
 	}
-	e.tree.Dispatch(0, 2, "MESSAGE_CREATE", []byte(`{}`))
+	e.tree.Dispatch(0, "a1b2c3d4e5f6", 2, "MESSAGE_CREATE", []byte(`{}`))
 	if n := e.tree.DispatchCount(); n != 1 {
 		t.Errorf("DispatchCount = %d; want 1", n)
 	}

@@ -42,7 +42,7 @@ func main() {
 	if os.Getpid() == 1 {
 		// The kernel ran the binary as /init of a netboot image. No
 		// signal ends PID 1: it runs until the machine powers off.
-		runPID1(context.Background(), os.Stderr)
+		runPID1(context.Background(), os.Stdin, os.Stderr)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -71,6 +71,7 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--tls-cert F --tls-key F --tls-client-ca F] [--tls-deny FILE]
                  (for tls!HOST!PORT[,ca=FILE][,clients=FILE] listeners; SIGHUP reads them again)
                  [--sessions DIR [--resume-window D]] [--metrics-listen HOST:PORT] [--debug]
+                 [--relay ADDR]... [--relay-resume-window 60s] [--relay-cache KIND,...|none]
                  [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]
                   [--etcd-ca F --etcd-cert F --etcd-key F] [--fluxer-identify-budget N]]
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
@@ -80,11 +81,15 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
                  [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
   shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline 'shardfs.x=y ...']
-                 [--token-file FILE] [--tls-cert F --tls-key F --tls-client-ca F]
-                 [--etcd-ca F --etcd-cert F --etcd-key F] [--ca-bundle FILE] [--init F] [--dry-run]
+                 [--enroll-ca F] [--ca-bundle FILE] [--init F] [--dry-run]
                  (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,
-                 the kernel and its NIC modules; the TLS listener's files in
-                 tls.cpio.gz, the token and etcd's TLS files in secrets.cpio.gz)
+                 the kernel and its NIC modules; no secret: the node enrolls)
+          netboot --serve HOST:PORT --enroll-cert F --enroll-key F --node-ca BASE
+                 --tls-client-ca F [--node-names LIST] [--token-file FILE]
+                 [--etcd-ca F --etcd-cert F --etcd-key F] [--enroll-code FILE] [--code-ttl D]
+                 [--max-pending N] [--listen ADDR]...
+                 (the enrollment server: nodes wait in /enroll/pending until
+                 echo approve FINGERPRINT > /enroll/ctl, or show a one-time code)
   shardfs mount  ADDR DIR [--ro] [--cert F --key F --ca F] [--aname /N] [--access UID|user|any]
   shardfs certs  ca|server|client --dir DIR [--name NAME] [--host NAME|IP,...] [--days N]
   shardfs ls     [--addr ADDR] [--cert F --key F --ca F] [PATH]
@@ -113,8 +118,8 @@ var commands = map[string]subcommand{
 	"supervise": func(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
 		return runSupervise(ctx, args, stderr)
 	},
-	"netboot": func(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-		return runNetboot(args, stdout, stderr)
+	"netboot": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+		return runNetboot(ctx, args, stdout, stderr)
 	},
 	"mount": func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return runMount(ctx, args, stdout, stderr)

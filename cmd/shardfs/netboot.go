@@ -1,7 +1,7 @@
 package main
 
 import (
-	"crypto/tls"
+	"context"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -12,31 +12,42 @@ import (
 	"strings"
 
 	"github.com/shardfs/shardfs/baremetal"
-	"github.com/shardfs/shardfs/fsrv"
 )
 
-// runNetboot writes a PXE boot image for a bare-metal node (DESIGN 7.6).
-func runNetboot(args []string, stdout, stderr io.Writer) error {
+// runNetboot writes a PXE boot image for a bare-metal node, or with
+// --serve runs the enrollment server that gives the nodes their secrets
+// (DESIGN 7.6).
+func runNetboot(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet("netboot", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	out := fl.String("out", "", "folder to write boot.ipxe, initrd.cpio.gz (and vmlinuz, tls.cpio.gz, secrets.cpio.gz) into (required)")
+	out := fl.String("out", "", "folder to write boot.ipxe and initrd.cpio.gz (and vmlinuz) into (required)")
 	initBin := fl.String("init", "", "the static shardfs binary to make /init (default: this binary)")
 	kernelDir := fl.String("kernel", "", "Debian's linux-image package unpacked with dpkg -x: its vmlinuz is copied and its NIC modules go into the image")
 	modules := fl.String("modules", strings.Join(baremetal.DefaultNICModules, ","), "NIC modules to carry, with their dependencies (with --kernel)")
 	cmdline := fl.String("cmdline", "", "kernel command line: the shardfs.* keys ("+strings.Join(baremetal.Keys, ", ")+"); console=, quiet, edd= or panic= replace the defaults '"+baremetal.DefaultConsole+" "+strings.Join(baremetal.DefaultOptions, " ")+"'")
-	tokenFile := fl.String("token-file", "", "file holding the bot token, written into secrets.cpio.gz (mode 0600), never into the image")
-	etcdCA := fl.String("etcd-ca", "", "with shardfs.etcd: CA certificate of etcd's TLS, written into secrets.cpio.gz")
-	etcdCert := fl.String("etcd-cert", "", "with shardfs.etcd: client certificate for etcd, written into secrets.cpio.gz")
-	etcdKey := fl.String("etcd-key", "", "with shardfs.etcd: the client certificate's key, written into secrets.cpio.gz (mode 0600)")
-	var tf tlsFlags
-	tf.register(fl)
+	enrollCA := fl.String("enroll-ca", "", "with shardfs.enroll: the enrollment CA's certificate, the only one the node trusts for the enrollment server (put into the image: it is no secret)")
 	caBundle := fl.String("ca-bundle", baremetal.CABundlePath, "PEM file of the certificate authorities the node trusts for wss:// and https:// (empty: none)")
 	dryRun := fl.Bool("dry-run", false, "print what would be written and write nothing")
+	var ef enrollFlags
+	ef.register(fl)
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if fl.NArg() > 0 {
 		return flagErr(fl, "unexpected argument %q", fl.Arg(0))
+	}
+	if *ef.serve != "" {
+		for _, name := range []string{"out", "init", "kernel", "modules", "cmdline", "enroll-ca", "ca-bundle", "dry-run"} {
+			if flagSet(fl, name) {
+				return flagErr(fl, "--%s makes an image; --serve runs the enrollment server: run them apart", name)
+			}
+		}
+		return ef.run(ctx, stdout, stderr)
+	}
+	for _, name := range ef.serveOnly() {
+		if flagSet(fl, name) {
+			return flagErr(fl, "--%s goes to the enrollment server (netboot --serve): the image holds no secret, the node enrolls for it", name)
+		}
 	}
 	if *out == "" && !*dryRun {
 		return flagErr(fl, "--out is required")
@@ -53,60 +64,34 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "netboot: warning: --cmdline %s\n", p)
 		}
 	}
-	if len(settings.Etcd) == 0 && (*etcdCA != "" || *etcdCert != "" || *etcdKey != "") {
-		refused = append(refused, "--etcd-ca, --etcd-cert, --etcd-key: need shardfs.etcd on the command line")
+	if settings.Enroll == "" && *enrollCA != "" {
+		refused = append(refused, "--enroll-ca: needs shardfs.enroll=HOST:PORT on the command line, the enrollment server's address")
 	}
-	if (*etcdCert == "") != (*etcdKey == "") {
-		refused = append(refused, "--etcd-cert and --etcd-key go together")
+	if settings.Enroll != "" && *enrollCA == "" {
+		refused = append(refused, "shardfs.enroll: needs --enroll-ca, the CA of the enrollment server's certificate")
 	}
-	if len(settings.Listen) == 0 && tf.key == "" {
-		refused = append(refused, "shardfs.listen: missing, and no --tls-cert --tls-key --tls-client-ca for the default "+baremetal.DefaultListen)
+	if len(settings.Listen) == 0 && settings.Enroll == "" {
+		refused = append(refused, "shardfs.listen: missing, and no shardfs.enroll to bring the TLS files for the default "+baremetal.DefaultListen)
 	}
 	for _, l := range settings.Listen {
-		if strings.HasPrefix(l, "tls!") && tf.key == "" {
-			refused = append(refused, "shardfs.listen="+l+": needs --tls-cert --tls-key --tls-client-ca")
+		if strings.HasPrefix(l, "tls!") && settings.Enroll == "" {
+			refused = append(refused, "shardfs.listen="+l+": needs shardfs.enroll, which brings the TLS files")
 		}
 	}
 	if len(refused) > 0 {
 		return fmt.Errorf("--cmdline: the node would refuse to start:\n  %s", strings.Join(refused, "\n  "))
 	}
-	nb := baremetal.Netboot{Cmdline: *cmdline, TokenFile: *tokenFile, CABundle: *caBundle,
-		TLSCert: tf.cert, TLSKey: tf.key, TLSClientCA: tf.clientCA,
-		EtcdCA: *etcdCA, EtcdCert: *etcdCert, EtcdKey: *etcdKey}
-	if tf.cert != "" || tf.key != "" || tf.clientCA != "" {
-		// The same check serve makes, now rather than on the node.
-		if _, err := fsrv.ServerTLSConfig(tf.cert, tf.key, tf.clientCA); err != nil {
-			return fmt.Errorf("--tls-cert, --tls-key, --tls-client-ca: %w", err)
-		}
-		if err := checkSecretFile("--tls-key", tf.key); err != nil {
-			return err
+	nb := baremetal.Netboot{Cmdline: *cmdline, CABundle: *caBundle, EnrollCA: *enrollCA}
+	if *enrollCA != "" {
+		if b, err := os.ReadFile(*enrollCA); err != nil {
+			return fmt.Errorf("--enroll-ca: %w", err)
+		} else if !x509.NewCertPool().AppendCertsFromPEM(b) || strings.Contains(string(b), "PRIVATE KEY") {
+			return fmt.Errorf("--enroll-ca %s: want the CA's certificate alone (PEM), no key", *enrollCA)
 		}
 	}
 	if *caBundle != "" {
 		if _, err := os.Stat(*caBundle); err != nil {
 			return fmt.Errorf("--ca-bundle: %w (Debian package ca-certificates; or --ca-bundle '' for a node that reaches no TLS server)", err)
-		}
-	}
-	if *tokenFile != "" {
-		if err := checkSecretFile("--token-file", *tokenFile); err != nil {
-			return err
-		}
-	}
-	if *etcdCert != "" {
-		// The same check serve's --etcd-cert makes, now rather than on
-		// the node.
-		if _, err := tls.LoadX509KeyPair(*etcdCert, *etcdKey); err != nil {
-			return fmt.Errorf("--etcd-cert, --etcd-key: %w", err)
-		}
-		if err := checkSecretFile("--etcd-key", *etcdKey); err != nil {
-			return err
-		}
-	}
-	if *etcdCA != "" {
-		if b, err := os.ReadFile(*etcdCA); err != nil {
-			return fmt.Errorf("--etcd-ca: %w", err)
-		} else if !x509.NewCertPool().AppendCertsFromPEM(b) {
-			return fmt.Errorf("--etcd-ca %s: no PEM certificate in it", *etcdCA)
 		}
 	}
 	self := *initBin
@@ -143,6 +128,12 @@ func runNetboot(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%-16s %04o %9d bytes  %s\n", o.Name, o.Mode, sizes[o.Name], o.What)
 	}
 	return nil
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fl *flag.FlagSet, name string) (set bool) {
+	fl.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // checkSecretFile refuses a secret (the token, the TLS key) that is

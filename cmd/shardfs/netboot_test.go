@@ -27,6 +27,13 @@ func TestNetbootRefuses(t *testing.T) {
 	os.WriteFile(open, []byte("tok"), 0o644)
 	empty := filepath.Join(dir, "empty-token")
 	os.WriteFile(empty, nil, 0o600)
+	keyFile := filepath.Join(dir, "ca-and-key.pem")
+	ca, err := certs.NewCA("x", certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, _ := certs.KeyPEM(ca.Key)
+	os.WriteFile(keyFile, append(certs.CertPEM(ca.Cert), kp...), 0o600)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -34,22 +41,24 @@ func TestNetbootRefuses(t *testing.T) {
 	}{
 		{"bad flavor", []string{"--cmdline", "shardfs.flavor=irc shardfs.total=2 shardfs.listen=unix!/s"}, "shardfs.flavor"},
 		{"token on the command line", []string{"--cmdline", nbCmdline + " shardfs.token=SEKRIT"}, "shardfs.token"},
-		{"no listener, no TLS", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2"}, "shardfs.listen: missing"},
-		{"tls listener, no TLS files", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2 shardfs.listen=tls!0.0.0.0!5641"}, "needs --tls-cert"},
-		{"token readable by others", []string{"--cmdline", nbCmdline, "--token-file", open}, "chmod 600"},
-		{"empty token", []string{"--cmdline", nbCmdline, "--token-file", empty}, "empty"},
-		{"missing token file", []string{"--cmdline", nbCmdline, "--token-file", filepath.Join(dir, "nope")}, "--token-file"},
+		{"no listener, no enrollment", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2"}, "shardfs.listen: missing"},
+		{"tls listener, no enrollment", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2 shardfs.listen=tls!0.0.0.0!5641"}, "needs shardfs.enroll"},
+		{"enrollment without its CA", []string{"--cmdline", nbCmdline + " shardfs.enroll=10.0.0.2:5650"}, "needs --enroll-ca"},
+		{"enrollment CA without the server", []string{"--cmdline", nbCmdline, "--enroll-ca", open}, "needs shardfs.enroll"},
+		{"malformed enrollment address", []string{"--cmdline", nbCmdline + " shardfs.enroll=10.0.0.2"}, "shardfs.enroll: malformed"},
+		{"a key as the enrollment CA", []string{"--cmdline", nbCmdline + " shardfs.enroll=10.0.0.2:5650", "--enroll-ca", keyFile}, "no key"},
+		{"token in the image", []string{"--cmdline", nbCmdline, "--token-file", empty}, "--token-file goes to the enrollment server"},
+		{"etcd key in the image", []string{"--cmdline", nbCmdline, "--etcd-key", empty}, "--etcd-key goes to the enrollment server"},
+		{"serve with image flags", []string{"--serve", "127.0.0.1:0", "--cmdline", nbCmdline}, "--cmdline makes an image"},
 		{"no out", []string{"--cmdline", nbCmdline}, "--out is required"},
 		{"modules without kernel", []string{"--cmdline", nbCmdline, "--modules", "e1000"}, "needs --kernel"},
 		{"plain tcp beyond loopback", []string{"--cmdline", "shardfs.flavor=discord shardfs.total=2 shardfs.listen=tcp!0.0.0.0!5641"}, "shardfs.listen: malformed value: \"tcp!0.0.0.0!5641\": plain TCP beyond loopback"},
 		{"etcd without bot", []string{"--cmdline", nbCmdline + " shardfs.etcd=http://10.0.0.1:2379"}, "shardfs.bot: missing"},
-		{"etcd files without etcd", []string{"--cmdline", nbCmdline, "--etcd-ca", open}, "need shardfs.etcd"},
-		{"etcd cert without key", []string{"--cmdline", nbCmdline + " shardfs.etcd=https://e:2379 shardfs.bot=b", "--etcd-cert", open}, "go together"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			args := append([]string{"netboot"}, tc.args...)
-			if tc.name != "no out" {
+			if tc.name != "no out" && !strings.HasPrefix(tc.name, "serve") {
 				args = append(args, "--out", dir, "--ca-bundle", "")
 			}
 			err := run(context.Background(), args, nil, &stdout, &stderr)
@@ -87,23 +96,27 @@ func staticELF(t *testing.T, name string) {
 
 func TestNetbootDryRun(t *testing.T) {
 	dir := t.TempDir()
-	tok := filepath.Join(dir, "token")
-	os.WriteFile(tok, []byte("SEKRIT\n"), 0o600)
+	caFile := filepath.Join(dir, "enroll-ca.crt")
+	ca, err := certs.NewCA("enrollment CA", certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(caFile, certs.CertPEM(ca.Cert), 0o644)
 	init := filepath.Join(dir, "shardfs-static")
 	staticELF(t, init)
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"netboot", "--dry-run", "--init", init, "--out", filepath.Join(dir, "out"), "--ca-bundle", "", "--token-file", tok, "--cmdline", nbCmdline + " shardfs.colour=red"}, nil, &stdout, &stderr)
+	err = run(context.Background(), []string{"netboot", "--dry-run", "--init", init, "--out", filepath.Join(dir, "out"), "--ca-bundle", "", "--enroll-ca", caFile, "--cmdline", nbCmdline + " shardfs.enroll=10.0.0.2:5650 shardfs.colour=red"}, nil, &stdout, &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := stdout.String()
-	for _, want := range []string{"boot.ipxe", "initrd.cpio.gz", "secrets.cpio.gz  0600  the token\n", "file    0755 /init < " + init, "chardev 0600 /dev/console 5:1", "file    0600 /secrets/token < " + tok, "mount devtmpfs /dev"} {
+	for _, want := range []string{"boot.ipxe", "initrd.cpio.gz", "file    0755 /init < " + init, "chardev 0600 /dev/console 5:1", "file    0644 /etc/shardfs/enroll-ca.crt < " + caFile, "mount devtmpfs /dev"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run =\n%s\nwant %q", out, want)
 		}
 	}
-	if strings.Contains(out, "SEKRIT") || strings.Contains(out, "tls.cpio.gz") {
-		t.Errorf("dry run shows the token, or a tls.cpio.gz without TLS files:\n%s", out)
+	if strings.Contains(out, "secrets") || strings.Contains(out, "tls.cpio.gz") {
+		t.Errorf("dry run shows a secrets initrd:\n%s", out)
 	}
 	if !strings.Contains(stderr.String(), "shardfs.colour") {
 		t.Errorf("stderr = %q; want a warning naming shardfs.colour", stderr.String())
@@ -124,7 +137,7 @@ func TestNetbootDryRun(t *testing.T) {
 	}
 }
 
-// TestNoTokenNode: a node booted without secrets.cpio.gz shows every
+// TestNoTokenNode: a node that did not enroll shows every
 // shard FATAL with "no token", at once (no identify pacing).
 func TestNoTokenNode(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -164,7 +177,7 @@ func TestNoTokenNode(t *testing.T) {
 }
 
 // TestPXEFleetArgs: the serve flags a PXE node's command line becomes
-// (baremetal.Settings.Args, with the etcd files secrets.cpio.gz brought)
+// (baremetal.Settings.Args, with the etcd files enrollment brought)
 // are flags serve's etcd configuration takes: the endpoints, the bot, the
 // node's name and etcd's TLS.
 func TestPXEFleetArgs(t *testing.T) {

@@ -22,7 +22,7 @@ import (
 
 // runPID1 is the binary as /init of a netboot image (package baremetal):
 // it never returns, since PID 1 exiting panics the kernel.
-func runPID1(ctx context.Context, console io.Writer) {
+func runPID1(ctx context.Context, input io.Reader, console io.Writer) {
 	// The serial console answers the terminal ioctls, but a status line
 	// redrawn in place is noise in a console log: plain lines only.
 	console = plainWriter{console}
@@ -32,16 +32,27 @@ func runPID1(ctx context.Context, console io.Writer) {
 	for {
 		err := baremetal.Boot(ctx, baremetal.Config{
 			Console: console,
+			Input:   input,
 			Run: func(ctx context.Context, s baremetal.Settings, token string) error {
 				if token == "" {
 					return serveNoToken(ctx, s, console)
 				}
-				return serve(ctx, s.Args(), console, console, func(string) (string, error) { return token, nil })
+				return serveFiles(ctx, s.Args(), console, console, func(string) (string, error) { return token, nil }, enrollFiles(s))
 			},
 		})
 		fmt.Fprintf(console, "shardfs-init: boot ended: %v; starting over in 1s\n", err)
 		time.Sleep(time.Second) // never a tight loop in PID 1
 	}
+}
+
+// enrollFiles are a PXE node's /enroll: status, the enrollment server,
+// the node's key fingerprint and when it enrolled (none when it did not).
+func enrollFiles(s baremetal.Settings) []fsrv.File {
+	if s.Enrollment == nil {
+		return nil
+	}
+	text := s.Enrollment.Text()
+	return []fsrv.File{fsrv.NewDir("enroll", &fsrv.Text{Name: "status", Content: func() []byte { return text }})}
 }
 
 // plainWriter hides the console's *os.File from the terminal checks.
@@ -64,9 +75,8 @@ func (f firstLine) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// errNoToken is every shard's failure on a node booted without
-// secrets.cpio.gz.
-var errNoToken = errors.New("no token: the node booted without one in secrets.cpio.gz (shardfs netboot --token-file); nothing can connect until it reboots with one")
+// errNoToken is every shard's failure on a node that did not enroll.
+var errNoToken = errors.New("no token: the node did not enroll for one (no shardfs.enroll on its kernel command line, or the enrollment server has no --token-file); nothing can connect until it reboots and enrolls")
 
 // noToken is the transport of a node without a token: every attempt
 // fails at once, fatally.
@@ -115,7 +125,7 @@ func newNoTokenNode(s baremetal.Settings, log *slog.Logger) (*core.Scheduler, *n
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	tree := shardfs.New(shardfs.Config{Scheduler: n, Logger: log, Info: func() [][2]string { return [][2]string{{"token", "none"}} }})
+	tree := shardfs.New(shardfs.Config{Scheduler: n, Logger: log, Info: func() [][2]string { return [][2]string{{"token", "none"}} }, Files: enrollFiles(s)})
 	return n, tr, tree, nil
 }
 

@@ -5,12 +5,14 @@ import (
 	"flag"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/node"
+	"github.com/shardfs/shardfs/relay"
 )
 
 // runServe runs a node against the real gateway. The token comes from
@@ -23,6 +25,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // serve is runServe with the token from tokenFrom (called with --token-file's
 // value): PID 1 of a bare-metal node hands over the token it already read.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFrom func(file string) (string, error)) error {
+	return serveFiles(ctx, args, stdout, stderr, tokenFrom, nil)
+}
+
+// serveFiles is serve with more files at the tree's root (a PXE node's
+// /enroll).
+func serveFiles(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFrom func(file string) (string, error), files []fsrv.File) error {
 	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	var f serveFlags
@@ -52,6 +60,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, tokenFr
 		rc.Parent = link // a nil *childLink would be a non-nil interface
 	}
 	rc.Logger, rc.Status = log, status
+	rc.Files = files
 	return node.Run(ctx, rc)
 }
 
@@ -73,6 +82,9 @@ type serveFlags struct {
 	resumeWindow                           *time.Duration
 	etcd                                   etcdFlags
 	metricsListen                          *string
+	relays                                 listenFlag
+	relayResumeWindow                      *time.Duration
+	relayCache                             *string
 }
 
 func (f *serveFlags) register(fl *flag.FlagSet) {
@@ -98,6 +110,9 @@ func (f *serveFlags) register(fl *flag.FlagSet) {
 	f.resumeWindow = fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
 	f.etcd.register(fl)
 	f.metricsListen = fl.String("metrics-listen", "", "serve /metrics over HTTP for Prometheus on HOST:PORT, e.g. 127.0.0.1:9464 (loopback only unless ,insecure follows)")
+	fl.Var(&f.relays, "relay", "gateway relay listener: bot libraries connect to it as to the gateway (HOST:PORT or tcp!HOST!PORT, loopback unless ,insecure; tls!HOST!PORT with --tls-cert/--tls-key) (repeatable; see doc/relay.md)")
+	f.relayResumeWindow = fl.Duration("relay-resume-window", 60*time.Second, "how long a relay client's session stays resumable after its connection ends")
+	f.relayCache = fl.String("relay-cache", strings.Join(relay.DefaultKinds, ","), "relay cache kinds, comma-separated ("+strings.Join(relay.Kinds, ",")+"), or none")
 }
 
 // runConfig is node.Run's configuration from the flags, checked (but
@@ -117,8 +132,15 @@ func (f *serveFlags) runConfig(fl *flag.FlagSet) (node.RunConfig, error) {
 			return node.RunConfig{}, flagErr(fl, "--metrics-listen: %v", err)
 		}
 	}
+	var relayCache []string
+	if len(f.relays) > 0 {
+		if relayCache, err = relay.ParseKinds(*f.relayCache); err != nil {
+			return node.RunConfig{}, flagErr(fl, "--relay-cache: %v", err)
+		}
+	}
 	return node.RunConfig{
 		Config: node.Config{
+			RelayResumeWindow: *f.relayResumeWindow, RelayCache: relayCache,
 			Flavor: o.flavor, API: *f.api, GatewayURL: *f.gatewayURL,
 			Intents: *f.intents, Compression: o.compression, Backoff: o.backoff,
 			MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal, IdentifyReserve: *f.idReserve,
@@ -126,7 +148,7 @@ func (f *serveFlags) runConfig(fl *flag.FlagSet) (node.RunConfig, error) {
 		},
 		Total: o.total, Shards: o.shards,
 		Listen: f.listenAddrs(), TLS: f.tlsFiles(), MaxConns: *f.maxConns, IdleTimeout: f.idle(),
-		SessionsDir: *f.sessions,
+		SessionsDir: *f.sessions, Relay: f.relays,
 	}, nil
 }
 

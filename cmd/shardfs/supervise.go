@@ -51,6 +51,8 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 			refused = "--shards: supervise gives each child its block: use --processes, --shards-per-process or --assign"
 		case v.Name == "metrics-listen":
 			refused = "--metrics-listen: supervise does not serve /metrics over HTTP yet; read /metrics of its tree (every child's, labelled child=ID)"
+		case strings.HasPrefix(v.Name, "relay"):
+			refused = "--" + v.Name + ": supervise does not run the gateway relay yet (each child would need its own address); run serve --relay"
 		case etcdFlagNames()[v.Name]:
 			refused = fmt.Sprintf("--%s: supervise with etcd is not supported yet (the children would each join the fleet as a node of their own); run serve --etcd on each node instead", v.Name)
 		}

@@ -68,11 +68,13 @@ func guildCreateData(g uint64) []byte {
 	b = strconv.AppendUint(b, botUserID, 10)
 	b = append(b, `","unavailable":false,"large":false,"member_count":2,"channels":[{"id":"`...)
 	b = strconv.AppendUint(b, g+1, 10)
-	b = append(b, `","type":0,"name":"general","guild_id":"`...)
+	// Every field Discord's guild text channel and role always carry:
+	// discord.py reads position, color and the rest without a default.
+	b = append(b, `","type":0,"name":"general","position":0,"permission_overwrites":[],"nsfw":false,"parent_id":null,"topic":null,"last_message_id":null,"rate_limit_per_user":0,"guild_id":"`...)
 	b = append(b, id...)
 	b = append(b, `"}],"roles":[{"id":"`...)
 	b = append(b, id...)
-	b = append(b, `","name":"@everyone","permissions":"0"}],"members":[],"presences":[],"voice_states":[],"threads":[],"emojis":[],"stickers":[]}`...)
+	b = append(b, `","name":"@everyone","permissions":"0","color":0,"hoist":false,"icon":null,"unicode_emoji":null,"position":0,"managed":false,"mentionable":false,"flags":0}],"members":[],"presences":[],"voice_states":[],"threads":[],"emojis":[],"stickers":[]}`...)
 	return b
 }
 

@@ -293,6 +293,24 @@ s_tlsumount() {
 	show mount-out cat /tmp/mount.out
 }
 
+# The freeze scenario (freeze_test.go): a serve in the guest against the
+# host's simulator at 10.0.2.100:5650 (TLS, the test's CA), its tree on 10.0.2.15:5640, which
+# the host reaches through a hostfwd. The test drives it from there.
+s_freeze() {
+	waitfor 10 test -e /sys/class/net/eth0 || die "no eth0"
+	ip link set lo up
+	ip addr add 10.0.2.15/24 dev eth0 || die "ip addr"
+	ip link set eth0 up || die "ip link"
+	SSL_CERT_FILE=/etc/shardfs/ca.crt SHARDFS_TOKEN=$(cat /etc/shardfs/token) shardfs serve --flavor discord \
+		--gateway wss://10.0.2.100:5650/ --total 1 --max-concurrency 1 \
+		--backoff fixed:100ms --listen 'tcp!0.0.0.0!5640,insecure' >/tmp/serve.out 2>&1 &
+	servepid=$!
+	say "serving pid=$servepid"
+	waitfor 120 grep -qs ':1608 ' /proc/net/tcp /proc/net/tcp6 || { show serve-out cat /tmp/serve.out; die "serve not listening on 5640"; }
+	pass frozen
+	show serve-out tail -n 40 /tmp/serve.out
+}
+
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

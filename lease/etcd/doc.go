@@ -12,8 +12,11 @@
 // Self-fencing. The Member renews with its own KeepAliveOnce loop, never
 // the client's KeepAlive stream, so that it knows when each renewal was
 // sent: deadline = send time of the last answered renewal + granted TTL −
-// 1 s, kept on the monotonic clock (clock.Mono; the fake clock models a
-// wall step with JumpWall, which moves Now but neither Mono nor timers).
+// 1 s, kept on the monotonic clock (clock.Mono: CLOCK_BOOTTIME, which
+// counts a suspend of the machine; the fake clock models a wall step with
+// JumpWall, which moves Now but neither Mono nor timers). The core checks
+// the wall clock as a second bound at every write and delivery
+// (core.Fence), not here: a wall step does not end the membership.
 // Renewals are sent every TTL/3, retried every TTL/10 after a failure; each
 // try is bounded by TTL/3 of real time because KeepAliveOnce itself retries
 // until its context ends. When the deadline passes, Done closes: the caller

@@ -37,13 +37,17 @@
 // 7 − 1.5 − c₁ + c₂ ≥ 5 s with the defaults whenever c₁ − c₂ ≤ 0.5 s, and
 // ≥ 5 s whenever c₁ − c₂ ≤ about 2 s when the grants come promptly (the
 // usual case). It is the difference of two dial-and-Hello times that
-// matters, not their size: both identifies pay one. It can break when one
-// identify's dial is slow by seconds and the next one's is fast (or goes
-// on an open socket); the gateway then refuses the second (op 9) and that
-// shard waits for another slot: one start spent, no duplicate session.
-// Not sending on a slot whose identify would go out after grant + Hold
-// (and asking again) would close that gap, but the identify is sent by the
-// core and the gateway client, outside this package; it is left to them.
+// matters, not their size: both identifies pay one. It could break when
+// one identify's dial was slow by seconds (CPU starvation, a short
+// SIGSTOP) and the next one's fast. So each slot carries an identify-by
+// deadline (core.SlotDeadliner: IdentifyBy, KeyTTL − 5 s after the slot's
+// start, 2 s with the defaults, at least Hold) into the core's attempt,
+// and the gateway client writes no identify past it: it gives the slot's
+// start back (as a lost slot does) and fails the attempt, and the shard
+// asks for a new slot. Every identify then goes out within KeyTTL − 5 s of
+// its slot's start, and the next slot of its bucket starts KeyTTL after
+// it at the earliest: 5 s apart whatever the dials do
+// (gateway TestIdentifyByDeadline, TestIdentifyBy here).
 // Measured: two nodes, max_concurrency 1, 32 shards against a simulator
 // refusing an identify within 5 s (node TestFleetIdentifyAcrossNodes):
 // none refused.
@@ -81,13 +85,23 @@
 // SetStartLimit takes Discord's session_start_limit: it sets the total
 // (capped) and may raise the used count (total - remaining, until now +
 // reset_after), never lower it nor move a counter's reset: a lagging
-// answer counts nothing back. A counter whose RESET has passed by the
-// node's clock counts nothing, even while etcd still holds it (etcd gives
-// a lease its full TTL back when it restarts or changes leader, so the key
-// may outlive its period): the next slot replaces it, guarded by its
-// ModRevision, with a new period on a new lease, and revokes the old
-// lease. A node whose clock runs ahead may so start the period early by
-// its skew; the reset carries a minute's margin. A new counter starts at
+// answer counts nothing back. The period is etcd's, never a node's clock
+// (DESIGN 7.3): the counter counts for as long as etcd holds it, and the
+// period ends when etcd expires its lease (granted for the period's length,
+// a duration measured on one node's clock, so skew does not enter). RESET
+// is the writer's guess of the end, shown in /identify and used by
+// BudgetWait, no more: a node whose clock runs a day ahead cannot start a
+// new period early (TestSkewedClockCannotRestartPeriod; before, it took the
+// counter for yesterday's and spent the budget again). The price: etcd
+// gives a lease its full TTL back when it restarts or changes leader,
+// unless the cluster runs with lease checkpoints (etcd 3.6:
+// --feature-gates=LeaseCheckpoint=true,LeaseCheckpointPersist=true; 3.5:
+// --experimental-enable-lease-checkpoint and
+// --experimental-enable-lease-checkpoint-persist), so without them a leader
+// change can lengthen the current period by up to a day: fewer starts,
+// never more; and a node whose clock is behind waits (BudgetWait) its
+// skew longer for the new period. An operator who knows the gateway's period ended may delete
+// <prefix>identify/starts by hand. A new counter starts at
 // that used count, its reset at the answer's reset, or a day and a minute
 // after its first slot when none is known. BudgetWait answers from the counter last seen (read
 // or watched), in memory.

@@ -92,6 +92,7 @@ type Pacer struct {
 	floorUntil time.Time
 	counter    counterView
 	queues     map[int]*queue
+	slots      map[int]slotGrant // by shard: the last slot granted, until the core asks (IdentifyBy)
 	seq        uint64
 }
 
@@ -105,13 +106,17 @@ type counterView struct {
 	rev     int64 // the revision at which it was seen
 }
 
-// live reports whether the counter counts at now: present and its period
-// not over by the node's clock. etcd restores a lease's full TTL when it
-// restarts or changes leader, so the key may outlive its reset; a counter
-// past its reset is treated as absent and replaced, guarded by its
-// ModRevision, at the next slot.
-func (c counterView) live(now time.Time) bool {
-	return c.present && now.Before(c.reset)
+// live reports whether the counter counts: whenever etcd holds it. The
+// period ends when etcd expires the counter's lease, never by a node's
+// clock (DESIGN 7.3): a node whose clock runs a day ahead would otherwise
+// start a new period at will and spend the budget again. reset, the
+// writer's guess of the period's end, is only shown and waited for.
+func (c counterView) live() bool { return c.present }
+
+// slotGrant is what a granted slot asks of its identify (SlotDeadliner).
+type slotGrant struct {
+	by    time.Duration // clock.Mono reading the identify must go out by
+	reset time.Time     // the period the slot's start was counted in
 }
 
 type queue struct {
@@ -119,6 +124,7 @@ type queue struct {
 	waiters   []*waiter // operators' requests first, then FIFO
 	kick      chan struct{}
 	heldUntil time.Time // a slot acquired with no waiter left to take it
+	held      slotGrant // of that slot
 	running   bool      // a worker is on it
 }
 
@@ -159,7 +165,7 @@ func New(cfg Config) (*Pacer, error) {
 		keySecs: secs, hold: hold, retry: cmpOr(cfg.Retry, DefaultRetry),
 		clock: clock.Or(cfg.Clock), log: cfg.Logger,
 		mc: max(cfg.MaxConcurrency, 1), ceiling: max(cfg.Ceiling, 0), total: total, reserve: -1,
-		queues: map[int]*queue{},
+		queues: map[int]*queue{}, slots: map[int]slotGrant{},
 	}
 	p.counterKey = p.dir + "starts"
 	if p.log == nil {
@@ -258,7 +264,7 @@ func (p *Pacer) limitLocked(operator bool) int {
 // discovery's when higher.
 func (p *Pacer) usedLocked(c counterView, now time.Time) int {
 	used := 0
-	if c.live(now) {
+	if c.live() {
 		used = c.used
 	}
 	if now.Before(p.floorUntil) {
@@ -278,6 +284,7 @@ func (p *Pacer) Request(shard int, operator bool, grant func()) (bool, func()) {
 	if len(q.waiters) == 0 && p.clock.Now().Before(q.heldUntil) {
 		// A slot this node acquired and still holds, already counted.
 		q.heldUntil = time.Time{}
+		p.slots[shard] = q.held
 		return true, func() {}
 	}
 	p.seq++
@@ -333,7 +340,7 @@ func (p *Pacer) BudgetWait(operator bool) time.Time {
 		return time.Time{}
 	}
 	var at time.Time
-	if p.counter.live(now) && p.counter.used >= p.limitLocked(operator) {
+	if p.counter.live() && p.counter.used >= p.limitLocked(operator) {
 		at = p.counter.reset
 	}
 	if now.Before(p.floorUntil) && p.floorUsed >= p.limitLocked(operator) {
@@ -444,9 +451,9 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 	}
 	p.mu.Lock()
 	p.seeLocked(c)
-	started := p.clock.Now()
+	started, startedMono := p.clock.Now(), clock.Mono(p.clock)
 	used, limit := p.usedLocked(c, started), p.limitLocked(operator)
-	live := c.live(started)
+	live := c.live()
 	base, reset := 0, time.Time{}
 	if !live && started.Before(p.floorUntil) {
 		base, reset = p.floorUsed, p.floorUntil
@@ -484,10 +491,6 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 			return nil, false, fmt.Errorf("grant the lease of %s: %w", p.counterKey, err)
 		}
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(p.counterKey), "=", 0)}
-		if c.present {
-			// Past its reset but still in etcd: replace this very version.
-			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(p.counterKey), "=", c.modRev)}
-		}
 		put = clientv3.OpPut(p.counterKey, encodeCounter(used+1, reset), clientv3.WithLease(pl.ID))
 	}
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(bkey), "=", 0))
@@ -519,13 +522,6 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 		}
 		return nil, false, fmt.Errorf("create %s: %w", bkey, err)
 	}
-	if c.present && !live {
-		p.log.Info("identify: the budget counter outlived its period (etcd restores lease TTLs on restart or leader change); started a new one", "reset_was", c.reset.UTC().Format(time.RFC3339))
-		if c.lease != clientv3.NoLease {
-			// Attached to nothing now; off the grant's path.
-			p.wg.Go(func() { p.revoke(c.lease) })
-		}
-	}
 	// The counter as this create wrote it, seen now rather than when the
 	// watch brings it: the budget the tree shows, and BudgetWait, count
 	// the slot from its grant on.
@@ -543,16 +539,55 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 		p.refund(reset)
 		return nil, false, nil
 	}
+	slot := slotGrant{by: startedMono + p.identifyWithin(), reset: reset}
 	if len(q.waiters) == 0 {
-		q.heldUntil = deadline
+		q.heldUntil, q.held = deadline, slot
 		p.mu.Unlock()
 		return nil, false, nil
 	}
 	w = q.waiters[0]
 	q.waiters = q.waiters[1:]
 	w.q = nil
+	p.slots[w.shard] = slot
 	p.mu.Unlock()
 	return w, false, nil
+}
+
+// identifyWithin is how long after its slot began an identify may go out:
+// the bucket's next slot, on any node, begins no earlier than the key's
+// TTL after this one (etcd never expires a lease early), so an identify
+// sent within KeyTTL − 5 s keeps Discord's 5 s per bucket whatever the
+// next one does. With a key TTL too short for that (tests), the hold.
+func (p *Pacer) identifyWithin() time.Duration {
+	return max(time.Duration(p.keySecs)*time.Second-core.DiscordWindow, p.hold)
+}
+
+var _ core.SlotDeadliner = (*Pacer)(nil)
+
+// IdentifyBy implements core.SlotDeadliner: the deadline of the slot last
+// granted to shard, and a func that gives its start back (one off the
+// counter of its period, in the background) when the identify did not go
+// out. The core asks right after the grant; the answer is handed out once.
+func (p *Pacer) IdentifyBy(shard int) (time.Duration, func(), bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.slots[shard]
+	if !ok {
+		return 0, nil, false
+	}
+	delete(p.slots, shard)
+	return g.by, func() { p.giveBack(g) }, true
+}
+
+// giveBack refunds the start of a slot whose identify did not go out.
+func (p *Pacer) giveBack(g slotGrant) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.log.Info("identify: a slot's identify did not go out by its deadline; giving its start back")
+	p.wg.Go(func() { p.refund(g.reset) })
 }
 
 // refundTries bounds the attempts of a refund; each failed one means
@@ -723,7 +758,7 @@ func (p *Pacer) Budget() core.Budget {
 	now := p.clock.Now()
 	b := core.Budget{Total: p.total, Reserve: p.reserveLocked(), MaxConcurrency: p.mc}
 	b.Remaining = max(p.total-p.usedLocked(p.counter, now), 0)
-	if p.counter.live(now) {
+	if p.counter.live() {
 		b.ResetAt = p.counter.reset
 	} else if now.Before(p.floorUntil) {
 		b.ResetAt = p.floorUntil

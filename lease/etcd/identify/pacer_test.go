@@ -561,63 +561,52 @@ func waitLog(t *testing.T, log *logBuf, want string) {
 	}
 }
 
-// The budget counter outlives its period when etcd gives its lease the
-// full TTL back (a restart or a leader change does). A counter whose
-// stored reset has passed on the node's clock counts nothing: a full one
-// refuses no slot, the next slot replaces it (guarded by its ModRevision)
-// with a new period on a new lease, and the old lease is revoked. Before
-// the fix the count carried on for good and no automatic slot came.
-func TestCounterPastResetIsAbsent(t *testing.T) {
+// aheadClock is the real clock with its wall time ahead by d.
+type aheadClock struct{ d time.Duration }
+
+func (c aheadClock) Now() time.Time { return time.Now().Add(c.d) }
+func (c aheadClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	return time.AfterFunc(d, f)
+}
+
+// The daily period is etcd's, not a node's clock (DESIGN 7.3): a node whose
+// clock runs 25 h ahead sees the counter another node started as current,
+// and the two spend no more than the budget between them (total 10,
+// reserve 1). Before, it took the counter for yesterday's, started a new
+// period and spent the budget again (18 grants).
+func TestSkewedClockCannotRestartPeriod(t *testing.T) {
 	srv := etcdtest.Start(t)
 	c := srv.Client()
-	clk := clock.NewFake()
-	log := &logBuf{}
-	p, err := New(Config{Client: c, Prefix: prefix, Node: "a", MaxConcurrency: 1, KeyTTL: testTTL, Hold: testHold, Retry: testRetry,
-		Clock: clk, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	a := newPacer(t, c, "a", 16, nil)
+	b, err := New(Config{Client: c, Prefix: prefix, Node: "b", MaxConcurrency: 16, KeyTTL: testTTL, Hold: testHold, Retry: testRetry,
+		Clock: aheadClock{25 * time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.Close)
-	p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 10, MaxConcurrency: 1})
-	ctx := etcdtest.Ctx(t, 2*time.Minute)
-	// Yesterday's counter, full (9 of 10, reserve 1), its lease still
-	// running in etcd.
-	old, err := c.Grant(ctx, 86400)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Put(ctx, prefix+"identify/starts", encodeCounter(9, clk.Now().Add(-time.Minute)), clientv3.WithLease(old.ID)); err != nil {
-		t.Fatal(err)
-	}
-	if w := p.BudgetWait(false); !w.IsZero() {
-		t.Errorf("BudgetWait with yesterday's counter = %v, want zero", w)
+	t.Cleanup(b.Close)
+	for _, p := range []*Pacer{a, b} {
+		p.SetStartLimit(core.StartLimit{Total: 10, Remaining: 10, MaxConcurrency: 16})
 	}
 	r := newRecorder()
-	r.request(p, "a", 0, false)
-	r.waitN(t, 1, 30*time.Second)
-	g, err := c.Get(ctx, prefix+"identify/starts")
-	if err != nil || len(g.Kvs) != 1 {
-		t.Fatalf("counter after the slot: %v, %v", g, err)
+	for s := range 5 { // one bucket each: no spacing between them
+		r.request(a, "a", s, false)
 	}
-	if want := encodeCounter(1, clk.Now().Add(core.DiscordStartPeriod+startMargin)); string(g.Kvs[0].Value) != want {
-		t.Errorf("counter %q, want a new period %q", g.Kvs[0].Value, want)
+	r.waitN(t, 5, 30*time.Second) // a starts the period
+	for s := 5; s < 16; s++ {
+		r.request(b, "b", s, false)
 	}
-	if clientv3.LeaseID(g.Kvs[0].Lease) == old.ID {
-		t.Error("the new period's counter is still on the old lease")
+	r.waitN(t, 9, time.Minute)
+	// Absence of a grant cannot be waited for: give b a few retries'
+	// worth of real time to overspend.
+	time.Sleep(5 * testRetry)
+	if g := r.snapshot(); len(g) != 9 {
+		t.Fatalf("%d automatic grants with one node's clock 25 h ahead, want 9 (total 10, reserve 1)", len(g))
 	}
-	if b := p.Budget(); b.Remaining != 9 {
-		t.Errorf("budget remaining %d, want 9", b.Remaining)
+	if got := counterUsed(t, c); got != "9" {
+		t.Errorf("counter %s, want 9", got)
 	}
-	waitLog(t, log, "outlived its period")
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		tr, err := c.TimeToLive(ctx, old.ID)
-		if err == nil && tr.TTL == -1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the old counter lease was not revoked: %v %v", tr, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if rb := b.Budget().Remaining; rb != 1 {
+		t.Errorf("remaining by the skewed node = %d, want 1", rb)
 	}
 }
 
@@ -750,5 +739,47 @@ func TestRefund(t *testing.T) {
 		if got := counterUsed(t, c); got != tc.want {
 			t.Errorf("%s: refund of %q = %q; want %q", tc.name, tc.counter, got, tc.want)
 		}
+	}
+}
+
+// A granted slot carries its identify-by deadline (core.SlotDeadliner):
+// within KeyTTL − 5 s of the slot's start, at least the hold; the core asks
+// once, and a slot whose identify did not go out gives its start back.
+func TestIdentifyBy(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client()
+	fake := clock.NewFake()
+	a, err := New(Config{Client: c, Prefix: prefix, Node: "a", MaxConcurrency: 1, KeyTTL: 7 * time.Second, Hold: testHold, Retry: testRetry, Clock: fake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	a.SetStartLimit(core.StartLimit{Total: 10, Remaining: 10, MaxConcurrency: 1})
+	if _, _, ok := a.IdentifyBy(0); ok {
+		t.Fatal("IdentifyBy(0) before any grant: ok; want none")
+	}
+	r := newRecorder()
+	r.request(a, "a", 0, false)
+	r.waitN(t, 1, 30*time.Second)
+	by, unused, ok := a.IdentifyBy(0)
+	if want := clock.Mono(fake) + 2*time.Second; !ok || by != want {
+		t.Fatalf("IdentifyBy(0) = %v, %v; want %v (KeyTTL 7 s − 5 s from the slot's start), true", by, ok, want)
+	}
+	if _, _, ok := a.IdentifyBy(0); ok {
+		t.Fatal("IdentifyBy(0) asked twice: ok; want the deadline handed out once")
+	}
+	if got := counterUsed(t, c); got != "1" {
+		t.Fatalf("counter %s after the grant, want 1", got)
+	}
+	ctx := etcdtest.Ctx(t, time.Minute)
+	w := c.Watch(ctx, prefix+"identify/starts")
+	unused()
+	select {
+	case ev := <-w:
+		if len(ev.Events) == 0 || ev.Events[0].Type != clientv3.EventTypeDelete {
+			t.Fatalf("counter after the slot was given back: %v; want deleted (the slot alone started the period)", ev.Events)
+		}
+	case <-ctx.Done():
+		t.Fatal("the counter did not change after the slot was given back")
 	}
 }

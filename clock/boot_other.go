@@ -1,0 +1,7 @@
+//go:build !linux
+
+package clock
+
+import "time"
+
+func boot() time.Duration { return time.Since(monoOrigin) }

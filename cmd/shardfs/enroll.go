@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardfs/shardfs/certs"
+	"github.com/shardfs/shardfs/enroll"
+	"github.com/shardfs/shardfs/fsrv"
+)
+
+// enrollFlags are netboot --serve's: the enrollment server.
+type enrollFlags struct {
+	serve, cert, key, nodeCA, clientCA, nodeNames *string
+	tokenFile, etcdCA, etcdCert, etcdKey          *string
+	codeFile                                      *string
+	codeTTL                                       *time.Duration
+	maxPending                                    *int
+	listens                                       listenFlag
+}
+
+func (f *enrollFlags) register(fl *flag.FlagSet) {
+	f.serve = fl.String("serve", "", "run the enrollment server on HOST:PORT (TLS) instead of writing an image")
+	f.cert = fl.String("enroll-cert", "", "--serve: the enrollment server's certificate, from the CA the image carries as --enroll-ca")
+	f.key = fl.String("enroll-key", "", "--serve: that certificate's key")
+	f.nodeCA = fl.String("node-ca", "", "--serve: the CA that signs the nodes' listener certificates: BASE.crt and BASE.key, as shardfs certs ca writes them (e.g. pki/ca)")
+	f.clientCA = fl.String("tls-client-ca", "", "--serve: the CA certificate(s) of the clients the nodes' TLS listeners accept, sent to each node")
+	f.nodeNames = fl.String("node-names", "", "--serve: names and addresses added to every listener certificate, comma-separated (the node's name and address are always in it)")
+	f.tokenFile = fl.String("token-file", "", "--serve: file holding the bot token, sent to each enrolled node")
+	f.etcdCA = fl.String("etcd-ca", "", "--serve: etcd's CA certificate, sent to each enrolled node")
+	f.etcdCert = fl.String("etcd-cert", "", "--serve: etcd's client certificate, sent to each enrolled node")
+	f.etcdKey = fl.String("etcd-key", "", "--serve: the etcd client certificate's key, sent to each enrolled node")
+	f.codeFile = fl.String("enroll-code", "", "--serve: file of one-time codes, one line each: MAC-or-NAME [CODE]; a line without a code gets one, printed once on standard output")
+	f.codeTTL = fl.Duration("code-ttl", enroll.DefaultCodeTTL, "--serve: how long a one-time code stays good")
+	f.maxPending = fl.Int("max-pending", enroll.DefaultMaxPending, "--serve: requests that may wait for approval at once; more are refused")
+	fl.Var(&f.listens, "listen", "--serve: the 9P listener of the server's /enroll tree (repeatable; default unix!"+enrollSocket()+")")
+}
+
+// serveOnly are the flags that mean nothing without --serve.
+func (f *enrollFlags) serveOnly() []string {
+	return []string{"enroll-cert", "enroll-key", "node-ca", "tls-client-ca", "node-names", "token-file", "etcd-ca", "etcd-cert", "etcd-key", "enroll-code", "code-ttl", "max-pending", "listen"}
+}
+
+// enrollSocket is the default socket of the enrollment server's tree,
+// beside serve's.
+func enrollSocket() string {
+	return strings.TrimSuffix(fsrv.DefaultSocket(), ".sock") + "-enroll.sock"
+}
+
+// config reads the files the flags name and checks them.
+func (f *enrollFlags) config(stdout io.Writer, now time.Time) (enroll.Config, error) {
+	var cfg enroll.Config
+	if *f.cert == "" || *f.key == "" || *f.nodeCA == "" || *f.clientCA == "" {
+		return cfg, errors.New("--serve needs --enroll-cert, --enroll-key, --node-ca and --tls-client-ca")
+	}
+	if _, _, err := net.SplitHostPort(*f.serve); err != nil {
+		return cfg, fmt.Errorf("--serve %q: want HOST:PORT: %w", *f.serve, err)
+	}
+	if err := checkSecretFile("--enroll-key", *f.key); err != nil {
+		return cfg, err
+	}
+	var err error
+	if cfg.Cert, err = tls.LoadX509KeyPair(*f.cert, *f.key); err != nil {
+		return cfg, fmt.Errorf("--enroll-cert, --enroll-key: %w", err)
+	}
+	if err := checkSecretFile("--node-ca", *f.nodeCA+".key"); err != nil {
+		return cfg, err
+	}
+	if cfg.NodeCA, err = certs.LoadCA(*f.nodeCA); err != nil {
+		return cfg, fmt.Errorf("--node-ca: %w", err)
+	}
+	if cfg.Secrets.ClientCA, err = readPEMCerts("--tls-client-ca", *f.clientCA); err != nil {
+		return cfg, err
+	}
+	if *f.nodeNames != "" {
+		cfg.NodeNames = strings.Split(*f.nodeNames, ",")
+	}
+	if *f.tokenFile != "" {
+		if err := checkSecretFile("--token-file", *f.tokenFile); err != nil {
+			return cfg, err
+		}
+		b, err := os.ReadFile(*f.tokenFile)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Secrets.Token = strings.TrimSpace(string(b))
+	}
+	if (*f.etcdCert == "") != (*f.etcdKey == "") {
+		return cfg, errors.New("--etcd-cert and --etcd-key go together")
+	}
+	if *f.etcdCA != "" {
+		if cfg.Secrets.EtcdCA, err = readPEMCerts("--etcd-ca", *f.etcdCA); err != nil {
+			return cfg, err
+		}
+	}
+	if *f.etcdCert != "" {
+		if _, err := tls.LoadX509KeyPair(*f.etcdCert, *f.etcdKey); err != nil {
+			return cfg, fmt.Errorf("--etcd-cert, --etcd-key: %w", err)
+		}
+		if err := checkSecretFile("--etcd-key", *f.etcdKey); err != nil {
+			return cfg, err
+		}
+		if cfg.Secrets.EtcdCert, err = os.ReadFile(*f.etcdCert); err != nil {
+			return cfg, err
+		}
+		if cfg.Secrets.EtcdKey, err = os.ReadFile(*f.etcdKey); err != nil {
+			return cfg, err
+		}
+	}
+	if *f.codeFile != "" {
+		if cfg.Codes, err = readCodes(*f.codeFile, now.Add(*f.codeTTL), stdout); err != nil {
+			return cfg, err
+		}
+	}
+	if *f.maxPending < 1 {
+		return cfg, fmt.Errorf("--max-pending %d: want at least 1", *f.maxPending)
+	}
+	cfg.MaxPending = *f.maxPending
+	return cfg, nil
+}
+
+func readPEMCerts(flagName, name string) ([]byte, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flagName, err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s %s: no PEM certificate in it", flagName, name)
+	}
+	return b, nil
+}
+
+// readCodes reads the code file: MAC-or-NAME [CODE] a line, # comments.
+// A line without a code gets a new one, printed on stdout (the operator
+// gives it to whoever stands at the node's console); codes are never
+// logged. The file holds codes, so it must be readable by its owner only.
+func readCodes(name string, expires time.Time, stdout io.Writer) ([]enroll.Code, error) {
+	if fi, err := os.Stat(name); err != nil {
+		return nil, fmt.Errorf("--enroll-code: %w", err)
+	} else if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("--enroll-code %s: mode %04o lets other users read it; chmod 600 it", name, fi.Mode().Perm())
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("--enroll-code: %w", err)
+	}
+	defer f.Close()
+	var codes []enroll.Code
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(line)
+		switch len(fields) {
+		case 0:
+			continue
+		case 1:
+			code, err := enroll.NewCode()
+			if err != nil {
+				return nil, err
+			}
+			fields = append(fields, code)
+			fmt.Fprintf(stdout, "one-time code for %s, good until %s: %s\n", fields[0], expires.UTC().Format(time.RFC3339), code)
+		case 2:
+			if len(strings.NewReplacer("-", "", " ", "").Replace(fields[1])) < enroll.MinCodeLen {
+				return nil, fmt.Errorf("--enroll-code %s:%d: the code for %s is shorter than %d characters", name, n, fields[0], enroll.MinCodeLen)
+			}
+		default:
+			return nil, fmt.Errorf("--enroll-code %s:%d: want MAC-or-NAME [CODE]", name, n)
+		}
+		codes = append(codes, enroll.Code{For: fields[0], Code: fields[1], Expires: expires})
+	}
+	return codes, sc.Err()
+}
+
+// run serves enrollment requests and the /enroll tree until ctx ends.
+func (f *enrollFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cfg, err := f.config(stdout, time.Now())
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	srv, err := enroll.New(cfg)
+	if err != nil {
+		return err
+	}
+	listens := []string(f.listens)
+	if len(listens) == 0 {
+		listens = []string{"unix!" + enrollSocket()}
+	}
+	ls, err := fsrv.Open(listens, fsrv.TLSFiles{})
+	if err != nil {
+		return err
+	}
+	el, err := net.Listen("tcp", *f.serve)
+	if err != nil {
+		ls.Close()
+		return fmt.Errorf("--serve: %w", err)
+	}
+	tree := &fsrv.Server{Root: fsrv.NewDir("", srv.Dir()), Logger: log.With("component", "9p")}
+	log.Info("enrollment server", "addr", el.Addr().String(), "codes", len(cfg.Codes), "max_pending", cfg.MaxPending)
+	for _, l := range ls.List {
+		log.Info("serving /enroll over 9P", "addr", fsrv.AddrString(l), "access", fsrv.Access(l))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(ls.List)+1)
+	wg.Go(func() {
+		// The enrollment listener failing ends the server: it would
+		// otherwise serve a tree nobody can enroll through.
+		if errs[0] = srv.Serve(ctx, el); errs[0] != nil {
+			cancel()
+		}
+	})
+	for i, l := range ls.List {
+		wg.Go(func() {
+			if err := tree.Serve(ctx, l); err != nil && !errors.Is(err, fsrv.ErrServerClosed) {
+				errs[i+1] = err
+			}
+		})
+	}
+	<-ctx.Done()
+	err = tree.Close()
+	wg.Wait()
+	return errors.Join(append(errs, err)...)
+}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardfs/shardfs/certs"
+	"github.com/shardfs/shardfs/enroll"
+)
+
+// TestNetbootServe: netboot --serve makes a code for a MAC line without
+// one and prints it once; a node with that MAC enrolls with it and gets
+// the token and a listener certificate from the node CA; the code is
+// spent; the code and the token are never logged.
+func TestNetbootServe(t *testing.T) {
+	dir := t.TempDir()
+	pki, enrollPKI := filepath.Join(dir, "pki"), filepath.Join(dir, "enroll-pki")
+	for _, args := range [][]string{
+		{"certs", "ca", "--dir", pki},
+		{"certs", "ca", "--dir", enrollPKI},
+		{"certs", "server", "--dir", enrollPKI, "--name", "enroll", "--host", "127.0.0.1"},
+	} {
+		if err := run(context.Background(), args, nil, io.Discard, io.Discard); err != nil {
+			t.Fatalf("shardfs %q: %v", args, err)
+		}
+	}
+	tokenFile, codeFile := filepath.Join(dir, "token"), filepath.Join(dir, "codes")
+	os.WriteFile(tokenFile, []byte("SEKRIT-TOKEN\n"), 0o600)
+	os.WriteFile(codeFile, []byte("# the rack's first node\n52:54:00:00:00:09\n"), 0o600)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	outR, outW := io.Pipe()
+	errR, errW := io.Pipe()
+	var wg sync.WaitGroup
+	var runErr error
+	wg.Go(func() {
+		runErr = run(ctx, []string{"netboot", "--serve", addr, "--enroll-cert", filepath.Join(enrollPKI, "enroll.crt"),
+			"--enroll-key", filepath.Join(enrollPKI, "enroll.key"), "--node-ca", filepath.Join(pki, "ca"),
+			"--tls-client-ca", filepath.Join(pki, "ca.crt"), "--token-file", tokenFile, "--enroll-code", codeFile,
+			"--listen", "unix!" + filepath.Join(dir, "enroll.sock")}, nil, outW, errW)
+		outW.Close()
+		errW.Close()
+	})
+	defer func() { cancel(); wg.Wait() }()
+	var code string
+	stdout := bufio.NewScanner(outR)
+	if !stdout.Scan() {
+		t.Fatal("netboot --serve printed no code")
+	}
+	if line := stdout.Text(); strings.HasPrefix(line, "one-time code for 52:54:00:00:00:09, good until ") {
+		code = line[strings.LastIndex(line, " ")+1:]
+	} else {
+		t.Fatalf("stdout = %q; want the code", line)
+	}
+	go io.Copy(io.Discard, outR)
+	var log strings.Builder
+	logDone := make(chan struct{})
+	listening := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		sc := bufio.NewScanner(errR)
+		once := sync.OnceFunc(func() { close(listening) })
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if strings.Contains(sc.Text(), "serving /enroll over 9P") {
+				once()
+			}
+		}
+	}()
+	select {
+	case <-listening:
+	case <-time.After(time.Minute): // a bound on a hang
+		t.Fatal("netboot --serve did not listen within a minute")
+	}
+
+	pool := x509.NewCertPool()
+	b, _ := os.ReadFile(filepath.Join(enrollPKI, "ca.crt"))
+	pool.AppendCertsFromPEM(b)
+	node := func() *enroll.Client {
+		k, err := enroll.NewKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &enroll.Client{Addr: addr, CA: pool, Key: k, Name: "rack1-a", MAC: "52:54:00:00:00:09", Addrs: []string{"10.0.0.21"}}
+	}
+	sec, err := node().Enroll(ctx, code, nil)
+	if err != nil {
+		t.Fatalf("Enroll with the printed code = %v", err)
+	}
+	if sec.Token != "SEKRIT-TOKEN" || len(sec.ListenerCert) == 0 {
+		t.Errorf("secrets: token %q, listener certificate %d bytes; want the token and a certificate", sec.Token, len(sec.ListenerCert))
+	}
+	nodeCA, err := certs.LoadCA(filepath.Join(pki, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "node.crt"), sec.ListenerCert, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := verifyListenerCert(filepath.Join(dir, "node.crt"), nodeCA); err != nil {
+		t.Errorf("the listener certificate: %v", err)
+	}
+	if _, err := node().Enroll(ctx, code, nil); !errors.Is(err, enroll.ErrRefused) {
+		t.Errorf("the code again = %v; want refused", err)
+	}
+	cancel()
+	wg.Wait()
+	errR.Close()
+	<-logDone
+	if runErr != nil {
+		t.Errorf("netboot --serve = %v", runErr)
+	}
+	if strings.Contains(log.String(), code) || strings.Contains(log.String(), "SEKRIT") {
+		t.Errorf("the log holds the code or the token:\n%s", log.String())
+	}
+}
+
+// verifyListenerCert checks that the PEM certificate in name is a server
+// certificate ca signed for 10.0.0.21.
+func verifyListenerCert(name string, ca *certs.CA) error {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return errors.New("no PEM certificate")
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return err
+	}
+	_, err = c.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: "10.0.0.21"})
+	return err
+}

@@ -1,0 +1,311 @@
+package relay
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/journal"
+)
+
+// Config configures a Server. Token, Total, Journal and Send are required.
+type Config struct {
+	// Token is the bot's token: a client's identify and resume must carry
+	// it. It is compared in constant time and never logged.
+	Token string
+	// Intents are the node's own: a client gets at most these.
+	Intents uint64
+	// Total is the plan's total; Shards the shards whose journals the relay
+	// serves (a client's identify for another closes 4010).
+	Total  int
+	Shards []int
+	// Journal returns a shard's dispatch journal.
+	Journal func(shard int) *journal.Log
+	// Send passes a client's op 3, 4 or 8 to the shard's paced send path
+	// (core.Scheduler.Send); an error refuses it.
+	Send func(shard int, payload []byte) error
+	// ResumeWindow is how long a client's session stays resumable after
+	// its connection ends (default 60 s).
+	ResumeWindow time.Duration
+	// Cache are the cache kinds (default DefaultKinds), CacheBytes its
+	// bound across shards (default 256 MiB).
+	Cache      []string
+	CacheBytes int64
+	// API, when set, is the HTTP API every request under /api/ other than
+	// gateway discovery is forwarded to, unchanged (e.g.
+	// https://discord.com/api). Empty answers those 404.
+	API string
+	// MaxConns caps the WebSocket connections served at once (default
+	// 4,096); one more is refused with 503 before the upgrade.
+	MaxConns int
+	// State, when set, is what Save wrote at the previous process's clean
+	// stop: the cache, a tail of each shard's dispatches and the client
+	// sessions, so that clients resume across the restart. A state that
+	// does not fit (another total) is refused with an error.
+	State io.Reader
+	// Events receives a line for every client connect, identify, resume,
+	// kick and close (the node's /events).
+	Events *journal.Log
+	Clock  clock.Clock
+	Logger *slog.Logger
+}
+
+// Server is a running relay.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	clock  clock.Clock
+	shards map[int]*shardCache
+	bytes  *cacheBytes
+	kinds  map[string]bool
+	proxy  *httputil.ReverseProxy
+	done   chan struct{}
+	wg     sync.WaitGroup // the journal followers
+	// handlers are the client connections' handlers, which http.Server
+	// does not wait for once they took the connection over.
+	handlers sync.WaitGroup
+
+	mu        sync.Mutex
+	sessions  map[string]*session // by session id
+	clients   map[int]*session    // by client id
+	nextID    int
+	conns     map[*conn]struct{}
+	upgrading int // connections counted before their upgrade
+	listeners []net.Listener
+	servers   []*http.Server
+	closed    bool
+	nonces    map[string]nonceOwner // relay nonce → who asked
+	nonceSeq  uint64
+	voice     map[string]*session // guild id → the client of the last op 4
+}
+
+type nonceOwner struct {
+	sess  *session
+	nonce json.RawMessage // the client's own, or nil
+}
+
+// New makes a relay and starts following the shards' journals.
+func New(cfg Config) (*Server, error) {
+	if cfg.Token == "" || cfg.Journal == nil || cfg.Send == nil || cfg.Total < 1 {
+		return nil, errors.New("relay: Token, Total, Journal and Send are required")
+	}
+	if cfg.ResumeWindow <= 0 {
+		cfg.ResumeWindow = 60 * time.Second
+	}
+	if cfg.Cache == nil {
+		cfg.Cache = DefaultKinds
+	}
+	kinds := map[string]bool{}
+	for _, k := range cfg.Cache {
+		if !slices.Contains(Kinds, k) {
+			return nil, fmt.Errorf("relay: unknown cache kind %q (kinds: %s)", k, strings.Join(Kinds, ","))
+		}
+		kinds[k] = true
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 4096
+	}
+	if cfg.CacheBytes <= 0 {
+		cfg.CacheBytes = 256 << 20
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: log, clock: clock.Or(cfg.Clock), shards: map[int]*shardCache{},
+		bytes: newCacheBytes(cfg.CacheBytes), kinds: kinds, done: make(chan struct{}),
+		sessions: map[string]*session{}, clients: map[int]*session{}, conns: map[*conn]struct{}{},
+		nonces: map[string]nonceOwner{}, voice: map[string]*session{}}
+	if cfg.API != "" {
+		u, err := url.Parse(cfg.API)
+		if err != nil {
+			return nil, fmt.Errorf("relay: API: %w", err)
+		}
+		s.proxy = newProxy(u, log)
+	}
+	for _, id := range cfg.Shards {
+		l := cfg.Journal(id)
+		if l == nil {
+			return nil, fmt.Errorf("relay: shard %d has no dispatch journal", id)
+		}
+		s.shards[id] = newShardCache(id, l, kinds, s.bytes)
+	}
+	if cfg.State != nil {
+		if err := s.load(cfg.State); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range s.shards {
+		s.wg.Go(func() { c.follow(s.done) })
+	}
+	return s, nil
+}
+
+// ParseKinds parses --relay-cache: kinds separated by commas, "none" for
+// none.
+func ParseKinds(v string) ([]string, error) {
+	if v == "none" {
+		return []string{}, nil
+	}
+	var out []string
+	for k := range strings.SplitSeq(v, ",") {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if !slices.Contains(Kinds, k) {
+			return nil, fmt.Errorf("unknown cache kind %q (kinds: %s, or none)", k, strings.Join(Kinds, ","))
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// Serve serves the relay on l until Close. It returns nil after Close.
+func (s *Server) Serve(l net.Listener) error {
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		l.Close()
+		return nil
+	}
+	s.listeners = append(s.listeners, l)
+	s.servers = append(s.servers, hs)
+	s.mu.Unlock()
+	if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Close closes every client with 4000 (their sessions stay resumable for
+// a process that comes back with the same state), the listeners and the
+// journal followers, and waits for them.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	servers := s.servers
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, hs := range servers {
+		hs.Close() // hijacked connections are ours to close
+	}
+	for _, c := range conns {
+		c.closeWith(4000, "shardfs is shutting down", false)
+	}
+	close(s.done)
+	s.wg.Wait()
+	s.handlers.Wait()
+	return nil
+}
+
+var gatewayBotPath = regexp.MustCompile(`^/api(/v[0-9]+)?/gateway(/bot)?/?$`)
+
+// ServeHTTP serves the WebSocket gateway, discovery and the REST
+// pass-through.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case websocket.IsWebSocketUpgrade(r):
+		s.serveGateway(w, r)
+	case gatewayBotPath.MatchString(r.URL.Path) && r.Method == http.MethodGet:
+		s.serveDiscovery(w, r)
+	case strings.HasPrefix(r.URL.Path, "/api/") && s.proxy != nil:
+		s.proxy.ServeHTTP(w, r)
+	default:
+		http.Error(w, "404: Not Found", http.StatusNotFound)
+	}
+}
+
+// serveDiscovery answers GET /api/v10/gateway/bot: the relay's URL, the
+// plan's total, and a start limit that never makes a library wait (the
+// relay's identifies cost the bot nothing).
+func (s *Server) serveDiscovery(w http.ResponseWriter, r *http.Request) {
+	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/bot") && !s.tokenOK(r.Header.Get("Authorization")) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		w.Write([]byte(`{"message":"401: Unauthorized","code":0}`))
+		return
+	}
+	body := map[string]any{"url": s.publicURL(r)}
+	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/bot") {
+		body["shards"] = s.cfg.Total
+		body["session_start_limit"] = map[string]int{"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 16}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(body)
+}
+
+// publicURL is the relay's WebSocket URL as the client reached it.
+func (s *Server) publicURL(r *http.Request) string {
+	scheme := "ws"
+	if r.TLS != nil {
+		scheme = "wss"
+	}
+	return scheme + "://" + r.Host
+}
+
+// tokenOK compares a token (with or without "Bot ") with the bot's, in
+// constant time.
+func (s *Server) tokenOK(tok string) bool {
+	tok = strings.TrimPrefix(tok, "Bot ")
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1
+}
+
+// owns reports whether the relay serves shard.
+func (s *Server) owns(shard int) bool { return s.shards[shard] != nil }
+
+func newSessionID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// event writes one line to the node's events log: logfmt, time first.
+func (s *Server) event(name string, sess *session, kv ...string) {
+	if s.cfg.Events == nil {
+		return
+	}
+	now := s.clock.Now()
+	b := []byte("ts=" + now.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+	if sess != nil {
+		b = append(b, " shard="+strconv.Itoa(sess.shard)...)
+	}
+	b = append(b, " event="+name...)
+	if sess != nil {
+		b = append(b, " client="+strconv.Itoa(sess.client)...)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		v := kv[i+1]
+		if v == "" || strings.ContainsAny(v, " \"=") {
+			v = strconv.Quote(v)
+		}
+		b = append(b, " "+kv[i]+"="+v...)
+	}
+	b = append(b, '\n')
+	s.cfg.Events.Append(b, now)
+}
