@@ -196,7 +196,11 @@ func KeyPEM(k *ecdsa.PrivateKey) ([]byte, error) {
 }
 
 // WriteFiles writes base.crt (mode 0644) and base.key (mode 0600, never
-// over an existing file: a key is not replaced by accident).
+// over an existing file: a key is not replaced by accident). Neither
+// write follows a symlink: the key is created with O_EXCL (which fails on
+// any existing name, a dangling symlink included), and the certificate
+// is written to a new file in the same folder and renamed over base.crt,
+// which replaces a symlink there instead of writing where it points.
 func WriteFiles(base string, cert *x509.Certificate, key *ecdsa.PrivateKey) error {
 	kp, err := KeyPEM(key)
 	if err != nil {
@@ -216,7 +220,32 @@ func WriteFiles(base string, cert *x509.Certificate, key *ecdsa.PrivateKey) erro
 	if err := kf.Close(); err != nil {
 		return err
 	}
-	return os.WriteFile(base+".crt", CertPEM(cert), 0o644)
+	return writeReplace(base+".crt", CertPEM(cert), 0o644)
+}
+
+// writeReplace writes data to name through a new file in its folder and
+// a rename.
+func writeReplace(name string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".*")
+	if err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, name)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("certs: %w", err)
+	}
+	return nil
 }
 
 // LoadCA reads a CA written by WriteFiles (base.crt and base.key).

@@ -103,3 +103,44 @@ func TestFiles(t *testing.T) {
 		t.Error("LoadCA of a client certificate = nil; want an error")
 	}
 }
+
+// WriteFiles never writes through a symlink planted at base.key or
+// base.crt: the key is refused, the certificate replaces the link, and
+// the files they pointed at are untouched.
+func TestFilesNoSymlink(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := NewCA("test CA", Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(dir, "a")
+	if err := os.Symlink(filepath.Join(dir, "nowhere"), base+".key"); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFiles(base, ca.Cert, ca.Key); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("WriteFiles with a dangling symlink at a.key = %v; want fs.ErrExist", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "nowhere")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the symlink's target was created: %v", err)
+	}
+	base = filepath.Join(dir, "b")
+	if err := os.Symlink(victim, base+".crt"); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFiles(base, ca.Cert, ca.Key); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Errorf("the file b.crt linked to = %q; want it untouched", b)
+	}
+	if fi, err := os.Lstat(base + ".crt"); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o644 {
+		t.Errorf("b.crt = %v, %v; want a regular file of mode 0644", fi, err)
+	}
+	if _, err := LoadCA(base); err != nil {
+		t.Errorf("LoadCA(b) = %v", err)
+	}
+}

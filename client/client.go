@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
 	"github.com/shardfs/shardfs/fsrv"
@@ -100,7 +101,7 @@ func (d dialer) dialFirst(ctx context.Context, addrs []string) (*Client, error) 
 }
 
 func (d dialer) dial(ctx context.Context, addr string) (*Client, error) {
-	conn, err := fsrv.Dial(ctx, addr, d.tls)
+	conn, err := DialConn(ctx, addr, d.tls)
 	if err != nil {
 		return nil, err
 	}
@@ -118,6 +119,10 @@ func newClient(conn net.Conn, addr string) (*Client, error) {
 	cl, err := p9.NewClient(conn)
 	if err != nil {
 		conn.Close()
+		if errors.Is(err, linux.ENFILE) {
+			// What fsrv answers a Tversion past its connection budgets.
+			return nil, fmt.Errorf("%s: %w: it refused this connection at its connection limit; try again later", addr, fsrv.ErrServerFull)
+		}
 		return nil, fmt.Errorf("9P handshake with %s: %w", addr, err)
 	}
 	root, err := cl.Attach("")

@@ -24,7 +24,13 @@ import (
 	"github.com/shardfs/shardfs/fsrv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if sock := os.Getenv("SHARDFS_TEST_PEER_SERVE"); sock != "" {
+		servePeer(sock) // TestPeerOtherUID's server, as another user
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // testNode is a one-shard demo node served on a unix socket in a
 // temporary folder, and on tls!127.0.0.1!PORT when a PKI is given.

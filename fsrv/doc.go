@@ -68,15 +68,21 @@
 // ...") and the connection stays usable. Both are counted from the requests
 // read and the replies written, whichever engine serves the connection, so
 // a tag reused while its request is in flight ends the connection: its
-// replies could no longer be counted. Serve serves at most Server.MaxConns
-// connections (DefaultMaxConns, 4,096); past it a new connection is closed
-// at once and the refusals are logged at most once a minute. The wait for
-// Tversion is bounded (VersionTimeout), and so is the time from the first
-// byte of any message to its last (MessageTimeout, 30 s) in both
-// directions: a connection that sends half a message and stalls, or leaves
-// a reply untaken that long, is closed. Between messages a connection may
-// idle for ever. A 9P2000 Tversion inside a session is held to MinMsize
-// like the first.
+// replies could no longer be counted. Serve admits a connection only
+// within its budgets (budget.go): Server.MaxConns over all listeners
+// (DefaultMaxConns, 4,096) less the slots kept for unix sockets
+// (UnixReserve), each listener's own cap (",max=N"), and for TCP and TLS
+// the connections still in their handshake, in all (MaxHandshakes) and
+// from one address (MaxHandshakesPerAddr). A refused connection is told
+// that the server is full (ENFILE, "server full: ...", or a TLS
+// user_canceled alert) and closed; refusals are logged at most once a
+// minute. The wait for Tversion is bounded (VersionTimeout), and so is
+// the time from the first byte of any message to its last
+// (MessageTimeout, 30 s) in both directions: a connection that sends half
+// a message and stalls, or leaves a reply untaken that long, is closed.
+// A TCP or TLS connection with no request for IdleTimeout (10 min) is
+// closed; a unix socket's may idle for ever. A 9P2000 Tversion inside a
+// session is held to MinMsize like the first.
 //
 // # Listening
 //
@@ -102,12 +108,15 @@
 // ListenTLS serves tls!HOST!PORT (any address, ",ro" as above): 9P over
 // TLS 1.3 only, with a client certificate required and verified against
 // the configuration's ClientCAs (ServerTLSConfig loads one from PEM
-// files). Authentication is all or nothing: any certificate the CA signed
-// may read and, on a listener without ",ro", write; the common name is
-// logged at Info for every connection. The handshake runs in the
-// connection's goroutine within Server.HandshakeTimeout (10 s), so a
-// client that stalls it holds one of MaxConns and a goroutine for that
-// long and nothing else. Before the handshake the server looks at the
+// files). Open gives each tls! listener its own client CA (",ca=FILE"),
+// rules file (",clients=FILE", see Rules: who may connect, read-only or
+// read-write) and the deny list (TLSFiles.Deny, see DenyList), and
+// Listeners.Reload reads them all again for new handshakes; the common
+// name, serial and role are logged at Info for every connection, and
+// every accepted Ctl write is audited (AuditRecord). The handshake runs in
+// the connection's goroutine within Server.HandshakeTimeout (10 s), so a
+// client that stalls it holds one of MaxHandshakes and a goroutine for
+// that long and nothing else. Before the handshake the server looks at the
 // first five bytes itself: crypto/tls takes a 21-byte 9P Tversion
 // ("9P2000.L") for an alert record and would wait for 100 bytes more, so a
 // plain 9P client would hang until the timeout instead of being told. Each
@@ -120,6 +129,6 @@
 // (more_refused). Dial is the client side: for tls! it verifies the
 // server's certificate against the given CA and the host dialled, and
 // ExplainTLS turns crypto/tls errors and the server's alerts into what
-// failed (server name, CA, expiry, our certificate refused). Certificates
-// are read at start: rotating them means restarting the listener.
+// failed (server name, CA, expiry, our certificate refused, the server
+// full).
 package fsrv

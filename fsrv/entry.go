@@ -143,6 +143,10 @@ type Ctl struct {
 	// Private hides the file from read-only connections.
 	Private bool
 
+	// Path is the file's path in the tree ("3/ctl"), which audit lines
+	// name (see AuditRecord); Name when empty.
+	Path string
+
 	entry
 }
 

@@ -378,5 +378,6 @@ func (s *session) apply(c *Ctl, line []byte) (bool, error) {
 	if err := c.Handle(l); err != nil {
 		return false, err
 	}
+	s.audit(c, line)
 	return true, nil
 }

@@ -107,6 +107,27 @@ type tracker struct {
 	maxFids int
 	onStall func() // called when the reader starts waiting for room (tests)
 	stalled bool
+	// now stamps last, the start of the latest request, for the idle
+	// timeout; nil leaves it zero.
+	now  func() time.Time
+	last time.Time
+}
+
+// touch marks the connection active now.
+func (t *tracker) touch() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.now != nil {
+		t.last = t.now()
+	}
+}
+
+// activity reports whether a request is in flight, and when the latest
+// started.
+func (t *tracker) activity() (busy bool, last time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.reqs) > 0, t.last
 }
 
 func newTracker() *tracker {
@@ -145,6 +166,9 @@ func (t *tracker) start(tag uint16, r request) error {
 	defer t.mu.Unlock()
 	if _, ok := t.reqs[tag]; ok {
 		return errDuplicateTag
+	}
+	if t.now != nil {
+		t.last = t.now()
 	}
 	if r.makes {
 		if _, ok := t.fids[r.newfid]; !ok && len(t.fids)+t.making >= t.maxFids {

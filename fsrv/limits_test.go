@@ -349,8 +349,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestMaxConns: past Server.MaxConns a new connection is closed at once,
-// the refusals are logged at most once a minute, the connections served
+// TestMaxConns: past Server.MaxConns a new connection is told the server
+// is full (ENFILE to its Tversion) and closed (issue 21: it used to be
+// closed without a word, and the client could not tell why), the refusals are logged at most once a minute, the connections served
 // are not disturbed, and a place given back is taken again.
 func TestMaxConns(t *testing.T) {
 	fx := newFixture()
@@ -370,8 +371,8 @@ func TestMaxConns(t *testing.T) {
 		t.Helper()
 		c := rawConn(t, addr)
 		c.Write(versionFrame(msgTversion, noTag, 8192, "9P2000.L"))
-		if got := replyAndHangup(t, c); len(got) != 0 {
-			t.Errorf("connection past the cap: reply %x; want none and the connection closed", got)
+		if got, want := replyAndHangup(t, c), rlerror(noTag, linux.ENFILE); !bytes.Equal(got, want) {
+			t.Errorf("connection past the cap: reply %x; want %x (ENFILE) and the connection closed", got, want)
 		}
 	}
 	refusedNow()

@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -18,16 +20,69 @@ const DefaultAddr = "tcp!127.0.0.1!5640"
 
 // DefaultSocket is the unix socket a node listens on by default and a
 // client tries first: /run/shardfs.sock for root, else
-// shardfs-UID.sock in $XDG_RUNTIME_DIR or the temporary directory.
+// shardfs-UID.sock in RuntimeDir.
 func DefaultSocket() string {
 	if os.Getuid() == 0 {
 		return "/run/shardfs.sock"
 	}
-	dir := os.Getenv("XDG_RUNTIME_DIR")
-	if dir == "" {
-		dir = os.TempDir()
+	return filepath.Join(RuntimeDir(), fmt.Sprintf("shardfs-%d.sock", os.Getuid()))
+}
+
+// RuntimeDir is the folder of a user's default socket and of the other
+// files only that user may reach (the simulator's token): /run for
+// root, $XDG_RUNTIME_DIR when set (a 0700 folder the login manager
+// makes), else $HOME/.cache/shardfs. Never the temporary folder: anyone
+// may create a name there first, a socket that collects the commands
+// meant for the tree, or a file that denies the name (DESIGN 7.7).
+// EnsureRuntimeDir makes it and checks it.
+func RuntimeDir() string { return runtimeDir(os.Getuid()) }
+
+func runtimeDir(uid int) string {
+	if uid == 0 {
+		return "/run"
 	}
-	return fmt.Sprintf("%s/shardfs-%d.sock", dir, os.Getuid())
+	if dir := os.Getenv("XDG_RUNTIME_DIR"); dir != "" {
+		return dir
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		home = "/nonexistent" // EnsureRuntimeDir then says what to set
+	}
+	return filepath.Join(home, ".cache", "shardfs")
+}
+
+// ErrUnsafeDir is the error of a runtime folder another user owns or
+// may write in.
+var ErrUnsafeDir = errors.New("another user owns the folder or may write in it")
+
+// EnsureRuntimeDir creates RuntimeDir (mode 0700) when it is missing and
+// refuses it when another user owns it or group or others may write in
+// it.
+func EnsureRuntimeDir() error { return ensureDir(RuntimeDir()) }
+
+func ensureDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("fsrv: the runtime folder %s: %w (set XDG_RUNTIME_DIR to a folder of your own, or give --listen unix!PATH)", dir, err)
+	}
+	return CheckPrivateDir(dir)
+}
+
+// CheckPrivateDir refuses a folder that is not this user's alone to
+// write in: owned by another user (root's is accepted, for /run), or
+// writable by group or others.
+func CheckPrivateDir(dir string) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return fmt.Errorf("fsrv: %s: %w", dir, err)
+	}
+	uid := os.Getuid()
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return fmt.Errorf("fsrv: %s: not a folder", dir)
+	}
+	if int(st.Uid) != uid && st.Uid != 0 || st.Mode&0o022 != 0 {
+		return fmt.Errorf("fsrv: %s (owner uid %d, mode %04o): %w; the socket and the files beside it must be this user's (uid %d) alone", dir, st.Uid, st.Mode&0o7777, ErrUnsafeDir, uid)
+	}
+	return nil
 }
 
 // ListenAddr is a listen address taken apart: where to listen, and the
@@ -42,10 +97,18 @@ type ListenAddr struct {
 	Insecure bool
 	// TLS (tls!host!port): 9P over TLS 1.3 on TCP; Network is "tcp".
 	TLS bool
+	// MaxConns (",max=N") is the listener's own connection cap (see
+	// Server.Serve); zero means the default.
+	MaxConns int
+	// CA (",ca=FILE", tls! only) is the CA the listener's client
+	// certificates must chain to, in place of --tls-client-ca; Clients
+	// (",clients=FILE", tls! only) its rules file (see Rules).
+	CA, Clients string
 }
 
 // ParseListenAddr parses a listen address: a dial string as ParseAddr
-// takes, then options, each after a comma: ",ro" and ",insecure". An
+// takes, then options, each after a comma: ",ro", ",insecure",
+// ",max=N", and for tls! ",ca=FILE" and ",clients=FILE". An
 // unknown option is an error. The first comma starts the options, so a
 // unix socket path cannot contain one.
 func ParseListenAddr(addr string) (ListenAddr, error) {
@@ -59,7 +122,26 @@ func ParseListenAddr(addr string) (ListenAddr, error) {
 			case "insecure":
 				la.Insecure = true
 			default:
-				return ListenAddr{}, fmt.Errorf("%w: %q: unknown listener option %q (known: ro, insecure)", fs.ErrInvalid, addr, o)
+				name, val, _ := strings.Cut(o, "=")
+				switch name {
+				case "max":
+					n, err := strconv.Atoi(val)
+					if err != nil || n < 1 {
+						return ListenAddr{}, fmt.Errorf("%w: %q: max=%q: want a connection count of 1 or more", fs.ErrInvalid, addr, val)
+					}
+					la.MaxConns = n
+				case "ca", "clients":
+					if val == "" {
+						return ListenAddr{}, fmt.Errorf("%w: %q: %s= names no file", fs.ErrInvalid, addr, name)
+					}
+					if name == "ca" {
+						la.CA = val
+					} else {
+						la.Clients = val
+					}
+				default:
+					return ListenAddr{}, fmt.Errorf("%w: %q: unknown listener option %q (known: ro, insecure, max=N, ca=FILE, clients=FILE)", fs.ErrInvalid, addr, o)
+				}
 			}
 		}
 	}
@@ -69,6 +151,9 @@ func ParseListenAddr(addr string) (ListenAddr, error) {
 	}
 	if la.Network == "tls" {
 		la.Network, la.TLS = "tcp", true
+	}
+	if !la.TLS && (la.CA != "" || la.Clients != "") {
+		return ListenAddr{}, fmt.Errorf("%w: %q: ca= and clients= are options of a tls! listener", fs.ErrInvalid, addr)
 	}
 	return la, nil
 }
@@ -135,7 +220,7 @@ func Listen(addr string) (net.Listener, error) { return ListenTLS(addr, nil) }
 // addr says ",insecure": 9P has no encryption, and the tree takes
 // commands. A tls!host!port listener serves 9P over TLS with conf (see
 // ServerTLSConfig), on any address; without conf it is ErrNoTLSConfig.
-// With ",ro" the listener is ReadOnly.
+// With ",ro" the listener is ReadOnly; with ",max=N", WithMaxConns.
 func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 	la, err := ParseListenAddr(addr)
 	if err != nil {
@@ -144,7 +229,17 @@ func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 	if la.TLS && (conf == nil || len(conf.Certificates) == 0 && conf.GetCertificate == nil || conf.ClientCAs == nil) {
 		return nil, fmt.Errorf("fsrv: listen %s: %w", addr, ErrNoTLSConfig)
 	}
+	var auth *tlsAuth
+	if la.TLS {
+		auth = staticAuth(conf)
+	}
+	return openListener(la, auth)
+}
+
+// openListener opens la; a tls! one serves with auth's policy of the moment.
+func openListener(la ListenAddr, auth *tlsAuth) (net.Listener, error) {
 	var l net.Listener
+	var err error
 	if la.Network == "unix" {
 		l, err = listenUnix(la.Address)
 	} else {
@@ -159,7 +254,10 @@ func ListenTLS(addr string, conf *tls.Config) (net.Listener, error) {
 		return nil, err
 	}
 	if la.TLS {
-		l = TLSListener(l, conf)
+		l = tlsListener{l, auth}
+	}
+	if la.MaxConns > 0 {
+		l = WithMaxConns(l, la.MaxConns)
 	}
 	if la.ReadOnly {
 		l = ReadOnly(l)
@@ -212,11 +310,51 @@ func ReadOnly(l net.Listener) net.Listener { return readOnlyListener{l} }
 type readOnlyListener struct{ net.Listener }
 
 func isReadOnly(l net.Listener) bool {
-	_, ok := l.(readOnlyListener)
-	return ok
+	for ; l != nil; l = inner(l) {
+		if _, ok := l.(readOnlyListener); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// WithMaxConns returns a listener whose connections Server.Serve serves
+// at most max at once (ListenTLS's ",max=N"); past it a new connection
+// is told that the server is full. Without it a TCP or TLS listener
+// takes DefaultListenerConns, a unix socket Server.MaxConns.
+func WithMaxConns(l net.Listener, max int) net.Listener { return capListener{l, max} }
+
+type capListener struct {
+	net.Listener
+	max int
+}
+
+func maxConnsOf(l net.Listener) int {
+	for ; l != nil; l = inner(l) {
+		if c, ok := l.(capListener); ok {
+			return c.max
+		}
+	}
+	return 0
+}
+
+// inner is the listener a wrapper of this package wraps, or nil.
+func inner(l net.Listener) net.Listener {
+	switch w := l.(type) {
+	case readOnlyListener:
+		return w.Listener
+	case capListener:
+		return w.Listener
+	}
+	return nil
 }
 
 func listenUnix(path string) (net.Listener, error) {
+	if filepath.Dir(path) == RuntimeDir() {
+		if err := EnsureRuntimeDir(); err != nil {
+			return nil, err
+		}
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("fsrv: listen %s: %w: not a socket", path, fs.ErrExist)

@@ -108,3 +108,50 @@ func TestListenTCP(t *testing.T) {
 		t.Errorf("Listen(tcp!127.0.0.1!0).Addr() = %v; want a TCP address", l.Addr())
 	}
 }
+
+// The default socket's folder is never the temporary folder: without
+// XDG_RUNTIME_DIR it is a folder of the user's own, made 0700; a folder
+// that another user owns or others may write in is refused.
+func TestRuntimeDir(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	if got, want := runtimeDir(1000), filepath.Join(home, ".cache", "shardfs"); got != want {
+		t.Errorf("runtimeDir(1000) without XDG_RUNTIME_DIR = %q; want %q", got, want)
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+	if got := runtimeDir(1000); got != "/run/user/1000" {
+		t.Errorf("runtimeDir(1000) = %q; want $XDG_RUNTIME_DIR", got)
+	}
+	if got := runtimeDir(0); got != "/run" {
+		t.Errorf("runtimeDir(0) = %q; want /run", got)
+	}
+
+	dir := filepath.Join(home, ".cache", "shardfs")
+	if err := ensureDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("ensureDir made %v, %v; want mode 0700", fi, err)
+	}
+	open := filepath.Join(home, "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o1777) // past the umask: a folder like /tmp
+	if err := ensureDir(open); !errors.Is(err, ErrUnsafeDir) {
+		t.Errorf("ensureDir(a folder of mode 1777) = %v; want ErrUnsafeDir", err)
+	}
+	if os.Getuid() == 0 {
+		other := filepath.Join(home, "other")
+		if err := os.Mkdir(other, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(other, 4242, 4242); err != nil {
+			t.Fatal(err)
+		}
+		if err := ensureDir(other); !errors.Is(err, ErrUnsafeDir) {
+			t.Errorf("ensureDir(a folder of uid 4242) = %v; want ErrUnsafeDir", err)
+		}
+	}
+}

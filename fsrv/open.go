@@ -7,14 +7,20 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 )
 
 // TLSFiles are the files a tls! listener serves with (serve's --tls-cert,
-// --tls-key and --tls-client-ca).
+// --tls-key and --tls-client-ca; a listener's ,ca=FILE replaces
+// ClientCA), and the deny list of every tls! listener (--tls-deny).
 type TLSFiles struct {
 	Cert, Key, ClientCA string
+	Deny                string
 }
 
 // Config loads the TLS configuration when one of addrs is a tls!
@@ -41,11 +47,15 @@ func (f TLSFiles) Config(addrs []string) (*tls.Config, *x509.Certificate, error)
 }
 
 // Listeners are open listeners, as Open made them; Leaf is the
-// certificate the tls! ones present (nil without one).
+// certificate the tls! ones present (nil without one), as last loaded.
 type Listeners struct {
 	List []net.Listener
 	Leaf *x509.Certificate
 	cert string
+	// auths are the tls! listeners' policies, which Reload reads again.
+	auths []*tlsAuth
+	// reloadMu serialises Reload.
+	reloadMu sync.Mutex
 }
 
 // Open opens every address (see ParseListenAddr); on failure it closes
@@ -57,13 +67,25 @@ func Open(addrs []string, files TLSFiles) (*Listeners, error) {
 			return nil, fmt.Errorf("--listen: %w", err) // it quotes the address
 		}
 	}
-	conf, leaf, err := files.Config(addrs)
-	if err != nil {
-		return nil, err
+	ls := &Listeners{cert: files.Cert}
+	auths := make([]*tlsAuth, len(addrs))
+	for i, a := range addrs {
+		la, _ := ParseListenAddr(a)
+		if !la.TLS {
+			continue
+		}
+		auth := &tlsAuth{files: files, la: la}
+		pol, leaf, err := auth.load()
+		if err != nil {
+			return nil, fmt.Errorf("--listen %s: %w", a, err)
+		}
+		auth.cur.Store(pol)
+		auths[i], ls.Leaf = auth, leaf
+		ls.auths = append(ls.auths, auth)
 	}
-	ls := &Listeners{Leaf: leaf, cert: files.Cert}
-	for _, a := range addrs {
-		l, err := ListenTLS(a, conf)
+	for i, a := range addrs {
+		la, _ := ParseListenAddr(a)
+		l, err := openListener(la, auths[i])
 		if err != nil {
 			ls.Close()
 			if errors.Is(err, ErrInsecure) {
@@ -75,6 +97,74 @@ func Open(addrs []string, files TLSFiles) (*Listeners, error) {
 	}
 	return ls, nil
 }
+
+// Reload reads again what the tls! listeners serve with: the server
+// certificate and key, the client CAs, the rules files and the deny
+// list. New handshakes use them; connections already accepted keep
+// theirs. When any file fails to load, nothing changes and the error
+// names the file (and the line, for rules and deny list). Without tls!
+// listeners it does nothing.
+func (ls *Listeners) Reload() error {
+	ls.reloadMu.Lock()
+	defer ls.reloadMu.Unlock()
+	pols := make([]*tlsPolicy, len(ls.auths))
+	var leaf *x509.Certificate
+	for i, a := range ls.auths {
+		pol, l, err := a.load()
+		if err != nil {
+			return fmt.Errorf("reload of tls!%s: %w; the listeners keep what they had", a.la.Address, err)
+		}
+		pols[i], leaf = pol, l
+	}
+	for i, a := range ls.auths {
+		a.cur.Store(pols[i])
+	}
+	if leaf != nil {
+		ls.Leaf = leaf
+	}
+	return nil
+}
+
+// ReloadOnHangup calls Reload on every SIGHUP until the returned
+// function is called (and the goroutine it started has ended). A reload
+// that fails is logged and changes nothing; accepted connections are
+// never dropped.
+func (ls *Listeners) ReloadOnHangup(log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-hup:
+				if err := ls.Reload(); err != nil {
+					log.Error("SIGHUP: TLS reload refused", "err", err)
+					continue
+				}
+				log.Info("SIGHUP: the TLS listeners' certificate, CAs, rules and deny list read again")
+				LogCert(log, ls.cert, ls.leaf(), time.Now())
+			case <-done:
+				return
+			}
+		}
+	})
+	return func() {
+		signal.Stop(hup)
+		close(done)
+		wg.Wait()
+	}
+}
+
+func (ls *Listeners) leaf() *x509.Certificate {
+	ls.reloadMu.Lock()
+	defer ls.reloadMu.Unlock()
+	return ls.Leaf
+}
+
+// HasTLS reports whether a listener is tls!: only then is there anything
+// for Reload to read.
+func (ls *Listeners) HasTLS() bool { return len(ls.auths) > 0 }
 
 // Close closes every listener.
 func (ls *Listeners) Close() {

@@ -60,6 +60,35 @@ type Server struct {
 	// the accept. Zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 
+	// MaxHandshakes caps the TCP and TLS connections Serve holds that
+	// are still in their handshake (TLS, then the 9P Tversion), over all
+	// listeners, and MaxHandshakesPerAddr those from one IP address.
+	// Zero means DefaultMaxHandshakes and DefaultMaxHandshakesPerAddr.
+	// Unix socket connections are not counted.
+	MaxHandshakes, MaxHandshakesPerAddr int
+
+	// UnixReserve is how many of MaxConns only unix socket connections
+	// may take. Zero means DefaultUnixReserve; negative, none. It is
+	// never more than a quarter of MaxConns.
+	UnixReserve int
+
+	// IdleTimeout closes a TCP or TLS connection Serve holds that had no
+	// request for that long. Zero means DefaultIdleTimeout; negative,
+	// never. Unix socket connections (the operator's own, mode 0600) are
+	// not closed for idling, so that a mount through one survives a quiet
+	// night.
+	IdleTimeout time.Duration
+
+	// Audit, when set, is called for every command line a Ctl applied,
+	// after the log line that records it (see AuditRecord). It is called
+	// with the Ctl's writes held: it must not block.
+	Audit func(AuditRecord)
+
+	// testIdleClock, if set, times the idle timeout, which otherwise
+	// runs on real time like the other connection timeouts (Clock is
+	// the tree's: tests advance it by hours for their shards).
+	testIdleClock clock.Clock
+
 	// testTracker, if set, is given each connection's tracker;
 	// testReleased is called when Serve gives a connection's place back.
 	testTracker  func(*tracker)
@@ -71,8 +100,15 @@ type Server struct {
 	conns     map[*conn]struct{}
 	active    sync.WaitGroup // ServeConn calls in progress
 	accepted  int            // connections Serve is serving, for MaxConns
-	refused   int            // connections refused since the last log line
-	refusedAt time.Time      // when that line was logged
+	// handshaking and handshakesFrom (by IP address) count the TCP and
+	// TLS connections before their Tversion; telling, the refused ones
+	// being told that the server is full.
+	handshaking    int
+	handshakesFrom map[string]int
+	telling        int
+	testSeen       int       // connections admit looked at, for measurements
+	refused        int       // connections refused since the last log line
+	refusedAt      time.Time // when that line was logged
 	// refusals rate-limits the log lines of refused TLS clients and of
 	// writes on read-only listeners, by reason.
 	refusals map[string]*refusalCount
@@ -121,34 +157,6 @@ func (s *Server) messageTimeout() time.Duration {
 	return s.MessageTimeout
 }
 
-// admit takes one of MaxConns for a connection Serve accepted. When there
-// is none it logs the refusal, at most once a minute with how many there
-// were, and reports false.
-func (s *Server) admit(c net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.accepted < s.maxConns() {
-		s.accepted++
-		return true
-	}
-	s.refused++
-	if now := s.now(); s.refusedAt.IsZero() || now.Sub(s.refusedAt) >= time.Minute {
-		s.logger().Warn("fsrv: connections refused: at the limit", "max_conns", s.maxConns(), "refused", s.refused, "last", c.RemoteAddr().String())
-		s.refused = 0
-		s.refusedAt = now
-	}
-	return false
-}
-
-func (s *Server) release() {
-	s.mu.Lock()
-	s.accepted--
-	s.mu.Unlock()
-	if s.testReleased != nil {
-		s.testReleased()
-	}
-}
-
 func (s *Server) versionTimeout() time.Duration {
 	if s.VersionTimeout <= 0 {
 		return 10 * time.Second
@@ -175,6 +183,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.mu.Unlock()
 
 	ro := isReadOnly(l)
+	lb := s.newListenerBudget(l)
+	lname := AddrString(l)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -210,18 +220,22 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return err
 		}
 		delay = 0
-		if !s.admit(c) {
-			c.Close()
+		a, ok := s.admit(c, lb)
+		if !ok {
+			s.tellFull(&wg, c)
 			continue
 		}
 		wg.Go(func() {
-			defer s.release()
+			defer s.release(a)
+			connRO := ro
 			if p, ok := c.(*pendingTLS); ok {
-				if c = s.handshake(ctx, p); c == nil {
+				var roCert bool
+				if c, roCert = s.handshake(ctx, p); c == nil {
 					return
 				}
+				connRO = ro || roCert
 			}
-			if err := s.serveConn(ctx, c, ro); err != nil {
+			if err := s.serveConnFrom(ctx, c, connRO, a, lname); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		})
@@ -274,15 +288,24 @@ func (s *Server) Close() error {
 // error says why the connection was refused during version negotiation; it
 // is nil once a session was served.
 func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
-	return s.serveConn(ctx, rwc, false)
+	return s.serveConn(ctx, rwc, false, nil)
 }
 
-func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool) error {
+// serveConn serves rwc; a is its share of Serve's budgets (nil for
+// ServeConn's).
+func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission) error {
+	return s.serveConnFrom(ctx, rwc, ro, a, "-")
+}
+
+// serveConnFrom is serveConn for a connection of the listener named
+// listener.
+func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission, listener string) error {
 	if s.Root == nil {
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
 	}
-	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc}
+	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
+	c.t.now = clock.Or(s.testIdleClock).Now
 	c.sess.conn = c
 	if s.testTracker != nil {
 		s.testTracker(c.t)
@@ -317,6 +340,11 @@ type conn struct {
 	sess *session
 	t    *tracker
 	rwc  io.ReadWriteCloser
+	adm  *admission // nil: not counted in Serve's budgets
+	idle *idleWatch // nil: not closed for idling
+	// listener and who name the connection's listener and client in
+	// audit lines (see AuditRecord).
+	listener, who string
 
 	closeOnce sync.Once
 }
@@ -364,6 +392,7 @@ func (c *conn) serve() error {
 		timer = time.AfterFunc(c.s.versionTimeout(), c.close)
 	}
 	neg, err := sniff(br, c.rwc, c.s.maxMsize())
+	c.s.handshakeDone(c.adm)
 	if timer != nil && !timer.Stop() && err == nil {
 		err = errors.New("fsrv: version negotiation timed out")
 	}
@@ -375,6 +404,13 @@ func (c *conn) serve() error {
 			return nil // a client that connects and leaves
 		}
 		return fmt.Errorf("fsrv: version: %w", err)
+	}
+
+	if c.adm != nil && !c.adm.l.unix && c.s.idleTimeout() > 0 {
+		c.idle = &idleWatch{clk: clock.Or(c.s.testIdleClock), timeout: c.s.idleTimeout(), t: c.t, close: c.close}
+		c.t.touch()
+		c.idle.start()
+		defer c.idle.stop()
 	}
 
 	// Bytes the sniffer read ahead belong to the engine.

@@ -92,25 +92,23 @@ func loadPool(file string) (*x509.CertPool, error) {
 // Server.HandshakeTimeout, so that a client stalling it holds nothing
 // else up.
 func TLSListener(l net.Listener, conf *tls.Config) net.Listener {
-	conf = conf.Clone()
-	conf.MinVersion = tls.VersionTLS13
-	conf.ClientAuth = tls.RequireAndVerifyClientCert
-	return tlsListener{l, conf}
+	return tlsListener{l, staticAuth(conf)}
 }
 
 // IsTLS reports whether l is a TLS listener (ListenTLS's tls!, or
 // TLSListener's), read-only or not.
 func IsTLS(l net.Listener) bool {
-	if ro, ok := l.(readOnlyListener); ok {
-		l = ro.Listener
+	for ; l != nil; l = inner(l) {
+		if _, ok := l.(tlsListener); ok {
+			return true
+		}
 	}
-	_, ok := l.(tlsListener)
-	return ok
+	return false
 }
 
 type tlsListener struct {
 	net.Listener
-	conf *tls.Config
+	auth *tlsAuth
 }
 
 // Accept returns the connection still raw: Server.Serve looks at its
@@ -120,14 +118,14 @@ func (l tlsListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pendingTLS{Conn: c, conf: l.conf}, nil
+	return &pendingTLS{Conn: c, auth: l.auth}, nil
 }
 
 // pendingTLS is an accepted connection of a TLS listener before its
 // handshake.
 type pendingTLS struct {
 	net.Conn
-	conf *tls.Config
+	auth *tlsAuth
 }
 
 // peekedConn reads through the buffer that looked at its first bytes.
@@ -222,6 +220,9 @@ func ExplainTLS(err error, serverName string) error {
 		return fmt.Errorf("the server's certificate (%s) is not valid: %w", certName(c), err)
 	}
 	msg := err.Error()
+	if strings.Contains(msg, "remote error: tls: user canceled") {
+		return fmt.Errorf("%w: the server refused the connection before the TLS handshake; try again later (%v)", ErrServerFull, err)
+	}
 	for _, r := range []struct{ alert, says string }{
 		{"tls: certificate required", "the server requires a client certificate (--cert and --key)"},
 		{"tls: unknown certificate authority", "the server refused our client certificate: it is signed by a CA the server does not trust"},
@@ -304,6 +305,12 @@ func whyRefused(err error, now time.Time) refusal {
 	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return refusal{"client left during the TLS handshake", err.Error()}
 	}
+	switch {
+	case errors.Is(err, ErrDenied):
+		return refusal{"client certificate on the deny list", err.Error()}
+	case errors.Is(err, ErrNotListed):
+		return refusal{"client certificate not in the listener's rules", err.Error()}
+	}
 	if cv, ok := errors.AsType[*tls.CertificateVerificationError](err); ok && len(cv.UnverifiedCertificates) > 0 {
 		c := cv.UnverifiedCertificates[0]
 		switch why := cv.Err; {
@@ -332,11 +339,14 @@ func whyRefused(err error, now time.Time) refusal {
 }
 
 // handshake looks at a TLS listener's connection's first bytes and
-// completes its handshake, all within HandshakeTimeout, and returns the
-// TLS connection, or nil when it was refused. A refusal is logged, at most
-// once a minute for each reason (with the count refused since the last
-// line for that reason).
-func (s *Server) handshake(ctx context.Context, p *pendingTLS) net.Conn {
+// completes its handshake, all within HandshakeTimeout, with the
+// listener's policy of the moment, and returns the TLS connection and
+// whether the listener's rules make its certificate read-only, or nil
+// when it was refused. A refusal is logged, at most once a minute for
+// each reason (with the count refused since the last line for that
+// reason).
+func (s *Server) handshake(ctx context.Context, p *pendingTLS) (net.Conn, bool) {
+	pol := p.auth.cur.Load()
 	remote := p.RemoteAddr().String()
 	timeout := s.handshakeTimeout()
 	hctx, cancel := context.WithTimeout(ctx, timeout)
@@ -351,27 +361,34 @@ func (s *Server) handshake(ctx context.Context, p *pendingTLS) net.Conn {
 		stop()
 		p.Close()
 		s.logRefusal(whyNotTLS(hdr), remote)
-		return nil
+		return nil, false
 	default:
-		tc = tls.Server(&peekedConn{p.Conn, br}, p.conf)
+		tc = tls.Server(&peekedConn{p.Conn, br}, pol.conf)
 		err = tc.HandshakeContext(hctx)
 	}
 	if !stop() || ctx.Err() != nil {
 		p.Close()
 		if ctx.Err() != nil {
-			return nil
+			return nil, false
 		}
 		err = fmt.Errorf("no handshake within %v: %w", timeout, os.ErrDeadlineExceeded)
 	}
 	if err != nil {
 		p.Close()
 		s.logRefusal(whyRefused(err, time.Now()), remote)
-		return nil
+		return nil, false
 	}
+	ro := false
 	if st := tc.ConnectionState(); len(st.PeerCertificates) > 0 {
-		s.logger().Info("fsrv: TLS client", "remote", remote, "client", certName(st.PeerCertificates[0]))
+		c := st.PeerCertificates[0]
+		ro = pol.readOnly(c)
+		role := "rw"
+		if ro {
+			role = "ro"
+		}
+		s.logger().Info("fsrv: TLS client", "remote", remote, "client", certName(c), "serial", Serial(c), "role", role)
 	}
-	return tc
+	return tc, ro
 }
 
 func (s *Server) handshakeTimeout() time.Duration {

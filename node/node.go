@@ -227,7 +227,7 @@ func New(cfg Config) (_ *Node, err error) {
 		List:   func() []fsrv.File { return s.current().tree.Root().List() },
 		Lookup: func(name string) fsrv.File { return s.current().tree.Root().Lookup(name) },
 	}
-	s.Server = &fsrv.Server{Root: root, Logger: log.With("component", "9p")}
+	s.Server = &fsrv.Server{Root: root, Logger: log.With("component", "9p"), Audit: s.audit}
 	if metrics != nil {
 		s.metrics = newMetricsServer(metrics, func() *prometheus.Registry { return s.current().tree.Registry() })
 	}
@@ -345,6 +345,14 @@ func (s *Node) Close() error {
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// audit writes an accepted ctl or send write into the node's /events
+// (DESIGN 7.7: who did it, through which listener).
+func (s *Node) audit(r fsrv.AuditRecord) {
+	now := s.clock.Now()
+	line := fmt.Sprintf("ts=%s event=write %s\n", now.UTC().Format("2006-01-02T15:04:05.000Z"), r)
+	s.events.Append([]byte(line), now)
 }
 
 // newRelay makes the gateway relay of the plan p: it reads p's dispatch

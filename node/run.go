@@ -30,6 +30,9 @@ type RunConfig struct {
 	Listen   []string
 	TLS      fsrv.TLSFiles
 	MaxConns int
+	// IdleTimeout closes a TCP or TLS connection with no request for
+	// that long (0: fsrv's default; negative: never).
+	IdleTimeout time.Duration
 	// Relay are the gateway relay's listeners (serve --relay, the syntax
 	// of Listen; the tls! ones with TLS's files); none runs no relay.
 	Relay []string
@@ -109,7 +112,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 		ls.Close()
 		return err
 	}
-	n.Server.MaxConns = rc.MaxConns
+	n.Server.MaxConns, n.Server.IdleTimeout = rc.MaxConns, rc.IdleTimeout
 	switch {
 	case rc.Flavor != core.Discord:
 	case limit != nil && n.Fleet != nil && n.Fleet.Identify != nil:
@@ -127,6 +130,10 @@ func Run(ctx context.Context, rc RunConfig) error {
 		cancel()
 	}
 	ls.Log(log)
+	if ls.HasTLS() {
+		stopReload := ls.ReloadOnHangup(log)
+		defer stopReload()
+	}
 	if rc.Parent != nil {
 		rc.Parent.Starting(n)
 	}

@@ -106,7 +106,7 @@ func New(cfg Config) *Tree {
 	t.events = newEventSeconds()
 	t.reg.MustRegister(&collector{t: t}, t.events.vec)
 	t.top = []fsrv.File{
-		&fsrv.Ctl{Name: "ctl", Handle: t.nodeCommand, Usage: func() string { return core.NodeUsage + cfg.CommandUsage }},
+		&fsrv.Ctl{Name: "ctl", Path: "ctl", Handle: t.nodeCommand, Usage: func() string { return core.NodeUsage + cfg.CommandUsage }},
 		&fsrv.LogFile{Name: "events", Source: t.node.Events()},
 		&fsrv.Text{Name: "status", Content: t.status},
 		&fsrv.Text{Name: "plan", Content: t.plan},
@@ -211,11 +211,11 @@ func (t *Tree) shardDir(sf *shardFiles) *fsrv.Dir {
 			&fsrv.Text{Name: "state", Content: func() []byte { return t.word(id, stateWord) }},
 			&fsrv.Text{Name: "sequence", Content: func() []byte { return t.word(id, sequenceWord) }},
 			&fsrv.Text{Name: "reconnects", Content: func() []byte { return t.word(id, reconnectsWord) }},
-			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return fsError(t.node.ExecShard(id, line)) }, Usage: func() string { return core.ShardUsage }},
+			&fsrv.Ctl{Name: "ctl", Path: strconv.Itoa(id) + "/ctl", Handle: func(line string) error { return fsError(t.node.ExecShard(id, line)) }, Usage: func() string { return core.ShardUsage }},
 			&fsrv.LogFile{Name: "events", Source: events},
 			&fsrv.Text{Name: "diag", Content: func() []byte { return t.diag(id) }},
 			&fsrv.LogFile{Name: "dispatch", Source: sf.dispatch, Private: true},
-			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return fsError(t.node.Send(id, sendPayload(line))) }, Raw: true, Private: true},
+			&fsrv.Ctl{Name: "send", Path: strconv.Itoa(id) + "/send", Handle: func(line string) error { return fsError(t.node.Send(id, sendPayload(line))) }, Raw: true, Private: true},
 		)
 	})
 	return sf.dir

@@ -40,6 +40,9 @@ type RunConfig struct {
 	Listen   []string
 	TLS      fsrv.TLSFiles
 	MaxConns int
+	// IdleTimeout closes a TCP or TLS connection of the parent's tree
+	// with no request for that long (0: fsrv's default; negative: never).
+	IdleTimeout time.Duration
 	// SessionsDir, when set, holds child ID's sessions folder, ID;
 	// otherwise each child's is in a private temporary folder.
 	SessionsDir string
@@ -136,8 +139,11 @@ func Run(ctx context.Context, rc RunConfig) error {
 		// pacer: it lowers what remains, never raises it.
 		ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
 	}
-	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: rc.MaxConns}
+	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: rc.MaxConns, IdleTimeout: rc.IdleTimeout}
 	ls.Log(log)
+	if ls.HasTLS() {
+		defer ls.ReloadOnHangup(log)()
+	}
 	log.Info("starting children", "children", len(a.Blocks), "total", total)
 	sup.Start()
 

@@ -67,8 +67,9 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--api URL] [--gateway URL] [--intents N]
                  [--compress none|zlib-stream|zstd-stream] [--backoff default|fixed:DURATION]
                  [--max-concurrency N] [--identify-total N] [--identify-reserve -1|0|N]
-                 [--listen ADDR[,ro][,insecure]]... [--max-conns N]
-                 [--tls-cert F --tls-key F --tls-client-ca F]   (for tls!HOST!PORT listeners)
+                 [--listen ADDR[,ro][,insecure][,max=N]]... [--max-conns N] [--idle-timeout 10m]
+                 [--tls-cert F --tls-key F --tls-client-ca F] [--tls-deny FILE]
+                 (for tls!HOST!PORT[,ca=FILE][,clients=FILE] listeners; SIGHUP reads them again)
                  [--sessions DIR [--resume-window D]] [--metrics-listen HOST:PORT] [--debug]
                  [--relay ADDR]... [--relay-resume-window 60s] [--relay-cache KIND,...|none]
                  [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]

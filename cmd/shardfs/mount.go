@@ -11,7 +11,6 @@ import (
 	"syscall"
 
 	"github.com/shardfs/shardfs/client"
-	"github.com/shardfs/shardfs/fsrv"
 )
 
 // runMount mounts the tree with Linux v9fs through a relay, as diodmount
@@ -68,7 +67,7 @@ func runMount(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, client.MountTimeout)
-	conn, err := fsrv.Dial(dctx, addr, conf)
+	conn, err := client.DialConn(dctx, addr, conf)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("mount: %w", err)

@@ -76,6 +76,8 @@ type serveFlags struct {
 	listens                                listenFlag
 	tls                                    tlsFlags
 	maxConns                               *int
+	idleTimeout                            *time.Duration
+	tlsDeny                                *string
 	sessions                               *string
 	resumeWindow                           *time.Duration
 	etcd                                   etcdFlags
@@ -100,8 +102,10 @@ func (f *serveFlags) register(fl *flag.FlagSet) {
 	f.tokenFile = fl.String("token-file", "", "file holding the bot token (else SHARDFS_TOKEN)")
 	f.debug = fl.Bool("debug", false, "log at debug level")
 	f.tls.register(fl)
-	fl.Var(&f.listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only) or ,insecure (plain TCP beyond loopback) after it (repeatable; default: unix!"+fsrv.DefaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca)")
-	f.maxConns = fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are refused")
+	fl.Var(&f.listens, "listen", "9P listener: unix!path, a path, tcp!host!port or host:port, with ,ro (read-only), ,insecure (plain TCP beyond loopback) or ,max=N (its own connection cap) after it (repeatable; default: unix!"+fsrv.DefaultSocket()+" and "+fsrv.DefaultAddr+",ro); tls!host!port serves 9P over TLS 1.3 with client certificates (--tls-cert, --tls-key, --tls-client-ca, or ,ca=FILE for this listener) and takes ,clients=FILE (lines CN|fingerprint ro|rw)")
+	f.maxConns = fl.Int("max-conns", fsrv.DefaultMaxConns, "9P connections served at once; more are told the server is full ("+strconv.Itoa(fsrv.DefaultUnixReserve)+" kept for unix sockets; a TCP or TLS listener takes "+strconv.Itoa(fsrv.DefaultListenerConns)+" unless ,max=N follows its address)")
+	f.idleTimeout = fl.Duration("idle-timeout", fsrv.DefaultIdleTimeout, "close a TCP or TLS 9P connection that sent no request for this long (0: never; unix sockets are never closed for idling)")
+	f.tlsDeny = fl.String("tls-deny", "", "file of client certificates every tls! listener refuses, one serial (hex) or SHA-256 fingerprint a line; read again on SIGHUP")
 	f.sessions = fl.String("sessions", "", "folder of session snapshots: a clean stop saves every shard's session there and the next start resumes it (created 0700; locked)")
 	f.resumeWindow = fl.Duration("resume-window", 0, "age beyond which a saved session is not resumed (0: the flavor's, 120s Discord, 60s Fluxer)")
 	f.etcd.register(fl)
@@ -143,9 +147,25 @@ func (f *serveFlags) runConfig(fl *flag.FlagSet) (node.RunConfig, error) {
 			ResumeWindow: *f.resumeWindow, Etcd: etcdCfg, MetricsListen: *f.metricsListen,
 		},
 		Total: o.total, Shards: o.shards,
-		Listen: f.listenAddrs(), TLS: f.tls.files(), MaxConns: *f.maxConns,
+		Listen: f.listenAddrs(), TLS: f.tlsFiles(), MaxConns: *f.maxConns, IdleTimeout: f.idle(),
 		SessionsDir: *f.sessions, Relay: f.relays,
 	}, nil
+}
+
+// tlsFiles are the tls! listeners' files, the deny list included.
+func (f *serveFlags) tlsFiles() fsrv.TLSFiles {
+	files := f.tls.files()
+	files.Deny = *f.tlsDeny
+	return files
+}
+
+// idle is --idle-timeout for fsrv: 0 there is the default, never is
+// negative.
+func (f *serveFlags) idle() time.Duration {
+	if *f.idleTimeout == 0 {
+		return -1
+	}
+	return *f.idleTimeout
 }
 
 // listenAddrs are the --listen addresses, or serve's defaults.
@@ -177,6 +197,9 @@ func (f *serveFlags) check(fl *flag.FlagSet) (serveOpts, error) {
 	}
 	if *f.idReserve < -1 {
 		return o, flagErr(fl, "--identify-reserve %d: want -1 (the default) or more", *f.idReserve)
+	}
+	if *f.idleTimeout < 0 {
+		return o, flagErr(fl, "--idle-timeout %v: want 0 (never) or more", *f.idleTimeout)
 	}
 	if *f.resumeWindow < 0 {
 		return o, flagErr(fl, "--resume-window %v: want 0 (the flavor's) or more", *f.resumeWindow)

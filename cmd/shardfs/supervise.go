@@ -86,7 +86,7 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 			IdentifyReserve: *f.idReserve, Fixed: *f.gatewayURL != ""},
 		API: *f.api, Total: o.total,
 		Processes: *processes, ShardsPerProcess: *perProcess, Assign: *assign, Policy: pol,
-		Listen: f.listenAddrs(), TLS: f.tls.files(), MaxConns: *f.maxConns,
+		Listen: f.listenAddrs(), TLS: f.tlsFiles(), MaxConns: *f.maxConns, IdleTimeout: f.idle(),
 		SessionsDir: *f.sessions, Env: childEnv(),
 	}
 	if o.total != 0 {

@@ -31,13 +31,19 @@ const maxToken = 4096
 func readToken(file string) (string, error) {
 	if fd, ok := os.LookupEnv(tokenFDVar); ok {
 		os.Unsetenv(tokenFDVar)
+		if err := notDumpable(); err != nil {
+			return "", err
+		}
 		return readHandedToken(fd)
+	}
+	if err := notDumpable(); err != nil {
+		return "", err
 	}
 	tok, inEnv := os.LookupEnv("SHARDFS_TOKEN")
 	if file != "" {
-		b, err := os.ReadFile(file)
+		b, err := readTokenFile(file)
 		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
+			return "", err
 		}
 		tok = string(b)
 	}
@@ -99,4 +105,37 @@ func readHandedToken(fdText string) (string, error) {
 		return "", fmt.Errorf("descriptor %d held no token", fd)
 	}
 	return tok, nil
+}
+
+// notDumpable keeps the token out of core dumps and out of reach of
+// ptrace and /proc/PID/mem for processes of the same user (root keeps
+// CAP_SYS_PTRACE). Set before the token is read, it covers serve,
+// supervise and supervise's children, which all read it here.
+func notDumpable() error {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("making the process that holds the token not dumpable: %w", err)
+	}
+	return nil
+}
+
+// readTokenFile reads --token-file, refusing a file that other users may
+// read or write: the mode is checked on the descriptor that is read, so
+// that a chmod between the check and the read changes nothing.
+func readTokenFile(file string) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("--token-file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("--token-file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("--token-file %s: not a regular file", file)
+	}
+	if m := fi.Mode().Perm(); m&0o077 != 0 {
+		return nil, fmt.Errorf("--token-file %s: mode %04o lets other users read or change the token; chmod 600 it", file, m)
+	}
+	return io.ReadAll(io.LimitReader(f, maxToken+1))
 }

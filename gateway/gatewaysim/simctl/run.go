@@ -69,25 +69,27 @@ type Config struct {
 }
 
 // DefaultTokenFile and DefaultCtl are the token file and the control
-// socket when not given: in $XDG_RUNTIME_DIR (else the temporary
-// folder), named for the user.
+// socket when not given: in fsrv.RuntimeDir (never the temporary
+// folder, where another user could plant a token file or a socket first),
+// named for the user.
 func DefaultTokenFile() string { return runtimePath("shardfs-sim-%d.token") }
 
 // DefaultCtl is the control tree's unix socket when not given.
 func DefaultCtl() string { return "unix!" + runtimePath("shardfs-sim-%d.sock") }
 
 func runtimePath(format string) string {
-	dir := os.Getenv("XDG_RUNTIME_DIR")
-	if dir == "" {
-		dir = os.TempDir()
-	}
-	return filepath.Join(dir, fmt.Sprintf(format, os.Getuid()))
+	return filepath.Join(fsrv.RuntimeDir(), fmt.Sprintf(format, os.Getuid()))
 }
 
 // Run serves the simulator until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.TokenFile == "" {
 		return errors.New("sim: no token file")
+	}
+	if filepath.Dir(cfg.TokenFile) == fsrv.RuntimeDir() {
+		if err := fsrv.EnsureRuntimeDir(); err != nil {
+			return fmt.Errorf("sim: --token-file: %w", err)
+		}
 	}
 	token, made, err := TokenFrom(cfg.TokenFile)
 	if err != nil {

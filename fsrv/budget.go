@@ -1,0 +1,311 @@
+package fsrv
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hugelgupf/p9/linux"
+	"github.com/shardfs/shardfs/clock"
+)
+
+// Connection budgets (DESIGN 7.7): a flood on one listener never locks
+// the operator out of the unix socket. A connection is admitted by
+// Serve only when it fits every budget below; one that does not is told
+// that the server is full and closed.
+const (
+	// DefaultMaxHandshakes caps the TCP and TLS connections still in
+	// their handshake (a TLS handshake, then the 9P Tversion), over all
+	// listeners, when Server.MaxHandshakes is zero. A stalled handshake
+	// costs a goroutine and a TLS state; at this cap a flood of them
+	// holds a few megabytes, not hundreds.
+	DefaultMaxHandshakes = 128
+
+	// DefaultMaxHandshakesPerAddr caps those from one IP address when
+	// Server.MaxHandshakesPerAddr is zero.
+	DefaultMaxHandshakesPerAddr = 16
+
+	// DefaultListenerConns is a TCP or TLS listener's own cap when its
+	// address says no ",max=N".
+	DefaultListenerConns = 1024
+
+	// DefaultUnixReserve is how many of MaxConns only unix socket
+	// connections may take when Server.UnixReserve is zero; never more
+	// than a quarter of MaxConns.
+	DefaultUnixReserve = 32
+
+	// DefaultIdleTimeout closes a TCP or TLS connection that sent no
+	// request for that long when Server.IdleTimeout is zero.
+	DefaultIdleTimeout = 10 * time.Minute
+
+	// maxTelling bounds the refused connections being told that the
+	// server is full at once; past it a refused connection is closed
+	// without a word, so that telling costs a flood nothing.
+	maxTelling = 32
+
+	// tellTimeout bounds the wait for a refused client's Tversion or
+	// ClientHello.
+	tellTimeout = time.Second
+)
+
+// ErrServerFull is what a client is told when the server refuses its
+// connection for a budget: ENFILE under 9P2000.L, "server full: ..."
+// under 9P2000, a TLS user_canceled alert before a TLS handshake (which
+// ExplainTLS turns back into this error).
+var ErrServerFull = errors.New("server full")
+
+// tlsAlertUserCanceled is a TLS alert record (fatal, user_canceled),
+// which may be sent in the clear before the handshake. No alert says
+// "full"; user_canceled is "a reason unrelated to a protocol failure"
+// (RFC 8446 6.1) and is otherwise rare from a server.
+var tlsAlertUserCanceled = []byte{21, 3, 3, 0, 2, 2, 90}
+
+// listenerBudget counts one Serve's connections; guarded by Server.mu.
+type listenerBudget struct {
+	max  int
+	n    int
+	unix bool
+}
+
+// admission is one admitted connection's share of the budgets.
+type admission struct {
+	l    *listenerBudget
+	ip   string // "" for a unix socket: not counted in the handshakes
+	hand bool   // still counted in the handshakes
+}
+
+func (s *Server) maxHandshakes() int {
+	if s.MaxHandshakes <= 0 {
+		return DefaultMaxHandshakes
+	}
+	return s.MaxHandshakes
+}
+
+func (s *Server) maxHandshakesPerAddr() int {
+	if s.MaxHandshakesPerAddr <= 0 {
+		return DefaultMaxHandshakesPerAddr
+	}
+	return s.MaxHandshakesPerAddr
+}
+
+func (s *Server) unixReserve() int {
+	r := s.UnixReserve
+	switch {
+	case r < 0:
+		return 0
+	case r == 0:
+		r = DefaultUnixReserve
+	}
+	return min(r, s.maxConns()/4)
+}
+
+func (s *Server) idleTimeout() time.Duration {
+	if s.IdleTimeout == 0 {
+		return DefaultIdleTimeout
+	}
+	return s.IdleTimeout
+}
+
+// newListenerBudget is l's budget: its ",max=N" (see WithMaxConns), else
+// DefaultListenerConns for TCP and TLS and MaxConns for a unix socket.
+func (s *Server) newListenerBudget(l net.Listener) *listenerBudget {
+	b := &listenerBudget{unix: l.Addr().Network() == "unix", max: maxConnsOf(l)}
+	if b.max <= 0 {
+		b.max = DefaultListenerConns
+		if b.unix {
+			b.max = s.maxConns()
+		}
+	}
+	return b
+}
+
+// admit takes c's share of every budget, or says which one is spent.
+// Refusals are logged at most once a minute, with how many there were.
+func (s *Server) admit(c net.Conn, lb *listenerBudget) (*admission, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.testSeen++
+	a := &admission{l: lb}
+	if !lb.unix {
+		a.ip = hostOf(c.RemoteAddr())
+	}
+	limit := ""
+	switch {
+	case lb.n >= lb.max:
+		limit = fmt.Sprintf("the listener's cap (%d)", lb.max)
+	case lb.unix && s.accepted >= s.maxConns():
+		limit = fmt.Sprintf("max_conns (%d)", s.maxConns())
+	case !lb.unix && s.accepted >= s.maxConns()-s.unixReserve():
+		limit = fmt.Sprintf("max_conns (%d, of which %d kept for the unix socket)", s.maxConns(), s.unixReserve())
+	case !lb.unix && s.handshaking >= s.maxHandshakes():
+		limit = fmt.Sprintf("connections in their handshake (%d)", s.maxHandshakes())
+	case !lb.unix && s.handshakesFrom[a.ip] >= s.maxHandshakesPerAddr():
+		limit = fmt.Sprintf("connections in their handshake from one address (%d)", s.maxHandshakesPerAddr())
+	}
+	if limit == "" {
+		s.accepted++
+		lb.n++
+		if !lb.unix {
+			if s.handshakesFrom == nil {
+				s.handshakesFrom = make(map[string]int)
+			}
+			s.handshaking++
+			s.handshakesFrom[a.ip]++
+			a.hand = true
+		}
+		return a, true
+	}
+	s.refused++
+	if now := s.now(); s.refusedAt.IsZero() || now.Sub(s.refusedAt) >= time.Minute {
+		s.logger().Warn("fsrv: connections refused: at the limit", "limit", limit, "max_conns", s.maxConns(), "refused", s.refused, "last", c.RemoteAddr().String())
+		s.refused = 0
+		s.refusedAt = now
+	}
+	return nil, false
+}
+
+// handshakeDone gives back a's place among the connections in their
+// handshake: its Tversion came (or it is going away).
+func (s *Server) handshakeDone(a *admission) {
+	if a == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !a.hand {
+		return
+	}
+	a.hand = false
+	s.handshaking--
+	if s.handshakesFrom[a.ip]--; s.handshakesFrom[a.ip] <= 0 {
+		delete(s.handshakesFrom, a.ip)
+	}
+}
+
+func (s *Server) release(a *admission) {
+	s.handshakeDone(a)
+	s.mu.Lock()
+	s.accepted--
+	a.l.n--
+	s.mu.Unlock()
+	if s.testReleased != nil {
+		s.testReleased()
+	}
+}
+
+func hostOf(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
+}
+
+// tellFull tells a refused connection that the server is full, in its
+// own protocol, and closes it; in the background, within tellTimeout,
+// and only while fewer than maxTelling are being told (else it closes c
+// at once). wg is Serve's, which waits for it.
+func (s *Server) tellFull(wg *sync.WaitGroup, c net.Conn) {
+	s.mu.Lock()
+	ok := s.telling < maxTelling
+	if ok {
+		s.telling++
+	}
+	s.mu.Unlock()
+	if !ok {
+		c.Close()
+		return
+	}
+	wg.Go(func() {
+		defer func() {
+			s.mu.Lock()
+			s.telling--
+			s.mu.Unlock()
+		}()
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(tellTimeout))
+		if p, ok := c.(*pendingTLS); ok {
+			// The alert waits in the client's buffer for its first read
+			// after the ClientHello; reading that ClientHello before
+			// the close keeps the kernel from answering with a reset,
+			// which would discard the alert.
+			p.Conn.Write(tlsAlertUserCanceled)
+			if cw, ok := p.Conn.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite()
+			}
+			io.Copy(io.Discard, io.LimitReader(p.Conn, 64<<10))
+			return
+		}
+		frame, err := readFrame(bufio.NewReaderSize(c, 64), maxVersionFrame)
+		if err != nil {
+			return
+		}
+		t, err := parseVersion(frame)
+		if err != nil {
+			return
+		}
+		if dialectOf(t.version) == dialectDotL {
+			c.Write(rlerror(t.tag, linux.ENFILE))
+		} else {
+			c.Write(rerror(t.tag, "server full: the tree's connection limit is reached; try again later"))
+		}
+	})
+}
+
+// idleWatch closes a connection that has had no request in flight and
+// none started for timeout.
+type idleWatch struct {
+	clk     clock.Clock
+	timeout time.Duration
+	t       *tracker
+	close   func()
+
+	mu    sync.Mutex
+	timer clock.Timer
+	done  bool
+}
+
+func (w *idleWatch) start() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.timer = w.clk.AfterFunc(w.timeout, w.check)
+}
+
+func (w *idleWatch) check() {
+	busy, last := w.t.activity()
+	now := w.clk.Now()
+	idle := now.Sub(last)
+	if !busy && idle >= w.timeout {
+		w.close()
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	next := w.timeout - idle
+	if busy || next <= 0 {
+		next = w.timeout
+	}
+	w.timer = w.clk.AfterFunc(next, w.check)
+}
+
+func (w *idleWatch) stop() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+}
