@@ -56,14 +56,18 @@
 // own at every renewal, so that a long reconcile cannot let them lapse;
 // it stops at once a shard whose key is no longer its own (deleted by
 // hand, or expired in etcd before the local deadline); and it hands over,
-// paced by MovePacer, the shards placed elsewhere: Shards.Handover (stop
+// paced by MovePacer (max_concurrency per MoveWindow, the figure
+// MaxConcurrencyNow gives when set: discovery's), the shards placed elsewhere: Shards.Handover (stop
 // 4000, snapshot saved under the generation's guard), then Release under
 // the same guard. A key held by anyone else, a node that is not a live
 // member included, is left alone until it goes: an unknown holder may be
 // a paused node whose lease etcd has not expired yet. Drain deletes
 // members/<node> first, so that the others place the shards without this
 // node, hands every shard over, then revokes the lease; the node acquires
-// nothing afterwards. etcd unreachable at start: Run keeps joining (1 s
+// nothing afterwards. A drain with no other live member hands its shards
+// to nobody: those moves spend no identify (whoever starts the shard next,
+// this node restarted most often, resumes from the saved snapshot), so
+// they are not paced and a lone node stops at once. etcd unreachable at start: Run keeps joining (1 s
 // doubling to 10 s) and Status says state waiting with the error; a plan
 // mismatch or a malformed plan key ends Run with the error.
 //

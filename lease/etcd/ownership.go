@@ -39,7 +39,12 @@ type OwnershipConfig struct {
 	TTL time.Duration
 	// MaxConcurrency paces planned moves: at most that many per MoveWindow.
 	MaxConcurrency int
-	Shards         Shards
+	// MaxConcurrencyNow, when set, is asked before each round of moves
+	// for the max_concurrency in force, which Discord's discovery may
+	// raise after the node started; MaxConcurrency is the figure until
+	// it answers.
+	MaxConcurrencyNow func() int
+	Shards            Shards
 	// MayRenew is the operator's lease (Config.MayRenew).
 	MayRenew func() bool
 	Clock    clock.Clock  // nil = real time
@@ -528,11 +533,21 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 		o.cfg.Shards.SetLease(g)
 	}
 	o.acquireAll(ctx, m, acquire)
+	if len(move) > 0 && o.cfg.MaxConcurrencyNow != nil {
+		o.pacer.SetMax(o.cfg.MaxConcurrencyNow())
+	}
+	// A drain with no other live member hands its shards to nobody: they
+	// wait, snapshot saved, for a node to start them (this one, restarted,
+	// resumes them), so their moves spend no identify and are not paced
+	// (DESIGN 7.3). A lone node stops at once on SIGTERM.
+	toNobody := draining && !slices.ContainsFunc(members, func(n string) bool { return n != m.Node() })
 	for _, id := range move {
-		ok, wait := o.pacer.Take()
-		if !ok {
-			o.clock.AfterFunc(wait, o.wake)
-			break
+		if !toNobody {
+			ok, wait := o.pacer.Take()
+			if !ok {
+				o.clock.AfterFunc(wait, o.wake)
+				break
+			}
 		}
 		o.mu.Lock()
 		if o.noMoves {
