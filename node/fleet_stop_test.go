@@ -49,7 +49,7 @@ func TestFleetLoneStop(t *testing.T) {
 		return s
 	}
 	a := start()
-	within(t, time.Duration(total)*100*time.Millisecond+time.Minute, fmt.Sprintf("a: %d shards READY", total), func() bool { return readyOwned(a) == total })
+	within(t, time.Duration(total)*time.Second+time.Minute, fmt.Sprintf("a: %d shards READY", total), func() bool { return readyOwned(a) == total })
 	if got := a.Fleet.maxConcurrency(); got != total {
 		t.Fatalf("the fleet paces planned moves at max_concurrency %d; want discovery's %d, not the flag's 1", got, total)
 	}
@@ -67,7 +67,7 @@ func TestFleetLoneStop(t *testing.T) {
 		t.Fatalf("after Close: %d moves, %d fencing stops; want %d moves, none", st.Moves, st.FencingStops, total)
 	}
 	a = start()
-	within(t, time.Duration(total)*100*time.Millisecond+time.Minute, fmt.Sprintf("a again: %d shards READY", total), func() bool { return readyOwned(a) == total })
+	within(t, time.Duration(total)*time.Second+time.Minute, fmt.Sprintf("a again: %d shards READY", total), func() bool { return readyOwned(a) == total })
 	after := sim.Totals()
 	if n := after.Identifies - before.Identifies; n != 0 || after.Resumes-before.Resumes < int64(total) || after.MaxLiveSessions != 1 {
 		t.Fatalf("stop and restart: %d identifies, %d resumes, at most %d live sessions a shard; want 0 identifies, %d resumes, never 2 live", n, after.Resumes-before.Resumes, after.MaxLiveSessions, total)
