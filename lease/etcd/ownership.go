@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardfs/shardfs/clock"
@@ -82,22 +84,30 @@ type Ownership struct {
 
 	wg sync.WaitGroup // moves in flight; Add under mu, unless noMoves
 
-	mu       sync.Mutex
-	member   *Member
-	owned    map[int]int64  // shard → generation granted to the core
-	busy     map[int]bool   // a move or an acquisition is in flight
-	state    OwnershipState // changed only by moveLocked
-	lastErr  error
-	members  []string
-	holders  []Holder
-	draining bool
-	left     bool
-	noMoves  bool          // Drain waits for wg: no move starts any more
-	drained  chan struct{} // closed when draining and nothing is owned
-	moves    uint64
-	fenced   uint64
-	joins    uint64
-	logged   string // the last waiting error logged
+	mu     sync.Mutex
+	member *Member
+	owned  map[int]int64 // shard → generation granted to the core
+	// fencedGen: shard → the generation it had when a lost membership
+	// stopped it; its next acquisition asks etcd's history whether
+	// anyone else owned it in between (soleOwner).
+	fencedGen map[int]int64
+	// staleLease is a lost membership's lease whose revoke failed (etcd
+	// was down): revoked before the next join, so that an etcd that comes
+	// back with it alive does not hold the node out for its TTL.
+	staleLease clientv3.LeaseID
+	busy       map[int]bool   // a move or an acquisition is in flight
+	state      OwnershipState // changed only by moveLocked
+	lastErr    error
+	members    []string
+	holders    []Holder
+	draining   bool
+	left       bool
+	noMoves    bool          // Drain waits for wg: no move starts any more
+	drained    chan struct{} // closed when draining and nothing is owned
+	moves      uint64
+	fenced     uint64
+	joins      uint64
+	logged     string // the last waiting error logged
 }
 
 // OwnershipState is where a node's ownership is in its life, as /lease
@@ -173,7 +183,7 @@ func NewOwnership(cfg OwnershipConfig) (*Ownership, error) {
 		return nil, err
 	}
 	o := &Ownership{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger, kick: make(chan struct{}, 1),
-		owned: map[int]int64{}, busy: map[int]bool{}, state: StateJoining, drained: make(chan struct{})}
+		owned: map[int]int64{}, fencedGen: map[int]int64{}, busy: map[int]bool{}, state: StateJoining, drained: make(chan struct{})}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -322,6 +332,18 @@ func (o *Ownership) sleep(ctx context.Context, d time.Duration) bool {
 func (o *Ownership) join(ctx context.Context) (*Member, error) {
 	jctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	o.mu.Lock()
+	stale := o.staleLease
+	o.mu.Unlock()
+	if stale != 0 {
+		_, err := o.cfg.Client.Revoke(jctx, stale)
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil, fmt.Errorf("etcd: revoke the lost membership's lease %x first: %w", int64(stale), err)
+		}
+		o.mu.Lock()
+		o.staleLease = 0
+		o.mu.Unlock()
+	}
 	m, err := Join(jctx, Config{
 		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, TTL: o.cfg.TTL,
 		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew,
@@ -461,6 +483,9 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	if why == "lease lost" {
 		o.fenced += uint64(len(owned))
 		o.moveLocked(StateJoining, m.Err())
+		for id, gen := range owned {
+			o.fencedGen[id] = gen
+		}
 	}
 	o.mu.Unlock()
 	now := o.clock.Now()
@@ -472,6 +497,9 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	}
 	if err := m.Close(); err != nil {
 		o.log.Warn("etcd: closing the membership", "err", err)
+		o.mu.Lock()
+		o.staleLease = m.LeaseID()
+		o.mu.Unlock()
 	}
 	o.checkDrained() // a drain whose membership ended has nothing left to hand over
 }
@@ -600,10 +628,16 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 			}
 			o.mu.Lock()
 			o.owned[id] = gen
+			prev, wasFenced := o.fencedGen[id]
+			delete(o.fencedGen, id)
 			o.mu.Unlock()
+			g := grant(id, gen, m)
+			if wasFenced {
+				g.Continues = o.soleOwner(ctx, m, id, prev, gen)
+			}
 			// The generation is recorded first: the snapshot's mark-used
 			// that SetLease may make is guarded by it.
-			o.cfg.Shards.SetLease(grant(id, gen, m))
+			o.cfg.Shards.SetLease(g)
 			o.mu.Lock()
 			delete(o.busy, id)
 			o.mu.Unlock()
@@ -826,4 +860,39 @@ func (o *Ownership) OwnersText() []byte {
 		}
 	}
 	return b
+}
+
+// soleOwner reports whether etcd's history of shards/<id> proves that no
+// other node owned the shard between prev, the generation this node held
+// when a lost membership stopped it, and gen, the one it has just
+// created: every event on the key at a revision in (prev, gen) must be a
+// delete (the old key expiring or revoked), never a put, since a node
+// owns a shard only by creating its key. The history is read by a watch
+// from prev+1 up to this node's own create at gen. A compacted history,
+// an error or a timeout proves nothing: the shard then loads its snapshot
+// as after any new generation.
+func (o *Ownership) soleOwner(ctx context.Context, m *Member, id int, prev, gen int64) bool {
+	wctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	key := m.ShardKey(id)
+	for resp := range o.cfg.Client.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRev(prev+1)) {
+		if resp.CompactRevision != 0 {
+			o.log.Info("etcd: the shard key's history is compacted; its session is not kept", "node", o.cfg.Node, "shard", id, "compacted", resp.CompactRevision, "generation", prev)
+			return false
+		}
+		if err := resp.Err(); err != nil {
+			break
+		}
+		for _, ev := range resp.Events {
+			switch {
+			case ev.Kv.ModRevision >= gen:
+				return true
+			case ev.Type == mvccpb.PUT:
+				o.log.Info("etcd: another owner held the shard since this node lost it; its session is not kept", "node", o.cfg.Node, "shard", id, "owner", clip(ev.Kv.Value), "generation", ev.Kv.CreateRevision)
+				return false
+			}
+		}
+	}
+	o.log.Warn("etcd: reading the shard key's history failed; its session is not kept", "node", o.cfg.Node, "shard", id, "err", wctx.Err())
+	return false
 }
