@@ -41,16 +41,17 @@ type OwnershipConfig struct {
 	TTL time.Duration
 	// MaxConcurrency paces planned moves: at most that many per MoveWindow.
 	MaxConcurrency int
+	Shards         Shards
+	// MayRenew is the operator's lease (Config.MayRenew).
+	MayRenew func() bool
+	Clock    clock.Clock  // nil = real time
+	Logger   *slog.Logger // nil = slog.Default()
+
 	// MaxConcurrencyNow, when set, is asked before each round of moves
 	// for the max_concurrency in force, which Discord's discovery may
 	// raise after the node started; MaxConcurrency is the figure until
 	// it answers.
 	MaxConcurrencyNow func() int
-	Shards            Shards
-	// MayRenew is the operator's lease (Config.MayRenew).
-	MayRenew func() bool
-	Clock    clock.Clock  // nil = real time
-	Logger   *slog.Logger // nil = slog.Default()
 }
 
 // callTimeout bounds each etcd call of the ownership loop, in real time:
@@ -84,9 +85,23 @@ type Ownership struct {
 
 	wg sync.WaitGroup // moves in flight; Add under mu, unless noMoves
 
-	mu     sync.Mutex
-	member *Member
-	owned  map[int]int64 // shard → generation granted to the core
+	mu       sync.Mutex
+	member   *Member
+	owned    map[int]int64  // shard → generation granted to the core
+	busy     map[int]bool   // a move or an acquisition is in flight
+	state    OwnershipState // changed only by moveLocked
+	lastErr  error
+	members  []string
+	holders  []Holder
+	draining bool
+	left     bool
+	noMoves  bool          // Drain waits for wg: no move starts any more
+	drained  chan struct{} // closed when draining and nothing is owned
+	moves    uint64
+	fenced   uint64
+	joins    uint64
+	logged   string // the last waiting error logged
+
 	// fencedGen: shard → the generation it had when a lost membership
 	// stopped it; its next acquisition asks etcd's history whether
 	// anyone else owned it in between (soleOwner).
@@ -95,19 +110,6 @@ type Ownership struct {
 	// was down): revoked before the next join, so that an etcd that comes
 	// back with it alive does not hold the node out for its TTL.
 	staleLease clientv3.LeaseID
-	busy       map[int]bool   // a move or an acquisition is in flight
-	state      OwnershipState // changed only by moveLocked
-	lastErr    error
-	members    []string
-	holders    []Holder
-	draining   bool
-	left       bool
-	noMoves    bool          // Drain waits for wg: no move starts any more
-	drained    chan struct{} // closed when draining and nothing is owned
-	moves      uint64
-	fenced     uint64
-	joins      uint64
-	logged     string // the last waiting error logged
 }
 
 // OwnershipState is where a node's ownership is in its life, as /lease
