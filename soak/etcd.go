@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -42,10 +43,20 @@ func MaybeRunEtcd() {
 // etcd accepts requests.
 func runEtcd(spec string) error {
 	parts := strings.Split(spec, "|")
-	if len(parts) != 3 {
-		return fmt.Errorf("%s=%q: want DIR|CLIENT|PEER", EtcdEnv, spec)
+	if len(parts) != 3 && len(parts) != 6 {
+		return fmt.Errorf("%s=%q: want DIR|CLIENT|PEER or DIR|CLIENT|PEER|NAME|ADVERTISED-PEER|INITIAL-CLUSTER", EtcdEnv, spec)
 	}
-	e, err := embed.StartEtcd(etcdtest.Config("soak", parts[0], parts[1], parts[2]))
+	cfg := etcdtest.Config("soak", parts[0], parts[1], parts[2])
+	if len(parts) == 6 {
+		// A member of a cluster: it listens on its own peer port and
+		// advertises its proxy's (see Cluster), so that the soak can cut
+		// it off from the other members.
+		cfg = etcdtest.Config(parts[3], parts[0], parts[1], parts[2])
+		cfg.AdvertisePeerUrls = []url.URL{{Scheme: "http", Host: parts[4]}}
+		cfg.InitialCluster = parts[5]
+		cfg.InitialClusterToken = "soak"
+	}
+	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return err
 	}
@@ -82,6 +93,9 @@ type Etcd struct {
 	exe          string
 	dir          string
 	client, peer string
+	// A member of a Cluster: its name, the address it advertises to the
+	// other members (its peer proxy) and the initial cluster.
+	name, advPeer, cluster string
 	cmd          *exec.Cmd
 	done         chan struct{}
 	stderr       *tail
@@ -107,7 +121,11 @@ func (e *Etcd) Start(ctx context.Context) error {
 		return errors.New("etcd: already running")
 	}
 	cmd := exec.Command(e.exe)
-	cmd.Env = append(os.Environ(), EtcdEnv+"="+e.dir+"|"+e.client+"|"+e.peer)
+	spec := e.dir + "|" + e.client + "|" + e.peer
+	if e.name != "" {
+		spec += "|" + e.name + "|" + e.advPeer + "|" + e.cluster
+	}
+	cmd.Env = append(os.Environ(), EtcdEnv+"="+spec)
 	e.stderr = &tail{max: 16 << 10}
 	cmd.Stderr = e.stderr
 	out, err := cmd.StdoutPipe()
@@ -168,4 +186,12 @@ func (e *Etcd) Signal(sig syscall.Signal) error {
 		return errors.New("etcd: not running")
 	}
 	return e.cmd.Process.Signal(sig)
+}
+
+// Pid is the running process's id, 0 when it is not running.
+func (e *Etcd) Pid() int {
+	if !e.Running() {
+		return 0
+	}
+	return e.cmd.Process.Pid
 }
