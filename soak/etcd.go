@@ -96,9 +96,9 @@ type Etcd struct {
 	// A member of a Cluster: its name, the address it advertises to the
 	// other members (its peer proxy) and the initial cluster.
 	name, advPeer, cluster string
-	cmd          *exec.Cmd
-	done         chan struct{}
-	stderr       *tail
+	cmd                    *exec.Cmd
+	done                   chan struct{}
+	stderr                 *tail
 }
 
 // NewEtcd prepares an etcd server that exe (a binary calling MaybeRunEtcd)
