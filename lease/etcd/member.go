@@ -263,7 +263,9 @@ func (m *Member) renew() error {
 	// KeepAliveOnce retries transient errors by itself until its context
 	// ends: bound each try by a third of the TTL of real time, and by the
 	// loss of the membership.
-	ctx, cancel := context.WithTimeout(m.callCtx, m.ttl/3)
+	// A member without a leader (cut off from the others) refuses at
+	// once: the retry, TTL/10 later, goes to the next endpoint.
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(m.callCtx), m.ttl/3)
 	r, err := m.lease.KeepAliveOnce(ctx, m.id)
 	cancel()
 

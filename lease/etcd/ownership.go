@@ -56,6 +56,10 @@ type OwnershipConfig struct {
 
 // callTimeout bounds each etcd call of the ownership loop, in real time:
 // a hung etcd must not hold the loop, which also watches the deadline.
+// Every call also requires a leader (clientv3.WithRequireLeader): a member
+// cut off from the others then refuses at once rather than hold the call
+// until it times out, and the client's next call goes to another
+// endpoint (TestSoakCluster's member partition).
 const callTimeout = 5 * time.Second
 
 // acquireConcurrency bounds the acquisitions in flight: each waits for its
@@ -332,7 +336,7 @@ func (o *Ownership) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 func (o *Ownership) join(ctx context.Context) (*Member, error) {
-	jctx, cancel := context.WithTimeout(ctx, callTimeout)
+	jctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 	defer cancel()
 	o.mu.Lock()
 	stale := o.staleLease
@@ -510,7 +514,7 @@ func (o *Ownership) endMembership(m *Member, why string) {
 // shards whose key is no longer this node's, acquire the placement's
 // free shards, and move away, paced, those placed elsewhere.
 func (o *Ownership) reconcile(ctx context.Context, m *Member) {
-	rctx, cancel := context.WithTimeout(ctx, callTimeout)
+	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 	members, kvs, err := m.read(rctx)
 	cancel()
 	if err != nil {
@@ -616,7 +620,7 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			actx, cancel := context.WithTimeout(ctx, callTimeout)
+			actx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 			gen, err := m.Acquire(actx, id)
 			cancel()
 			if err != nil {
@@ -660,7 +664,7 @@ func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
 	if err != nil {
 		o.log.Warn("etcd: handover", "shard", id, "err", err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, callTimeout)
+	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 	err = m.Release(rctx, id, gen)
 	cancel()
 	o.mu.Lock()
@@ -700,7 +704,7 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	o.mu.Unlock()
 	o.log.Info("etcd: draining: handing every shard over, then leaving", "node", o.cfg.Node)
 	if m != nil {
-		lctx, cancel := context.WithTimeout(ctx, callTimeout)
+		lctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 		if err := m.Leave(lctx); err != nil {
 			o.log.Warn("etcd: drain: deleting the member key failed; the others place shards without this node only once it expires", "err", err)
 		}
