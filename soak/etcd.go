@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -96,9 +97,13 @@ type Etcd struct {
 	// A member of a Cluster: its name, the address it advertises to the
 	// other members (its peer proxy) and the initial cluster.
 	name, advPeer, cluster string
-	cmd                    *exec.Cmd
-	done                   chan struct{}
 	stderr                 *tail
+
+	// mu guards cmd and done, which Start replaces while a Cluster's
+	// proxies ask for the member's pid.
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
 }
 
 // NewEtcd prepares an etcd server that exe (a binary calling MaybeRunEtcd)
@@ -135,13 +140,16 @@ func (e *Etcd) Start(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
-	e.cmd, e.done = cmd, make(chan struct{})
+	done := make(chan struct{})
+	e.mu.Lock()
+	e.cmd, e.done = cmd, done
+	e.mu.Unlock()
 	ready := make(chan bool, 1)
 	go func() {
 		line, _ := bufio.NewReader(out).ReadString('\n')
 		ready <- strings.TrimSpace(line) == "ready"
 		_ = cmd.Wait()
-		close(e.done)
+		close(done)
 	}()
 	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
@@ -150,7 +158,7 @@ func (e *Etcd) Start(ctx context.Context) error {
 		if ok {
 			return nil
 		}
-		<-e.done
+		<-done
 		return fmt.Errorf("etcd exited before ready: %s", e.stderr)
 	case <-ctx.Done():
 		e.Kill()
@@ -160,11 +168,12 @@ func (e *Etcd) Start(ctx context.Context) error {
 
 // Running reports whether the process is alive (paused counts as alive).
 func (e *Etcd) Running() bool {
-	if e.done == nil {
+	_, done := e.proc()
+	if done == nil {
 		return false
 	}
 	select {
-	case <-e.done:
+	case <-done:
 		return false
 	default:
 		return true
@@ -176,8 +185,16 @@ func (e *Etcd) Kill() {
 	if !e.Running() {
 		return
 	}
-	_ = e.cmd.Process.Signal(syscall.SIGKILL)
-	<-e.done
+	cmd, done := e.proc()
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// proc returns the process and the channel closed when it ends.
+func (e *Etcd) proc() (*exec.Cmd, chan struct{}) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cmd, e.done
 }
 
 // Signal sends sig (SIGSTOP, SIGCONT) to the running process.
@@ -185,7 +202,8 @@ func (e *Etcd) Signal(sig syscall.Signal) error {
 	if !e.Running() {
 		return errors.New("etcd: not running")
 	}
-	return e.cmd.Process.Signal(sig)
+	cmd, _ := e.proc()
+	return cmd.Process.Signal(sig)
 }
 
 // Pid is the running process's id, 0 when it is not running.
@@ -193,5 +211,6 @@ func (e *Etcd) Pid() int {
 	if !e.Running() {
 		return 0
 	}
-	return e.cmd.Process.Pid
+	cmd, _ := e.proc()
+	return cmd.Process.Pid
 }
