@@ -88,11 +88,21 @@
 // the stored snapshot (marked used when it was loaded; a lost lease saves
 // nothing). A history compacted past prev, an error or a timeout proves
 // nothing, and the shard loads its snapshot as after any new generation.
-// The proof costs one watch per shard re-acquired after a loss. The lost
-// membership's lease, whose revoke failed while etcd was down, is revoked
-// before the next join: an etcd that comes back keeps its leases alive
-// for a new TTL, which would otherwise hold the node out (ErrMemberExists)
-// that long.
+// The proof costs one watch per shard re-acquired after a loss.
+//
+// Most often the keys never went: the lost membership's revoke failed
+// while etcd was down, and an etcd that comes back restores its leases
+// with a fresh TTL. Then the next Join (Config.Replaces; the node retries
+// every TTL/3 meanwhile, not up to 10 s) moves the member key and the
+// node's shard keys still attached to the old lease onto the new one, in
+// transactions guarded by the old lease, and revokes the old lease. A Put
+// keeps a key's CreateRevision: the generation is unchanged, the core is
+// granted the generation it holds and resumes its session, and the other
+// nodes, which saw the node's member key all along, never see its shards
+// free. The same argument holds: the key existed throughout, so nobody
+// else owned the shard. Without this, the first node back revoked or
+// outlived its old lease and the others acquired its shards first (the
+// three-node soak: 11 identifies for one etcd kill).
 //
 // Measured (TestOwnershipSteadyStateCost, SHARDFS_STEADY_SHARDS=16384, on
 // the 2-core CI kind of machine, in-process etcd): 16,384 shards acquired

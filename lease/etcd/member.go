@@ -38,6 +38,13 @@ type Config struct {
 	// unless MayRenew turns true again. The operator's lease composes
 	// through it (DESIGN 7.3): a node renews only while it is valid.
 	MayRenew func() bool
+	// Replaces is the lease of this node's lost membership, when its
+	// revoke failed (etcd was down): Join moves the member key and this
+	// node's shard keys still attached to it onto the new lease, then
+	// revokes it. A Put keeps a key's CreateRevision, so those shards keep
+	// their generation and the core its session: the keys never ceased to
+	// exist, so nobody else can have owned the shards meanwhile.
+	Replaces clientv3.LeaseID
 }
 
 // Member is one node's membership of a bot: one etcd lease, the
@@ -117,10 +124,18 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("etcd: grant lease of %ds: %w", secs, err)
 	}
 	key := m.prefix + "members/" + m.node
-	r, err := m.kv.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, m.node, clientv3.WithLease(g.ID))).
-		Else(clientv3.OpGet(key)).Commit()
+	var r *clientv3.TxnResponse
+	if cfg.Replaces != 0 {
+		r, err = m.kv.Txn(ctx).
+			If(clientv3.Compare(clientv3.LeaseValue(key), "=", cfg.Replaces)).
+			Then(clientv3.OpPut(key, m.node, clientv3.WithLease(g.ID))).Commit()
+	}
+	if err == nil && (r == nil || !r.Succeeded) {
+		r, err = m.kv.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, m.node, clientv3.WithLease(g.ID))).
+			Else(clientv3.OpGet(key)).Commit()
+	}
 	if err == nil && !r.Succeeded {
 		err = fmt.Errorf("%w: %s", ErrMemberExists, describeHolder(r, key))
 	}
@@ -129,8 +144,50 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("etcd: join bot %s as node %s: %w", m.bot, m.node, err)
 	}
 	m.start(g.ID, time.Duration(g.TTL)*time.Second, sent, nil)
+	if cfg.Replaces != 0 {
+		n := m.adopt(ctx, cfg.Replaces)
+		if err := m.revoke(cfg.Replaces); err != nil {
+			m.log.Warn("etcd: revoking the lost membership's lease", "err", err)
+		}
+		m.log.Info("etcd: shard keys of the lost membership kept", "node", m.node, "shards", n)
+	}
 	m.log.Info("etcd: joined", "bot", m.bot, "node", m.node, "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl", m.ttl)
 	return m, nil
+}
+
+// adoptBatch bounds the keys moved in one transaction (etcd's default
+// --max-txn-ops is 128).
+const adoptBatch = 32
+
+// adopt moves this node's shard keys still attached to old onto the
+// membership's lease, each guarded by its lease, and returns how many
+// moved. A batch that fails moves nothing; its keys go with old's revoke.
+func (m *Member) adopt(ctx context.Context, old clientv3.LeaseID) int {
+	r, err := m.kv.Get(ctx, m.prefix+"shards/", clientv3.WithPrefix())
+	if err != nil {
+		return 0
+	}
+	var keys []string
+	for _, kv := range r.Kvs {
+		if clientv3.LeaseID(kv.Lease) == old && string(kv.Value) == m.node {
+			keys = append(keys, string(kv.Key))
+		}
+	}
+	moved := 0
+	for len(keys) > 0 {
+		batch := keys[:min(adoptBatch, len(keys))]
+		keys = keys[len(batch):]
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		for _, k := range batch {
+			cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(k), "=", old))
+			ops = append(ops, clientv3.OpPut(k, m.node, clientv3.WithLease(m.id)))
+		}
+		if r, err := m.kv.Txn(ctx).If(cmps...).Then(ops...).Commit(); err == nil && r.Succeeded {
+			moved += len(batch)
+		}
+	}
+	return moved
 }
 
 func describeHolder(r *clientv3.TxnResponse, key string) string {

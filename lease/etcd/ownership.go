@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardfs/shardfs/clock"
@@ -289,6 +288,15 @@ func (o *Ownership) Run(ctx context.Context) error {
 				return nil
 			}
 			delay = min(2*delay, 10*time.Second)
+			o.mu.Lock()
+			if o.staleLease != 0 {
+				// A lost membership's keys may still live in an etcd that
+				// comes back with its leases: rejoin within their TTL, so
+				// that Join keeps them (Config.Replaces) before they expire
+				// and the other nodes take the shards.
+				delay = min(delay, max(o.cfg.TTL/3, 100*time.Millisecond))
+			}
+			o.mu.Unlock()
 			continue
 		}
 		delay, o.logged = time.Second, ""
@@ -341,21 +349,17 @@ func (o *Ownership) join(ctx context.Context) (*Member, error) {
 	o.mu.Lock()
 	stale := o.staleLease
 	o.mu.Unlock()
-	if stale != 0 {
-		_, err := o.cfg.Client.Revoke(jctx, stale)
-		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return nil, fmt.Errorf("etcd: revoke the lost membership's lease %x first: %w", int64(stale), err)
-		}
-		o.mu.Lock()
-		o.staleLease = 0
-		o.mu.Unlock()
-	}
 	m, err := Join(jctx, Config{
 		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, TTL: o.cfg.TTL,
-		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew,
+		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew, Replaces: stale,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if stale != 0 {
+		o.mu.Lock()
+		o.staleLease = 0
+		o.mu.Unlock()
 	}
 	o.mu.Lock()
 	if o.draining || o.left {
@@ -638,7 +642,9 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 			delete(o.fencedGen, id)
 			o.mu.Unlock()
 			g := grant(id, gen, m)
-			if wasFenced {
+			// gen == prev: Join kept the key (Config.Replaces), and the
+			// core keeps the session of a generation it holds.
+			if wasFenced && gen != prev {
 				g.Continues = o.soleOwner(ctx, m, id, prev, gen)
 			}
 			// The generation is recorded first: the snapshot's mark-used
