@@ -474,6 +474,20 @@ func (m *Member) Close() error {
 	return m.closeErr
 }
 
+// Abandon ends a lost membership like Close but leaves its lease to etcd:
+// the keys it holds, if etcd still has them, are for the node's next Join
+// to keep (Config.Replaces), or expire within the TTL. Revoking them now,
+// with etcd back, would hand the node's shards to the others first.
+func (m *Member) Abandon() {
+	m.mu.Lock()
+	m.loseLocked(ErrClosed)
+	m.mu.Unlock()
+	m.stopOnce.Do(func() {
+		close(m.stop)
+		<-m.loopDone
+	})
+}
+
 func (m *Member) revoke(id clientv3.LeaseID) error {
 	// Bounded: the lease expires by itself within the TTL anyway.
 	ctx, cancel := context.WithTimeout(context.Background(), min(5*time.Second, max(m.ttl, 2*time.Second)))

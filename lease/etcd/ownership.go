@@ -505,7 +505,16 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	if len(owned) > 0 {
 		o.log.Warn("etcd: membership ended; its shards stopped", "node", o.cfg.Node, "why", why, "shards", len(owned))
 	}
-	if err := m.Close(); err != nil {
+	if why == "lease lost" && (o.cfg.MayRenew == nil || o.cfg.MayRenew()) {
+		// Not revoked: if etcd still holds the keys, the next Join keeps
+		// them (Config.Replaces); revoked now, the others would take the
+		// shards before this node is back. A node the operator's lease
+		// holds out revokes, so that its shards go to the others at once.
+		m.Abandon()
+		o.mu.Lock()
+		o.staleLease = m.LeaseID()
+		o.mu.Unlock()
+	} else if err := m.Close(); err != nil {
 		o.log.Warn("etcd: closing the membership", "err", err)
 		o.mu.Lock()
 		o.staleLease = m.LeaseID()
