@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/shardfs/shardfs/soak"
@@ -30,14 +31,18 @@ func runFleet(cfg config, log io.Writer) (*section, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.fleetFaults)*time.Minute)
 	defer cancel()
-	sc := soak.Config{Faults: cfg.fleetFaults, Serve: bin, Exe: self(), Dir: dir, Log: prefixWriter{role: "fleet", w: log}, Verbose: verbose}
+	sc := soak.Config{Faults: cfg.fleetFaults, Serve: bin, Exe: self(), Dir: dir, Log: prefixWriter{role: "fleet", w: log}, Verbose: verbose,
+		EtcdMembers: cfg.fleetMembers, TTL: cfg.fleetTTL}
+	if cfg.fleetMembers >= 3 {
+		sc.Kinds = append(slices.Clone(soak.Kinds), soak.ClusterKinds...)
+	}
 	rep, err := soak.Run(ctx, sc)
 	if rep == nil {
 		return sec, err
 	}
 	bound := rep.Config.Bound().Seconds()
 	worst := 0.0
-	for _, k := range soak.Kinds {
+	for _, k := range rep.Config.Kinds {
 		ds := rep.Failover[k]
 		if len(ds) == 0 {
 			continue
@@ -55,9 +60,9 @@ func runFleet(cfg config, log io.Writer) (*section, error) {
 	sec.add(row{measure: "frames sent for a shard the sender did not own", values: map[string][]float64{"shardfs": {float64(len(rep.ForeignFrames))}},
 		target: "0", met: boolp(len(rep.ForeignFrames) == 0 && len(rep.Violations) == 0)})
 	sec.method = []string{fmt.Sprintf("`soak.Run` (package soak, the code of the CI test TestSoak, which runs 20): %d faults against %d `shardfs serve --etcd` processes built from this tree, "+
-		"a real etcd (v3.7.3, embedded, in a child process), the gateway simulator in the harness's process, %d shards, `--etcd-ttl %v`. "+
-		"Faults in turn, each round of the five kinds shuffled, on a node drawn at random (seed %d). The package doc of soak explains the checks and the simulator's heartbeat of TTL/4.",
-		rep.Config.Faults, rep.Config.Nodes, rep.Config.Shards, rep.Config.TTL, rep.Config.Seed)}
+		"a real etcd (v3.7.3, embedded, %d member(s), each in a child process), the gateway simulator in the harness's process, %d shards, `--etcd-ttl %v`. "+
+		"Faults in turn, each round of the kinds shuffled, on a node drawn at random (seed %d). The package doc of soak explains the checks and the simulator's heartbeat of TTL/4.",
+		rep.Config.Faults, rep.Config.Nodes, rep.Config.EtcdMembers, rep.Config.Shards, rep.Config.TTL, rep.Config.Seed)}
 	sec.extra = []string{rep.Table()}
 	if err == nil {
 		err = rep.Err()

@@ -52,6 +52,11 @@ type config struct {
 	reshard reshardConfig
 
 	fleetFaults int // faults of the failover soak; 0 skips it (the smoke test)
+	// fleetMembers is the soak's etcd cluster size (1 or 3; 3 adds the
+	// member faults, soak.ClusterKinds); fleetTTL its --etcd-ttl (0: the
+	// soak's 3 s).
+	fleetMembers int
+	fleetTTL     time.Duration
 
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began

@@ -37,6 +37,13 @@ type LeaseGrant struct {
 	// from the session store again before it starts, so that it resumes
 	// the session the previous owner handed over.
 	Owner bool
+	// Continues, on an ownership grant of a new generation, says that the
+	// ownership layer proved that no other node owned the shard since
+	// this node last held it: the shard stopped by "lease lost" keeps the
+	// session it holds in memory and resumes it, rather than load a
+	// snapshot (an etcd outage then costs no identify; lease/etcd's doc
+	// has the argument).
+	Continues bool
 }
 
 // NotOwned is the grant of a candidate shard another node owns: it keeps

@@ -22,7 +22,10 @@ import (
 //     from the session store again, marks it used and resumes it; without
 //     a resumable snapshot the shard identifies.
 //   - A lease that passes its deadline stops the shard with reason "lease
-//     lost", saving nothing: another node may own the shard by then.
+//     lost", saving nothing: another node may own the shard by then. A
+//     grant of a new generation marked Continues (no other owner in
+//     between, proved by the ownership layer) keeps the session in memory
+//     and resumes it: an etcd outage costs no identify.
 //   - Handover is the planned move: stop with 4000 (reason "moved"), save
 //     the snapshot, and return once it is saved.
 
@@ -77,6 +80,13 @@ func (s *shard) takeOwnership(g LeaseGrant) bool {
 		if !s.leaseBlocks(now) {
 			return false
 		}
+	case g.Continues && s.state == Stopped && s.stopReason == StoppedByLeaseLost && s.resumable():
+		// Nobody else owned the shard since its lease was lost here: the
+		// session in memory is the newest there is, and the stored copy
+		// was marked used when this node loaded it (a lost lease saves
+		// nothing), so no other node can have resumed it.
+		s.emit(s.line(now, "session-kept", slog.LevelInfo).str("reason", "no other owner since the lease was lost").int("generation", int64(g.Generation)))
+		return false
 	case s.state == Stopped && s.stopReason.byLease():
 	default:
 		return false

@@ -146,6 +146,49 @@ func TestNewGenerationReloadsSnapshot(t *testing.T) {
 	e.checkNoSecret(t)
 }
 
+// A shard whose lease was lost (an etcd outage) and that gets a new
+// generation marked Continues (nobody else owned it meanwhile) keeps the
+// session in memory and resumes it at its last sequence: no identify, no
+// store load. Without Continues it forgets it (TestNewGenerationReloadsSnapshot);
+// Continues never revives a shard stopped otherwise (moved, operator).
+func TestContinuesKeepsSession(t *testing.T) {
+	store := &coretest.Store{}
+	e := ownerEnv(t, store)
+	e.grant(0, 5, 10*time.Second)
+	e.ready(0, 1)
+	c := e.conn(0)
+	e.clk.Advance(11 * time.Second) // lease lost
+	if d := e.diag(0); d.StopReason != core.StoppedByLeaseLost {
+		t.Fatalf("reason %q; want lease lost", d.StopReason)
+	}
+	loads := len(store.Calls())
+	e.node.SetLease(core.LeaseGrant{Shard: 0, Owner: true, Generation: 9, Deadline: e.clk.Now().Add(10 * time.Second), Continues: true})
+	c2 := e.conn(0)
+	if c2 == c || !c2.Attempt.Resume || c2.Attempt.Session.ID != secretSession || c2.Attempt.Sequence != 1 {
+		t.Fatalf("continued generation: new conn %v, resume %v, sequence %d; want its own session resumed at 1", c2 != c, c2.Attempt.Resume, c2.Attempt.Sequence)
+	}
+	if got := store.Calls()[loads:]; len(got) != 0 {
+		t.Fatalf("a continued generation called the store: %v", got)
+	}
+	if !strings.Contains(e.events(0), "event=session-kept") {
+		t.Fatalf("no session-kept line:\n%s", e.events(0))
+	}
+	// A shard handed over (moved) is not revived by Continues: the other
+	// node resumed its session.
+	c2.Link.Resumed(2)
+	if _, err := e.node.Handover(0); err != nil {
+		t.Fatal(err)
+	}
+	other := snapAt(core.Discord, 0)
+	other.Session.ID, other.Sequence = "other-owner-session", 120
+	store.Put(0, other)
+	e.node.SetLease(core.LeaseGrant{Shard: 0, Owner: true, Generation: 12, Deadline: e.clk.Now().Add(10 * time.Second), Continues: true})
+	if c3 := e.conn(0); c3 == c2 || !c3.Attempt.Resume || c3.Attempt.Session.ID != "other-owner-session" {
+		t.Fatalf("a moved shard on a Continues grant: new conn %v, resume %v; want the stored session (the other owner's), not its own", c3 != c2, c3.Attempt.Resume)
+	}
+	e.checkNoSecret(t)
+}
+
 // Handover stops with 4000 (reason moved), saves, and returns saved; a
 // renewal of the old generation does not restart the shard, a new
 // generation does.

@@ -112,6 +112,13 @@ type Scheduler struct {
 	storeTimeout time.Duration
 
 	onFatal func(shard, code int)
+	// tokenMu is taken under a shard's lock, never the other way round.
+	tokenMu sync.Mutex
+	// tokenRefused is the first failure of this node's token (see
+	// Failure.Token) since the operator last started a shard; nil while
+	// none. tokenSwept says its sweep of the other shards has begun.
+	tokenRefused *tokenRefusal
+	tokenSwept   bool
 	// onMove, set by tests before Start, sees every move a shard makes or
 	// attempts, listed or not, under that shard's lock.
 	onMove func(shard int, from, to State)

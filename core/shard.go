@@ -264,8 +264,13 @@ func (l *Link) Fail(f Failure) {
 	if !l.lockCurrent() {
 		return
 	}
-	defer l.s.unlock()
-	l.s.failLocked(f)
+	func() {
+		defer l.s.unlock()
+		l.s.failLocked(f)
+	}()
+	if f.Class == FatalFailure && f.Token {
+		l.s.node.sweepToken()
+	}
 }
 
 // Invalidated reports that the gateway invalidated the session but kept
@@ -443,6 +448,9 @@ func (s *shard) startLocked(now time.Time) {
 	s.moveLocked(Starting, now)
 	s.stopReason = NotStopped
 	s.attempt++
+	if s.tokenRefusedLocked() {
+		return // a resume with the refused token would fail as an identify does
+	}
 	if s.resumable() {
 		s.connectLocked(true)
 		return
@@ -451,6 +459,9 @@ func (s *shard) startLocked(now time.Time) {
 }
 
 func (s *shard) requestSlotLocked() {
+	if s.tokenRefusedLocked() {
+		return
+	}
 	if cancel := s.slotCancel; cancel != nil {
 		s.slotCancel = nil
 		s.callout(cancel)
@@ -591,7 +602,17 @@ func (s *shard) failLocked(f Failure) {
 		s.cancelPendingLocked()
 		s.moveLocked(Fatal, now)
 		s.transport.phase = PhaseStopped
-		s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.transport.connState))
+		if f.Token {
+			s.noteTokenLocked(f)
+		}
+		if f.swept {
+			// The node's one token-refused line says it for every shard.
+			e := newEventLine(now, s.id, "fatal", slog.LevelError, nil).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code))
+			s.events.Append(e.finish(nil), now)
+			e.release()
+		} else {
+			s.emit(s.line(now, "fatal", slog.LevelError).str("state", s.state.String()).err(f.Err).int("code", int64(f.Code)).conn(s.transport.connState))
+		}
 		if h := s.node.onFatal; h != nil {
 			h(s.id, f.Code)
 		}
@@ -793,12 +814,14 @@ func (s *shard) apply(v Verb) {
 		}
 		s.stopLocked(now, StoppedByOperator, 4000)
 	case VerbStart, VerbRetry:
+		s.node.clearToken()
 		s.emit(s.line(now, v.String(), slog.LevelInfo).str("state", s.state.String()))
 		s.failures = 0
 		s.operatorNext = v == VerbRetry
 		s.resetAndStartLocked(now)
 		s.operatorNext = false
 	case VerbIdentify:
+		s.node.clearToken()
 		s.emit(s.line(now, "identify", slog.LevelInfo).str("state", s.state.String()))
 		s.closeConnLocked(1000)
 		s.sess.valid = false

@@ -128,6 +128,17 @@ type Failure struct {
 	// Deadline is when to reconnect. Zero lets the backoff policy decide;
 	// a server-requested reconnect (op 7) sets it to now.
 	Deadline time.Time
+	// Token, with FatalFailure: the platform refused the bot's token
+	// (close 4004, or discovery answered 401 or 403). That is the bot's
+	// failure, not the shard's: every shard of the node goes FATAL at
+	// once, with one line in the node's events, and no shard asks for an
+	// identify slot until the operator writes start, retry or identify to
+	// one of them.
+	Token bool
+
+	// swept marks the FATAL of a shard that the node's token refusal
+	// sent there: its line goes to the shard's events only.
+	swept bool
 }
 
 // Phase is the step a shard's connection is in, for diagnostics.

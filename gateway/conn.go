@@ -1259,6 +1259,9 @@ func (c *conn) report(e *connError) {
 	cs := c.cs
 	c.mu.Unlock()
 	f := core.Failure{Class: e.class, Err: e, Code: e.code}
+	// The token's refusal is the bot's, not the shard's: the core sends
+	// every shard FATAL at once rather than spend an identify on each.
+	f.Token = e.class == core.FatalFailure && (e.code == 4004 || errors.Is(e, ErrUnauthorized))
 	if e.now {
 		f.Deadline = c.t.clock.Now()
 	}

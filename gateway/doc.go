@@ -18,7 +18,8 @@
 // (ClassifyClose).
 //
 //	cause                                              class          notes
-//	close 4004 4010 4011 4012                          fatal          bad token, shard, sharding, version
+//	close 4004 4010 4011 4012                          fatal          bad token, shard, sharding, version;
+//	                                                                  4004 is the bot's (Failure.Token): every shard FATAL at once
 //	close 4013 4014                                    fatal          Discord; not Fluxer codes: transient there
 //	close 4007 4009 1000 1001                          new session
 //	close 4000-4003 4005 4008, unlisted codes          transient      resume
@@ -32,7 +33,7 @@
 //	  ReadyTimeout (counted from the last dispatch)
 //	TCP, TLS or upgrade failure                        transient      a discovered URL is dropped and fetched anew
 //	resume URL outside the gateway's domain            new session    never dialled (see Resume hosts)
-//	discovery refused the token (401, 403)             fatal          ErrUnauthorized
+//	discovery refused the token (401, 403)             fatal          ErrUnauthorized; Failure.Token, as 4004
 //	other discovery failure                            transient
 //	malformed JSON, garbage, a payload before Hello,   transient      the client closes 4000 and resumes
 //	  several "op" keys or one in another case, a

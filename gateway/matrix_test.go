@@ -265,7 +265,15 @@ func runMatrixRow(t *testing.T, flavor core.Flavor, compress Compression, row ma
 	if row.fault.Kind == gatewaysim.FaultHeartbeatRequest {
 		e.simWait("the requested heartbeat", func() bool { return e.sim.Stats(0).Heartbeats > stats0.Heartbeats })
 	}
-	if ec.shards > 1 {
+	if ec.shards > 1 && row.fault.Kind == gatewaysim.FaultClose && row.fault.Code == 4004 {
+		// A refused token is the bot's, not the shard's (issue 22, item
+		// 11): the bystander goes FATAL with it, spending nothing.
+		b := e.diag(1)
+		bs := e.sim.Stats(1)
+		if b.State != core.Fatal || b.LastCode != 4004 || bs.Identifies != bystanderStats.Identifies || bs.Resumes != bystanderStats.Resumes {
+			t.Errorf("bystander shard 1 after shard 0's 4004: %v code %d, identifies %d, resumes %d; want FATAL 4004 and no session started", b.State, b.LastCode, bs.Identifies, bs.Resumes)
+		}
+	} else if ec.shards > 1 {
 		b := e.diag(1)
 		bs := e.sim.Stats(1)
 		if b.State != core.Ready || b.Reconnects != bystander.Reconnects || b.Epoch != bystander.Epoch ||

@@ -39,10 +39,14 @@ import (
 //   - "drain" on /ctl returns at once; /lease shows state draining, then
 //     left. A drained node serves its tree and owns nothing until it is
 //     restarted.
-//   - Shutdown (SIGTERM, Close) drains first, paced like any planned move
-//     (max_concurrency per 5 s), bounded by DrainTimeout; what is left
-//     when it runs out is released by revoking the lease, and those shards
-//     start new sessions elsewhere.
+//   - Shutdown (SIGTERM, Close) drains first, bounded by DrainTimeout;
+//     what is left when it runs out is released by revoking the lease, and
+//     those shards start new sessions elsewhere. Moves to another member
+//     are paced like any planned move (max_concurrency per 5 s, the figure
+//     discovery gave, not only the flag's); a drain with no other live
+//     member hands its shards to nobody (snapshots saved, for the node's
+//     own restart to resume) and is not paced, so a lone node stops at
+//     once (issue 22, item 9).
 //   - Fluxer has no identify buckets and its budget is per source address
 //     (DESIGN section 2), so it is not paced through etcd: each node paces
 //     its own, which is right for nodes on separate machines. Nodes that
@@ -104,6 +108,7 @@ type Fleet struct {
 	clock     clock.Clock
 	log       *slog.Logger
 	drainMax  time.Duration
+	flagMC    int // --max-concurrency, at least 1
 
 	mu         sync.Mutex
 	node       *core.Scheduler
@@ -143,6 +148,7 @@ func newFleet(cfg Config, log *slog.Logger, clk clock.Clock) (*Fleet, error) {
 		ttl = leaseetcd.DefaultTTL
 	}
 	mc := max(cfg.MaxConcurrency, 1)
+	f.flagMC = mc
 	f.drainMax = e.DrainTimeout
 	if f.drainMax == 0 {
 		rounds := (len(cfg.Plan.Local) + mc - 1) / mc
@@ -157,7 +163,7 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 	node := e.Node
 	o, err := leaseetcd.NewOwnership(leaseetcd.OwnershipConfig{
 		Client: f.client, Bot: e.Bot, Node: node, Plan: plan, Candidates: cfg.Plan.Local,
-		TTL: ttl, MaxConcurrency: mc, Shards: lateShards{f}, MayRenew: f.mayRenew,
+		TTL: ttl, MaxConcurrency: mc, MaxConcurrencyNow: f.maxConcurrency, Shards: lateShards{f}, MayRenew: f.mayRenew,
 		Clock: cfg.Clock, Logger: f.log,
 	})
 	if err != nil {
@@ -189,6 +195,16 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 		f.Identify.SetReserve(cfg.IdentifyReserve)
 	}
 	return nil
+}
+
+// maxConcurrency is the max_concurrency in force for the pacing of
+// planned moves: Discord's, as the identify pacer last learnt it from
+// discovery (the flag's value is only the figure until then).
+func (f *Fleet) maxConcurrency() int {
+	if f.Identify != nil {
+		return f.Identify.Budget().MaxConcurrency
+	}
+	return f.flagMC
 }
 
 // lateShards reaches the core once New has made it: the ownership loop

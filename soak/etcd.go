@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,10 +44,20 @@ func MaybeRunEtcd() {
 // etcd accepts requests.
 func runEtcd(spec string) error {
 	parts := strings.Split(spec, "|")
-	if len(parts) != 3 {
-		return fmt.Errorf("%s=%q: want DIR|CLIENT|PEER", EtcdEnv, spec)
+	if len(parts) != 3 && len(parts) != 6 {
+		return fmt.Errorf("%s=%q: want DIR|CLIENT|PEER or DIR|CLIENT|PEER|NAME|ADVERTISED-PEER|INITIAL-CLUSTER", EtcdEnv, spec)
 	}
-	e, err := embed.StartEtcd(etcdtest.Config("soak", parts[0], parts[1], parts[2]))
+	cfg := etcdtest.Config("soak", parts[0], parts[1], parts[2])
+	if len(parts) == 6 {
+		// A member of a cluster: it listens on its own peer port and
+		// advertises its proxy's (see Cluster), so that the soak can cut
+		// it off from the other members.
+		cfg = etcdtest.Config(parts[3], parts[0], parts[1], parts[2])
+		cfg.AdvertisePeerUrls = []url.URL{{Scheme: "http", Host: parts[4]}}
+		cfg.InitialCluster = parts[5]
+		cfg.InitialClusterToken = "soak"
+	}
+	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return err
 	}
@@ -82,9 +94,16 @@ type Etcd struct {
 	exe          string
 	dir          string
 	client, peer string
-	cmd          *exec.Cmd
-	done         chan struct{}
-	stderr       *tail
+	// A member of a Cluster: its name, the address it advertises to the
+	// other members (its peer proxy) and the initial cluster.
+	name, advPeer, cluster string
+	stderr                 *tail
+
+	// mu guards cmd and done, which Start replaces while a Cluster's
+	// proxies ask for the member's pid.
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
 }
 
 // NewEtcd prepares an etcd server that exe (a binary calling MaybeRunEtcd)
@@ -107,7 +126,11 @@ func (e *Etcd) Start(ctx context.Context) error {
 		return errors.New("etcd: already running")
 	}
 	cmd := exec.Command(e.exe)
-	cmd.Env = append(os.Environ(), EtcdEnv+"="+e.dir+"|"+e.client+"|"+e.peer)
+	spec := e.dir + "|" + e.client + "|" + e.peer
+	if e.name != "" {
+		spec += "|" + e.name + "|" + e.advPeer + "|" + e.cluster
+	}
+	cmd.Env = append(os.Environ(), EtcdEnv+"="+spec)
 	e.stderr = &tail{max: 16 << 10}
 	cmd.Stderr = e.stderr
 	out, err := cmd.StdoutPipe()
@@ -117,13 +140,16 @@ func (e *Etcd) Start(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
-	e.cmd, e.done = cmd, make(chan struct{})
+	done := make(chan struct{})
+	e.mu.Lock()
+	e.cmd, e.done = cmd, done
+	e.mu.Unlock()
 	ready := make(chan bool, 1)
 	go func() {
 		line, _ := bufio.NewReader(out).ReadString('\n')
 		ready <- strings.TrimSpace(line) == "ready"
 		_ = cmd.Wait()
-		close(e.done)
+		close(done)
 	}()
 	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
@@ -132,7 +158,7 @@ func (e *Etcd) Start(ctx context.Context) error {
 		if ok {
 			return nil
 		}
-		<-e.done
+		<-done
 		return fmt.Errorf("etcd exited before ready: %s", e.stderr)
 	case <-ctx.Done():
 		e.Kill()
@@ -142,11 +168,12 @@ func (e *Etcd) Start(ctx context.Context) error {
 
 // Running reports whether the process is alive (paused counts as alive).
 func (e *Etcd) Running() bool {
-	if e.done == nil {
+	_, done := e.proc()
+	if done == nil {
 		return false
 	}
 	select {
-	case <-e.done:
+	case <-done:
 		return false
 	default:
 		return true
@@ -158,8 +185,16 @@ func (e *Etcd) Kill() {
 	if !e.Running() {
 		return
 	}
-	_ = e.cmd.Process.Signal(syscall.SIGKILL)
-	<-e.done
+	cmd, done := e.proc()
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// proc returns the process and the channel closed when it ends.
+func (e *Etcd) proc() (*exec.Cmd, chan struct{}) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cmd, e.done
 }
 
 // Signal sends sig (SIGSTOP, SIGCONT) to the running process.
@@ -167,5 +202,15 @@ func (e *Etcd) Signal(sig syscall.Signal) error {
 	if !e.Running() {
 		return errors.New("etcd: not running")
 	}
-	return e.cmd.Process.Signal(sig)
+	cmd, _ := e.proc()
+	return cmd.Process.Signal(sig)
+}
+
+// Pid is the running process's id, 0 when it is not running.
+func (e *Etcd) Pid() int {
+	if !e.Running() {
+		return 0
+	}
+	cmd, _ := e.proc()
+	return cmd.Process.Pid
 }

@@ -20,6 +20,13 @@ type Proxy struct {
 	conns map[net.Conn]struct{}
 	cut   bool
 	wg    sync.WaitGroup
+	// Refusing connections from some processes (a partitioned etcd
+	// member dialling the others): the processes that may dial, the
+	// ones refused, and who dialled each accepted connection.
+	dialers func() []int
+	refused map[int]bool
+	from    map[net.Conn]int // accepted connection → its dialer's pid
+	pair    map[net.Conn]net.Conn
 }
 
 // NewProxy listens on a free loopback port and forwards to target.
@@ -58,12 +65,25 @@ func (p *Proxy) forward(c net.Conn) {
 		reset(c)
 		return
 	}
+	if p.dialers != nil {
+		// Who dialled, through /proc: the accepted socket's peer is the
+		// dialer's local port.
+		pid, _ := socketOwner(portOf(c.RemoteAddr().String()), portOf(p.addr), p.dialers())
+		if p.refused[pid] {
+			reset(c)
+			return
+		}
+		p.from[c] = pid
+	}
 	up, err := net.Dial("tcp", p.target)
 	if err != nil {
 		reset(c)
 		return
 	}
 	p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+	if p.pair != nil {
+		p.pair[c] = up
+	}
 	pipe := func(dst, src net.Conn) {
 		defer p.wg.Done()
 		_, _ = io.Copy(dst, src)
@@ -80,6 +100,10 @@ func (p *Proxy) forward(c net.Conn) {
 func (p *Proxy) drop(c net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
+	if p.from != nil {
+		delete(p.from, c)
+		delete(p.pair, c)
+	}
 	p.mu.Unlock()
 	_ = c.Close()
 }
@@ -129,4 +153,37 @@ func (p *Proxy) Close() error {
 	p.Cut()
 	p.wg.Wait()
 	return nil
+}
+
+// WatchDialers makes the proxy tell its dialers apart among the processes
+// dialers returns (through /proc), so that Refuse can cut one of them off.
+// Call it before the first connection.
+func (p *Proxy) WatchDialers(dialers func() []int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dialers, p.refused = dialers, map[int]bool{}
+	p.from, p.pair = map[net.Conn]int{}, map[net.Conn]net.Conn{}
+}
+
+// Refuse resets every connection pid dialled through the proxy and
+// refuses its new ones until Admit.
+func (p *Proxy) Refuse(pid int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refused[pid] = true
+	for c, from := range p.from {
+		if from == pid {
+			reset(c)
+			if up := p.pair[c]; up != nil {
+				reset(up)
+			}
+		}
+	}
+}
+
+// Admit lets pid dial through the proxy again.
+func (p *Proxy) Admit(pid int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.refused, pid)
 }

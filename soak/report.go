@@ -25,7 +25,10 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "| fault | count | failover min / median / max | bound | repair → every member back and serving (median / max) | identifies / resumes |\n")
 	fmt.Fprintf(&b, "|---|---:|---|---|---|---|\n")
 	total := 0
-	for _, k := range Kinds {
+	for _, k := range append(slices.Clone(Kinds), ClusterKinds...) {
+		if r.Faults[k] == 0 && !slices.Contains(Kinds, k) {
+			continue
+		}
 		total += r.Faults[k]
 		fo := "—"
 		if ds := r.Failover[k]; len(ds) > 0 {
@@ -35,8 +38,17 @@ func (r *Report) Table() string {
 		_, rmed, rhi := Spread(r.Recovery[k])
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s / %s | %d / %d |\n", describe[k], r.Faults[k], fo, ms(r.Config.Bound()), ms(rmed), ms(rhi), r.Sessions[k].Identifies, r.Sessions[k].Resumes)
 	}
-	fmt.Fprintf(&b, "\n%d faults in %v, %d nodes, %d shards, TTL %v, simulator heartbeat %v.\n",
-		total, r.Duration.Round(time.Second), r.Config.Nodes, r.Config.Shards, r.Config.TTL, r.Config.HeartbeatInterval())
+	fmt.Fprintf(&b, "\n%d faults in %v, %d nodes, %d shards, TTL %v, simulator heartbeat %v, etcd members %d.\n",
+		total, r.Duration.Round(time.Second), r.Config.Nodes, r.Config.Shards, r.Config.TTL, r.Config.HeartbeatInterval(), r.Config.EtcdMembers)
+	var perFault []string
+	for _, k := range append([]Kind{EtcdKill}, ClusterKinds...) {
+		if n := r.Faults[k]; n > 0 {
+			perFault = append(perFault, fmt.Sprintf("%s %.1f (%d over %d)", k, float64(r.Sessions[k].Identifies)/float64(n), r.Sessions[k].Identifies, n))
+		}
+	}
+	if len(perFault) > 0 {
+		fmt.Fprintf(&b, "Identifies per etcd fault: %s.\n", strings.Join(perFault, ", "))
+	}
 	if len(r.Settle) > 0 {
 		_, smed, shi := Spread(r.Settle)
 		fmt.Fprintf(&b, "Before each etcd kill the soak waited for the identify slots of the last recovery to expire: median %v, max %v.\n", smed.Round(100*time.Millisecond), shi.Round(100*time.Millisecond))
@@ -68,4 +80,8 @@ var describe = map[Kind]string{
 	Partition: "node ↔ etcd cut past the TTL, healed (failover: cut → READY elsewhere)",
 	EtcdKill:  "kill -9 of etcd, restart on its data",
 	Drain:     "drain on /ctl, restart (failover: drain → READY elsewhere)",
+
+	MemberKill:      "kill -9 of an etcd member that does not lead, 2 × TTL, restart",
+	LeaderKill:      "kill -9 of the etcd leader (a leader change), 2 × TTL, restart",
+	MemberPartition: "an etcd member cut off from the others, 2 × TTL, healed",
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,10 +34,25 @@ const (
 	Partition Kind = "partition" // the node's way to etcd cut past the TTL, then healed
 	EtcdKill  Kind = "etcd"      // SIGKILL of etcd, then a restart on the same data
 	Drain     Kind = "drain"     // drain on the node's /ctl, then a restart
+
+	// With a cluster of three etcd members (Config.EtcdMembers): faults
+	// that leave etcd a quorum, each held for 2 × TTL.
+	MemberKill      Kind = "member"           // SIGKILL of a member that does not lead, then a restart
+	LeaderKill      Kind = "leader"           // SIGKILL of the leader (a leader change), then a restart
+	MemberPartition Kind = "member-partition" // a member cut off from the others, then healed
 )
 
-// Kinds are every kind of fault, in the order the report lists them.
+// Kinds are the faults drawn by default, in the order the report lists
+// them.
 var Kinds = []Kind{Kill, Pause, Partition, EtcdKill, Drain}
+
+// ClusterKinds are the faults of an etcd member; they need
+// Config.EtcdMembers of 3 or more.
+var ClusterKinds = []Kind{MemberKill, LeaderKill, MemberPartition}
+
+// quorate reports whether a fault of kind k leaves etcd a quorum: then
+// nothing may be lost, duplicated or re-identified.
+func quorate(k Kind) bool { return slices.Contains(ClusterKinds, k) }
 
 // Config sizes a soak.
 type Config struct {
@@ -44,8 +60,11 @@ type Config struct {
 	Nodes  int           // serve processes; default 3
 	Shards int           // the plan's total; default 16
 	TTL    time.Duration // --etcd-ttl; default 3 s
-	Seed   uint64        // the fault schedule; 0 means 1
-	Kinds  []Kind        // the kinds drawn from; nil means Kinds
+	// EtcdMembers is the size of the etcd cluster, child processes;
+	// default 1. ClusterKinds need 3 or more.
+	EtcdMembers int
+	Seed        uint64 // the fault schedule; 0 means 1
+	Kinds       []Kind // the kinds drawn from; nil means Kinds
 
 	Serve string // the shardfs binary
 	Exe   string // a binary that calls MaybeRunEtcd first (the test binary, bench)
@@ -76,6 +95,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TTL <= 0 {
 		c.TTL = 3 * time.Second
+	}
+	if c.EtcdMembers <= 0 {
+		c.EtcdMembers = 1
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
@@ -156,6 +178,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		s.Resumes += after.Resumes - before.Resumes
 		rep.Sessions[k] = s
 		rep.Faults[k]++
+		if quorate(k) && after.Identifies > before.Identifies {
+			rep.Violations = append(rep.Violations, fmt.Sprintf("fault %d (%s): %d identifies during a fault that left etcd a quorum; want none", i+1, k, after.Identifies-before.Identifies))
+		}
 		c.checkDuplicates(rep, f)
 		if werr := c.owners.err(); werr != nil && err == nil {
 			err = fmt.Errorf("harness: %w", werr)
@@ -175,8 +200,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 type cluster struct {
 	cfg     Config
 	sim     *gatewaysim.Server
-	etcd    *Etcd
-	proxies map[string]*Proxy
+	etcd    *Cluster
+	proxies map[string]proxySet // a node's way to each etcd member
 	nodes   []*Process
 	frames  *frameLog
 	owners  *owners
@@ -193,26 +218,27 @@ type cluster struct {
 }
 
 func start(ctx context.Context, cfg Config) (c *cluster, err error) {
-	c = &cluster{cfg: cfg, proxies: map[string]*Proxy{}, paused: map[string]bool{}}
+	c = &cluster{cfg: cfg, proxies: map[string]proxySet{}, paused: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			c.close()
 		}
 	}()
-	if c.etcd, err = NewEtcd(cfg.Exe, filepath.Join(cfg.Dir, "etcd")); err != nil {
+	if c.etcd, err = NewCluster(cfg.Exe, filepath.Join(cfg.Dir, "etcd"), cfg.EtcdMembers); err != nil {
 		return nil, err
 	}
 	if err = c.etcd.Start(ctx); err != nil {
 		return nil, err
 	}
-	hostPort := strings.TrimPrefix(c.etcd.Endpoint, "http://")
 	for i := range cfg.Nodes {
 		name := fmt.Sprintf("node%d", i+1)
-		p, err := NewProxy(hostPort)
-		if err != nil {
-			return nil, err
+		for _, ep := range c.etcd.Endpoints() {
+			p, err := NewProxy(strings.TrimPrefix(ep, "http://"))
+			if err != nil {
+				return nil, err
+			}
+			c.proxies[name] = append(c.proxies[name], p)
 		}
-		c.proxies[name] = p
 	}
 	// The listener first, so that the frame log knows the simulator's
 	// port before the first frame.
@@ -244,7 +270,7 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 	// default backoff would wait seconds), so that the times at which it
 	// sees ownership change stay close to the changes; see ownSlack.
 	c.cli, err = clientv3.New(clientv3.Config{
-		Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Endpoints: c.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.5, MaxDelay: 300 * time.Millisecond},
 			MinConnectTimeout: time.Second,
@@ -266,7 +292,7 @@ func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 			args: []string{"serve", "--flavor", "discord", "--api", c.sim.APIURL(),
 				"--total", strconv.Itoa(cfg.Shards), "--max-concurrency", strconv.Itoa(cfg.Shards),
 				"--listen", "tcp!127.0.0.1!0", "--backoff", "fixed:500ms",
-				"--etcd", "http://" + c.proxies[name].Addr(), "--bot", bot, "--node", name,
+				"--etcd", c.proxies[name].urls(), "--bot", bot, "--node", name,
 				"--etcd-ttl", cfg.TTL.String()},
 			env: []string{"SHARDFS_TOKEN=" + token},
 		}
@@ -316,7 +342,7 @@ func (c *cluster) close() {
 		c.sim.Close()
 	}
 	if c.etcd != nil {
-		c.etcd.Kill()
+		c.etcd.Close()
 	}
 }
 
@@ -534,6 +560,11 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 			return err
 		}
 		logf("etcd down %v", down.Round(time.Millisecond))
+	case MemberKill, LeaderKill, MemberPartition:
+		repaired, err = c.memberFault(ctx, f, logf)
+		if err != nil {
+			return err
+		}
 	case Drain:
 		if err := n.Write("ctl", "drain\n"); err != nil {
 			return err
@@ -552,7 +583,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 			return err
 		}
 	}
-	if f.kind != EtcdKill {
+	if f.kind != EtcdKill && !quorate(f.kind) {
 		rep.Failover[f.kind] = append(rep.Failover[f.kind], failover)
 		if failover > c.cfg.Bound() {
 			rep.OverBound++
@@ -569,7 +600,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 		rep.OverBound++
 		logf("recovery %v is over the bound of %v", back.Round(time.Millisecond), c.cfg.Bound())
 	}
-	if f.kind == EtcdKill {
+	if f.kind == EtcdKill || quorate(f.kind) {
 		logf("every member back and serving %v after etcd's restart began", back.Round(time.Millisecond))
 	} else {
 		logf("failover %v; every member back and serving %v after the repair began", failover.Round(time.Millisecond), back.Round(time.Millisecond))
@@ -780,4 +811,112 @@ func (r *Report) Err() error {
 		errs = append(errs, fmt.Errorf("max live sessions of one shard %d; want 1", r.MaxLive))
 	}
 	return errors.Join(errs...)
+}
+
+// proxySet is a node's way to etcd: a Proxy per member.
+type proxySet []*Proxy
+
+// urls is the node's --etcd.
+func (ps proxySet) urls() string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, "http://"+p.Addr())
+	}
+	return strings.Join(out, ",")
+}
+
+// Cut cuts the node off from every member.
+func (ps proxySet) Cut() {
+	for _, p := range ps {
+		p.Cut()
+	}
+}
+
+// Heal ends the cut.
+func (ps proxySet) Heal() error {
+	var errs []error
+	for _, p := range ps {
+		errs = append(errs, p.Heal())
+	}
+	return errors.Join(errs...)
+}
+
+// Close closes every proxy.
+func (ps proxySet) Close() {
+	for _, p := range ps {
+		p.Close()
+	}
+}
+
+// memberFault runs a fault of one etcd member (MemberKill, LeaderKill,
+// MemberPartition) for 2 × TTL, checks that every shard is still READY on
+// exactly one node at its end (nothing lost while etcd kept a quorum),
+// and repairs it; it returns when the repair began.
+func (c *cluster) memberFault(ctx context.Context, f fault, logf func(string, ...any)) (time.Time, error) {
+	if len(c.etcd.Members) < 3 {
+		return time.Time{}, fmt.Errorf("%s needs 3 etcd members; the soak has %d", f.kind, len(c.etcd.Members))
+	}
+	leader, err := c.etcd.Leader(ctx, c.cli)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var m *Etcd
+	switch f.kind {
+	case LeaderKill:
+		m = leader
+	case MemberKill:
+		var others []*Etcd
+		for _, e := range c.etcd.Members {
+			if e != leader {
+				others = append(others, e)
+			}
+		}
+		m = others[f.rng.IntN(len(others))]
+	default:
+		m = c.etcd.Members[f.rng.IntN(len(c.etcd.Members))]
+	}
+	began := time.Now()
+	if f.kind == MemberPartition {
+		c.etcd.Partition(m)
+	} else {
+		m.Kill()
+	}
+	if f.kind == LeaderKill || (f.kind == MemberPartition && m == leader) {
+		if next, err := c.awaitLeader(ctx, m); err != nil {
+			logf("no new leader: %v", err)
+		} else {
+			logf("leader %s gone; %s leads after %v", m.name, next.name, time.Since(began).Round(time.Millisecond))
+		}
+	}
+	time.Sleep(2*c.cfg.TTL - time.Since(began))
+	// Held for 2 × TTL, so that a node whose renewals the fault held back
+	// would have fenced itself: every shard must still run, once.
+	if _, err := c.converge(ctx, nil, nil, c.cfg.hangBound()); err != nil {
+		return time.Time{}, fmt.Errorf("%s %s down 2 × TTL: %w", f.kind, m.name, err)
+	}
+	repaired := time.Now()
+	if f.kind == MemberPartition {
+		err = c.etcd.Heal(m)
+	} else {
+		err = m.Start(ctx)
+	}
+	logf("etcd member %s (leader %v) %s for %v", m.name, m == leader, map[Kind]string{MemberKill: "killed", LeaderKill: "killed", MemberPartition: "partitioned"}[f.kind], repaired.Sub(began).Round(time.Millisecond))
+	return repaired, err
+}
+
+// awaitLeader waits, at most ReadyTimeout, for a leader other than old.
+func (c *cluster) awaitLeader(ctx context.Context, old *Etcd) (*Etcd, error) {
+	deadline := time.Now().Add(ReadyTimeout)
+	for {
+		if l, err := c.etcd.Leader(ctx, c.cli); err == nil && l != old {
+			return l, nil
+		} else if time.Now().After(deadline) {
+			return nil, fmt.Errorf("none but %s within %v: %v", old.name, ReadyTimeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

@@ -62,16 +62,53 @@
 // own at every renewal, so that a long reconcile cannot let them lapse;
 // it stops at once a shard whose key is no longer its own (deleted by
 // hand, or expired in etcd before the local deadline); and it hands over,
-// paced by MovePacer, the shards placed elsewhere: Shards.Handover (stop
+// paced by MovePacer (max_concurrency per MoveWindow, the figure
+// MaxConcurrencyNow gives when set: discovery's), the shards placed elsewhere: Shards.Handover (stop
 // 4000, snapshot saved under the generation's guard), then Release under
 // the same guard. A key held by anyone else, a node that is not a live
 // member included, is left alone until it goes: an unknown holder may be
 // a paused node whose lease etcd has not expired yet. Drain deletes
 // members/<node> first, so that the others place the shards without this
 // node, hands every shard over, then revokes the lease; the node acquires
-// nothing afterwards. etcd unreachable at start: Run keeps joining (1 s
+// nothing afterwards. A drain with no other live member hands its shards
+// to nobody: those moves spend no identify (whoever starts the shard next,
+// this node restarted most often, resumes from the saved snapshot), so
+// they are not paced and a lone node stops at once. etcd unreachable at start: Run keeps joining (1 s
 // doubling to 10 s) and Status says state waiting with the error; a plan
 // mismatch or a malformed plan key ends Run with the error.
+//
+// An etcd outage costs no identify when nobody else took the shard
+// (DESIGN 7.3). A node whose membership was lost keeps, per shard it had
+// to stop, the generation prev it held (fencedGen). When it acquires the
+// shard again at generation gen, soleOwner reads the key's history from
+// prev+1 (a watch from that revision) up to its own create at gen. The
+// argument: a node owns a shard only while its key, created by that node
+// (create-if-absent), exists; every creation of shards/<id> is a put in
+// the key's history. If every event at a revision in (prev, gen) is a
+// delete (the old key expiring or revoked), no key of any other node
+// existed then, so no other node ran the shard, could resume its session
+// or start another; and this node's own traffic stopped at its fencing
+// deadline, before etcd could delete the old key. The session in the
+// core's memory is therefore the newest of the shard, and the grant says
+// so (core.LeaseGrant.Continues): the core resumes it instead of loading
+// the stored snapshot (marked used when it was loaded; a lost lease saves
+// nothing). A history compacted past prev, an error or a timeout proves
+// nothing, and the shard loads its snapshot as after any new generation.
+// The proof costs one watch per shard re-acquired after a loss.
+//
+// Most often the keys never went: the lost membership's revoke failed
+// while etcd was down, and an etcd that comes back restores its leases
+// with a fresh TTL. Then the next Join (Config.Replaces; the node retries
+// every TTL/3 meanwhile, not up to 10 s) moves the member key and the
+// node's shard keys still attached to the old lease onto the new one, in
+// transactions guarded by the old lease, and revokes the old lease. A Put
+// keeps a key's CreateRevision: the generation is unchanged, the core is
+// granted the generation it holds and resumes its session, and the other
+// nodes, which saw the node's member key all along, never see its shards
+// free. The same argument holds: the key existed throughout, so nobody
+// else owned the shard. Without this, the first node back revoked or
+// outlived its old lease and the others acquired its shards first (the
+// three-node soak: 11 identifies for one etcd kill).
 //
 // Measured (TestOwnershipSteadyStateCost, SHARDFS_STEADY_SHARDS=16384, on
 // the 2-core CI kind of machine, in-process etcd): 16,384 shards acquired

@@ -16,9 +16,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/soak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	soak.MaybeRunEtcd() // TestOwnershipEtcdOutageContinues runs etcd as a child process of this binary
+	goleak.VerifyTestMain(m)
+}
 
 // testLog returns a logger writing to t.Log, and the text it wrote.
 func testLog(t *testing.T) (*slog.Logger, *logBuf) {

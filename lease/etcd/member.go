@@ -45,6 +45,14 @@ type Config struct {
 	// versionOf, when set, answers for an endpoint's etcd version
 	// instead of its Status (tests).
 	versionOf func(ctx context.Context, endpoint string) (string, error)
+
+	// Replaces is the lease of this node's lost membership, when its
+	// revoke failed (etcd was down): Join moves the member key and this
+	// node's shard keys still attached to it onto the new lease, then
+	// revokes it. A Put keeps a key's CreateRevision, so those shards keep
+	// their generation and the core its session: the keys never ceased to
+	// exist, so nobody else can have owned the shards meanwhile.
+	Replaces clientv3.LeaseID
 }
 
 // Member is one node's membership of a bot: one etcd lease, the
@@ -138,10 +146,18 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("etcd: grant lease of %ds: %w", secs, err)
 	}
 	key := m.prefix + "members/" + m.node
-	r, err := m.kv.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, encodeMember(m.node, m.candidates), clientv3.WithLease(g.ID))).
-		Else(clientv3.OpGet(key)).Commit()
+	var r *clientv3.TxnResponse
+	if cfg.Replaces != 0 {
+		r, err = m.kv.Txn(ctx).
+			If(clientv3.Compare(clientv3.LeaseValue(key), "=", cfg.Replaces)).
+			Then(clientv3.OpPut(key, encodeMember(m.node, m.candidates), clientv3.WithLease(g.ID))).Commit()
+	}
+	if err == nil && (r == nil || !r.Succeeded) {
+		r, err = m.kv.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, encodeMember(m.node, m.candidates), clientv3.WithLease(g.ID))).
+			Else(clientv3.OpGet(key)).Commit()
+	}
 	if err == nil && !r.Succeeded {
 		err = fmt.Errorf("%w: %s", ErrMemberExists, describeHolder(r, key))
 	}
@@ -150,8 +166,50 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("etcd: join bot %s as node %s: %w", m.bot, m.node, err)
 	}
 	m.start(g.ID, time.Duration(g.TTL)*time.Second, sent, nil)
+	if cfg.Replaces != 0 {
+		n := m.adopt(ctx, cfg.Replaces)
+		if err := m.revoke(cfg.Replaces); err != nil {
+			m.log.Warn("etcd: revoking the lost membership's lease", "err", err)
+		}
+		m.log.Info("etcd: shard keys of the lost membership kept", "node", m.node, "shards", n)
+	}
 	m.log.Info("etcd: joined", "bot", m.bot, "node", m.node, "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl", m.ttl)
 	return m, nil
+}
+
+// adoptBatch bounds the keys moved in one transaction (etcd's default
+// --max-txn-ops is 128).
+const adoptBatch = 32
+
+// adopt moves this node's shard keys still attached to old onto the
+// membership's lease, each guarded by its lease, and returns how many
+// moved. A batch that fails moves nothing; its keys go with old's revoke.
+func (m *Member) adopt(ctx context.Context, old clientv3.LeaseID) int {
+	r, err := m.kv.Get(ctx, m.prefix+"shards/", clientv3.WithPrefix())
+	if err != nil {
+		return 0
+	}
+	var keys []string
+	for _, kv := range r.Kvs {
+		if clientv3.LeaseID(kv.Lease) == old && string(kv.Value) == m.node {
+			keys = append(keys, string(kv.Key))
+		}
+	}
+	moved := 0
+	for len(keys) > 0 {
+		batch := keys[:min(adoptBatch, len(keys))]
+		keys = keys[len(batch):]
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		for _, k := range batch {
+			cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(k), "=", old))
+			ops = append(ops, clientv3.OpPut(k, m.node, clientv3.WithLease(m.id)))
+		}
+		if r, err := m.kv.Txn(ctx).If(cmps...).Then(ops...).Commit(); err == nil && r.Succeeded {
+			moved += len(batch)
+		}
+	}
+	return moved
 }
 
 func describeHolder(r *clientv3.TxnResponse, key string) string {
@@ -284,7 +342,9 @@ func (m *Member) renew() error {
 	// KeepAliveOnce retries transient errors by itself until its context
 	// ends: bound each try by a third of the TTL of real time, and by the
 	// loss of the membership.
-	ctx, cancel := context.WithTimeout(m.callCtx, m.ttl/3)
+	// A member without a leader (cut off from the others) refuses at
+	// once: the retry, TTL/10 later, goes to the next endpoint.
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(m.callCtx), m.ttl/3)
 	r, err := m.lease.KeepAliveOnce(ctx, m.id)
 	cancel()
 
@@ -434,6 +494,20 @@ func (m *Member) Close() error {
 		m.closeErr = m.revoke(m.id)
 	})
 	return m.closeErr
+}
+
+// Abandon ends a lost membership like Close but leaves its lease to etcd:
+// the keys it holds, if etcd still has them, are for the node's next Join
+// to keep (Config.Replaces), or expire within the TTL. Revoking them now,
+// with etcd back, would hand the node's shards to the others first.
+func (m *Member) Abandon() {
+	m.mu.Lock()
+	m.loseLocked(ErrClosed)
+	m.mu.Unlock()
+	m.stopOnce.Do(func() {
+		close(m.stop)
+		<-m.loopDone
+	})
 }
 
 func (m *Member) revoke(id clientv3.LeaseID) error {

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardfs/shardfs/clock"
@@ -44,10 +45,20 @@ type OwnershipConfig struct {
 	MayRenew func() bool
 	Clock    clock.Clock  // nil = real time
 	Logger   *slog.Logger // nil = slog.Default()
+
+	// MaxConcurrencyNow, when set, is asked before each round of moves
+	// for the max_concurrency in force, which Discord's discovery may
+	// raise after the node started; MaxConcurrency is the figure until
+	// it answers.
+	MaxConcurrencyNow func() int
 }
 
 // callTimeout bounds each etcd call of the ownership loop, in real time:
 // a hung etcd must not hold the loop, which also watches the deadline.
+// Every call also requires a leader (clientv3.WithRequireLeader): a member
+// cut off from the others then refuses at once rather than hold the call
+// until it times out, and the client's next call goes to another
+// endpoint (TestSoakCluster's member partition).
 const callTimeout = 5 * time.Second
 
 // acquireConcurrency bounds the acquisitions in flight: each waits for its
@@ -101,6 +112,15 @@ type Ownership struct {
 	fenced   uint64
 	joins    uint64
 	logged   string // the last waiting error logged
+
+	// fencedGen: shard → the generation it had when a lost membership
+	// stopped it; its next acquisition asks etcd's history whether
+	// anyone else owned it in between (soleOwner).
+	fencedGen map[int]int64
+	// staleLease is a lost membership's lease whose revoke failed (etcd
+	// was down): revoked before the next join, so that an etcd that comes
+	// back with it alive does not hold the node out for its TTL.
+	staleLease clientv3.LeaseID
 }
 
 // OwnershipState is where a node's ownership is in its life, as /lease
@@ -176,7 +196,7 @@ func NewOwnership(cfg OwnershipConfig) (*Ownership, error) {
 		return nil, err
 	}
 	o := &Ownership{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger, kick: make(chan struct{}, 1),
-		owned: map[int]int64{}, busy: map[int]bool{}, state: StateJoining, drained: make(chan struct{})}
+		owned: map[int]int64{}, fencedGen: map[int]int64{}, busy: map[int]bool{}, state: StateJoining, drained: make(chan struct{})}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -276,6 +296,15 @@ func (o *Ownership) Run(ctx context.Context) error {
 				return nil
 			}
 			delay = min(2*delay, 10*time.Second)
+			o.mu.Lock()
+			if o.staleLease != 0 {
+				// A lost membership's keys may still live in an etcd that
+				// comes back with its leases: rejoin within their TTL, so
+				// that Join keeps them (Config.Replaces) before they expire
+				// and the other nodes take the shards.
+				delay = min(delay, max(o.cfg.TTL/3, 100*time.Millisecond))
+			}
+			o.mu.Unlock()
 			continue
 		}
 		delay, o.logged = time.Second, ""
@@ -323,14 +352,22 @@ func (o *Ownership) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 func (o *Ownership) join(ctx context.Context) (*Member, error) {
-	jctx, cancel := context.WithTimeout(ctx, callTimeout)
+	jctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 	defer cancel()
+	o.mu.Lock()
+	stale := o.staleLease
+	o.mu.Unlock()
 	m, err := Join(jctx, Config{
 		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, Candidates: o.cfg.Candidates, TTL: o.cfg.TTL,
-		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew,
+		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew, Replaces: stale,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if stale != 0 {
+		o.mu.Lock()
+		o.staleLease = 0
+		o.mu.Unlock()
 	}
 	o.mu.Lock()
 	if o.draining || o.left {
@@ -453,14 +490,15 @@ func (o *Ownership) renewGrants(m *Member) {
 	}
 	o.mu.Unlock()
 	for _, g := range grants {
-		o.sendGrant(g.id, g.gen, m, true)
+		o.sendGrant(grant(g.id, g.gen, m), true)
 	}
 }
 
-// sendGrant hands the core shard id's grant at gen under m, unless the
+// sendGrant hands the core grant g, unless the
 // shard is no longer owned at gen (it was stopped or moved meanwhile) or,
-// for a renewal, a move of it began. The deadline is m's as of now.
-func (o *Ownership) sendGrant(id int, gen int64, m *Member, renewal bool) bool {
+// for a renewal, a move of it began.
+func (o *Ownership) sendGrant(g core.LeaseGrant, renewal bool) bool {
+	id, gen := g.Shard, int64(g.Generation)
 	l := &o.order[id%len(o.order)]
 	l.Lock()
 	defer l.Unlock()
@@ -471,7 +509,7 @@ func (o *Ownership) sendGrant(id int, gen int64, m *Member, renewal bool) bool {
 	if stale {
 		return false
 	}
-	o.cfg.Shards.SetLease(grant(id, gen, m))
+	o.cfg.Shards.SetLease(g)
 	return true
 }
 
@@ -497,6 +535,9 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	if why == "lease lost" {
 		o.fenced += uint64(len(owned))
 		o.moveLocked(StateJoining, m.Err())
+		for id, gen := range owned {
+			o.fencedGen[id] = gen
+		}
 	}
 	o.mu.Unlock()
 	now := o.clock.Now()
@@ -506,8 +547,20 @@ func (o *Ownership) endMembership(m *Member, why string) {
 	if len(owned) > 0 {
 		o.log.Warn("etcd: membership ended; its shards stopped", "node", o.cfg.Node, "why", why, "shards", len(owned))
 	}
-	if err := m.Close(); err != nil {
+	if why == "lease lost" && (o.cfg.MayRenew == nil || o.cfg.MayRenew()) {
+		// Not revoked: if etcd still holds the keys, the next Join keeps
+		// them (Config.Replaces); revoked now, the others would take the
+		// shards before this node is back. A node the operator's lease
+		// holds out revokes, so that its shards go to the others at once.
+		m.Abandon()
+		o.mu.Lock()
+		o.staleLease = m.LeaseID()
+		o.mu.Unlock()
+	} else if err := m.Close(); err != nil {
 		o.log.Warn("etcd: closing the membership", "err", err)
+		o.mu.Lock()
+		o.staleLease = m.LeaseID()
+		o.mu.Unlock()
 	}
 	o.checkDrained() // a drain whose membership ended has nothing left to hand over
 }
@@ -516,7 +569,7 @@ func (o *Ownership) endMembership(m *Member, why string) {
 // shards whose key is no longer this node's, acquire the placement's
 // free shards, and move away, paced, those placed elsewhere.
 func (o *Ownership) reconcile(ctx context.Context, m *Member) {
-	rctx, cancel := context.WithTimeout(ctx, callTimeout)
+	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 	members, kvs, err := m.read(rctx)
 	cancel()
 	if err != nil {
@@ -574,11 +627,21 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 		o.sendStop(g)
 	}
 	o.acquireAll(ctx, m, acquire)
+	if len(move) > 0 && o.cfg.MaxConcurrencyNow != nil {
+		o.pacer.SetMax(o.cfg.MaxConcurrencyNow())
+	}
+	// A drain with no other live member hands its shards to nobody: they
+	// wait, snapshot saved, for a node to start them (this one, restarted,
+	// resumes them), so their moves spend no identify and are not paced
+	// (DESIGN 7.3). A lone node stops at once on SIGTERM.
+	toNobody := draining && !slices.ContainsFunc(members, func(c Candidate) bool { return c.Node != m.Node() })
 	for _, id := range move {
-		ok, wait := o.pacer.Take()
-		if !ok {
-			o.clock.AfterFunc(wait, o.wake)
-			break
+		if !toNobody {
+			ok, wait := o.pacer.Take()
+			if !ok {
+				o.clock.AfterFunc(wait, o.wake)
+				break
+			}
 		}
 		o.mu.Lock()
 		if o.noMoves {
@@ -617,7 +680,7 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			actx, cancel := context.WithTimeout(ctx, callTimeout)
+			actx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 			gen, err := m.Acquire(actx, id)
 			cancel()
 			if err != nil {
@@ -631,10 +694,18 @@ func (o *Ownership) acquireAll(ctx context.Context, m *Member, ids []int) {
 			}
 			o.mu.Lock()
 			o.owned[id] = gen
+			prev, wasFenced := o.fencedGen[id]
+			delete(o.fencedGen, id)
 			o.mu.Unlock()
+			g := grant(id, gen, m)
+			// gen == prev: Join kept the key (Config.Replaces), and the
+			// core keeps the session of a generation it holds.
+			if wasFenced && gen != prev {
+				g.Continues = o.soleOwner(ctx, m, id, prev, gen)
+			}
 			// The generation is recorded first: the snapshot's mark-used
 			// that SetLease may make is guarded by it.
-			o.sendGrant(id, gen, m, false)
+			o.sendGrant(g, false)
 			o.mu.Lock()
 			delete(o.busy, id)
 			o.mu.Unlock()
@@ -655,7 +726,7 @@ func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
 	if err != nil {
 		o.log.Warn("etcd: handover", "shard", id, "err", err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, callTimeout)
+	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 	err = m.Release(rctx, id, gen)
 	cancel()
 	o.mu.Lock()
@@ -695,7 +766,7 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	o.mu.Unlock()
 	o.log.Info("etcd: draining: handing every shard over, then leaving", "node", o.cfg.Node)
 	if m != nil {
-		lctx, cancel := context.WithTimeout(ctx, callTimeout)
+		lctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
 		if err := m.Leave(lctx); err != nil {
 			o.log.Warn("etcd: drain: deleting the member key failed; the others place shards without this node only once it expires", "err", err)
 		}
@@ -869,4 +940,39 @@ func (o *Ownership) OwnersText() []byte {
 		}
 	}
 	return b
+}
+
+// soleOwner reports whether etcd's history of shards/<id> proves that no
+// other node owned the shard between prev, the generation this node held
+// when a lost membership stopped it, and gen, the one it has just
+// created: every event on the key at a revision in (prev, gen) must be a
+// delete (the old key expiring or revoked), never a put, since a node
+// owns a shard only by creating its key. The history is read by a watch
+// from prev+1 up to this node's own create at gen. A compacted history,
+// an error or a timeout proves nothing: the shard then loads its snapshot
+// as after any new generation.
+func (o *Ownership) soleOwner(ctx context.Context, m *Member, id int, prev, gen int64) bool {
+	wctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	key := m.ShardKey(id)
+	for resp := range o.cfg.Client.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRev(prev+1)) {
+		if resp.CompactRevision != 0 {
+			o.log.Info("etcd: the shard key's history is compacted; its session is not kept", "node", o.cfg.Node, "shard", id, "compacted", resp.CompactRevision, "generation", prev)
+			return false
+		}
+		if err := resp.Err(); err != nil {
+			break
+		}
+		for _, ev := range resp.Events {
+			switch {
+			case ev.Kv.ModRevision >= gen:
+				return true
+			case ev.Type == mvccpb.PUT:
+				o.log.Info("etcd: another owner held the shard since this node lost it; its session is not kept", "node", o.cfg.Node, "shard", id, "owner", clip(ev.Kv.Value), "generation", ev.Kv.CreateRevision)
+				return false
+			}
+		}
+	}
+	o.log.Warn("etcd: reading the shard key's history failed; its session is not kept", "node", o.cfg.Node, "shard", id, "err", wctx.Err())
+	return false
 }

@@ -632,3 +632,60 @@ func TestOwnershipDrainedWhileHeldStaysOut(t *testing.T) {
 		return len(a.shards.owned(a.clk.Now())) == 16 && string(a.o.MembersText()) == "a 16\n"
 	})
 }
+
+// Planned moves follow the max_concurrency in force, not the figure the
+// node started with: a node configured with 1 whose MaxConcurrencyNow
+// says 4 (Discord's discovery raised it) hands over 4 shards in the first
+// MoveWindow, then no more until its clock passes the window.
+func TestOwnershipMovesFollowMaxConcurrency(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	plan := Plan{Flavor: "discord", Total: 16}
+	var mc atomic.Int64
+	mc.Store(4)
+	a := startOwnershipWith(t, cli, "a", plan, 1, func(cfg *OwnershipConfig) {
+		cfg.MaxConcurrencyNow = func() int { return int(mc.Load()) }
+		cfg.TTL = time.Minute // the fake clock sends no renewal: etcd's real-time expiry must not end the test
+	})
+	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
+	want := Placement("b", []string{"a", "b"}, 16)
+	if len(want) <= 4 {
+		t.Fatalf("b's share %v; the test needs more than 4 shards to move", want)
+	}
+	b := startOwnership(t, cli, "b", plan, 1, time.Minute)
+	waitFor(t, "4 moves in a's first window", func() bool { return a.o.Status().Moves == 4 })
+	waitFor(t, "b to own the 4 moved shards", func() bool { return len(b.shards.owned(b.clk.Now())) == 4 })
+	// More moves wait for a's clock: the resyncs (every TTL/2 of a's fake
+	// clock) do not run, but b's acquisitions wake a's reconcile.
+	if n := a.o.Status().Moves; n != 4 {
+		t.Fatalf("a made %d moves before its window passed; want 4", n)
+	}
+	waitFor(t, "a's lease renewed past the window", func() bool { return a.advanceLeased(MoveWindow) })
+	waitFor(t, "the next 4 moves", func() bool { return a.o.Status().Moves == uint64(min(8, len(want))) })
+}
+
+// A lone node's drain hands its shards to nobody: the moves are not
+// paced (they spend no identify; the node resumes them when it starts
+// again), so a node with 16 shards at max_concurrency 1 drains without
+// its clock moving at all, each shard handed over (snapshot saved) and
+// its key released.
+func TestOwnershipLoneDrainUnpaced(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	// TTL a minute: the fake clock sends no renewal, and etcd's real-time
+	// expiry must not do the drain's work.
+	a := startOwnership(t, cli, "a", Plan{Flavor: "discord", Total: 16}, 1, time.Minute)
+	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
+	if err := a.o.Drain(etcdtest.Ctx(t, time.Minute)); err != nil {
+		t.Fatalf("Drain of a lone node with 16 shards at max_concurrency 1 = %v; want nil without the clock moving", err)
+	}
+	a.shards.mu.Lock()
+	handed := len(a.shards.handovers)
+	a.shards.mu.Unlock()
+	if st := a.o.Status(); handed != 16 || st.Moves != 16 || st.FencingStops != 0 || st.State != StateLeft {
+		t.Fatalf("after the drain: %d handovers, status %+v; want 16 handovers, 16 moves, no fencing stop, left", handed, st)
+	}
+	if k := keys(t, cli); len(k) != 0 {
+		t.Fatalf("shard keys left after the drain: %v", k)
+	}
+}

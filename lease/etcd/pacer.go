@@ -15,19 +15,27 @@ const MoveWindow = 5 * time.Second
 // MovePacer paces one node's planned moves on the monotonic clock.
 type MovePacer struct {
 	clock clock.Clock
-	max   int
 
 	mu     sync.Mutex
-	starts []time.Duration // monotonic start times of the last max moves, oldest first
+	max    int
+	starts []time.Duration // monotonic start times of the moves within the last MoveWindow, oldest first
 }
 
 // NewMovePacer returns a pacer allowing max moves per MoveWindow (at least
 // 1), reading time from c (nil = real time).
 func NewMovePacer(c clock.Clock, max int) *MovePacer {
-	if max < 1 {
-		max = 1
-	}
-	return &MovePacer{clock: clock.Or(c), max: max}
+	return &MovePacer{clock: clock.Or(c), max: atLeastOne(max)}
+}
+
+func atLeastOne(n int) int { return max(n, 1) }
+
+// SetMax changes the moves allowed per MoveWindow (at least 1): Discord's
+// discovery may raise max_concurrency after the node started with the
+// flag's value. Moves already started count against the new figure.
+func (p *MovePacer) SetMax(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.max = atLeastOne(n)
 }
 
 // Take records a move and reports true when one may start now; otherwise
@@ -36,11 +44,13 @@ func (p *MovePacer) Take() (bool, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := clock.Mono(p.clock)
-	if len(p.starts) == p.max {
-		if wait := p.starts[0] + MoveWindow - now; wait > 0 {
-			return false, wait
-		}
-		p.starts = append(p.starts[:0], p.starts[1:]...)
+	i := 0
+	for i < len(p.starts) && p.starts[i]+MoveWindow <= now {
+		i++
+	}
+	p.starts = append(p.starts[:0], p.starts[i:]...)
+	if n := len(p.starts); n >= p.max {
+		return false, p.starts[n-p.max] + MoveWindow - now
 	}
 	p.starts = append(p.starts, now)
 	return true, 0

@@ -167,3 +167,31 @@ func TestMovePacerNeverExceeds(t *testing.T) {
 		}
 	})
 }
+
+// SetMax changes the moves per window at once, counting the moves already
+// started: discovery raising max_concurrency from 1 to 3 after one move
+// lets two more start in the same window.
+func TestMovePacerSetMax(t *testing.T) {
+	c := clock.NewFake()
+	p := NewMovePacer(c, 1)
+	if ok, _ := p.Take(); !ok {
+		t.Fatal("first Take() refused")
+	}
+	if ok, wait := p.Take(); ok || wait != MoveWindow {
+		t.Fatalf("Take() at max 1 = %v, %v; want false, %v", ok, wait, MoveWindow)
+	}
+	p.SetMax(3)
+	for i := range 2 {
+		if ok, wait := p.Take(); !ok {
+			t.Fatalf("Take() %d after SetMax(3) = false, %v; want true", i, wait)
+		}
+	}
+	if ok, wait := p.Take(); ok || wait != MoveWindow {
+		t.Fatalf("fourth Take() in the window at max 3 = %v, %v; want false, %v", ok, wait, MoveWindow)
+	}
+	p.SetMax(0)
+	c.Advance(MoveWindow)
+	if ok, _ := p.Take(); !ok {
+		t.Fatal("Take() after the window at SetMax(0) (taken as 1) refused")
+	}
+}
