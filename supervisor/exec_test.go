@@ -64,7 +64,7 @@ func testChild(mode string) int {
 		for i := range linesSent {
 			b = fmt.Appendf(b, "{\"shard\":0,\"n\":%d}\n", i)
 		}
-		l.w.raw(b)
+		l.data.raw(b)
 		return 0
 	case "limit":
 		// Its discovery found the day's budget spent: the parent's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -19,9 +20,21 @@ import (
 // by child. A child that does not answer is left out of that read.
 func (t *Tree) metrics() []byte {
 	all := map[string]*dto.MetricFamily{}
+	// Every child at once: a hung one costs the timeout once, not the
+	// others' turns.
+	texts := make([][]byte, len(t.cfg.Assignment.Blocks))
+	var wg sync.WaitGroup
+	for i := range t.cfg.Assignment.Blocks {
+		wg.Go(func() {
+			if b, err := t.read(i, "metrics"); err == nil {
+				texts[i] = b
+			}
+		})
+	}
+	wg.Wait()
 	for i, blk := range t.cfg.Assignment.Blocks {
-		b, err := t.read(i, "metrics")
-		if err != nil {
+		b := texts[i]
+		if b == nil {
 			continue
 		}
 		p := expfmt.NewTextParser(model.UTF8Validation)

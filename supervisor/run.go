@@ -130,7 +130,8 @@ func Run(ctx context.Context, rc RunConfig) error {
 		},
 		Logger: log.With("component", "tree"),
 	})
-	ex.Lines, ex.Sessions = tree.Line, tree.Session
+	ex.Lines, ex.Sessions, ex.States = tree.Line, tree.Session, tree.State
+	ex.Logger = log.With("component", "channel")
 	if flavor == core.Discord {
 		// What the children's discoveries learn reaches the shared
 		// pacer: it lowers what remains, never raises it.
