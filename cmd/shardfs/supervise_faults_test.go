@@ -114,6 +114,9 @@ func TestSuperviseHungChild(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "child hung") {
 		t.Errorf("the hang was not logged")
 	}
+	if m, _ := dotlRead(p.root, "metrics"); !strings.Contains(m, `shardfs_supervisor_hangs_total{child="c1"} 1`) || !strings.Contains(m, `shardfs_supervisor_hangs_total{child="c0"} 0`) {
+		t.Errorf("/metrics does not count the hang:\n%s", m)
+	}
 }
 
 // TestSuperviseCrashLoopAlone: a child that cannot start ends failed
