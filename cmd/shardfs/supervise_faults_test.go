@@ -41,6 +41,7 @@ func TestSuperviseHungChild(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	stopped := time.Now()
 	defer syscall.Kill(pid, syscall.SIGCONT) // a failed test leaves no stopped process
 
 	// Reads under traffic while c1 is stopped, until it is restarted.
@@ -76,12 +77,14 @@ func TestSuperviseHungChild(t *testing.T) {
 		c := p.children(t)["c1"]
 		return c[0] == "running" && c[1] != strconv.Itoa(pid) && c[5] == "watchdog:SIGKILL", fmt.Sprint(c)
 	})
+	t.Logf("SIGSTOP to the new c1 running: %v (watchdog 3s, polled every 100 ms)", time.Since(stopped).Round(10*time.Millisecond))
 	close(stop)
 	wg.Wait()
 	for _, s := range slow {
 		t.Errorf("a read while c1 was stopped: %s; want an answer within %v", s, answersWithin)
 	}
 	p.waitReady(t, 4)
+	t.Logf("SIGSTOP to every shard READY again: %v", time.Since(stopped).Round(10*time.Millisecond))
 	got := waitIDs(t, p.root, sent)
 	for _, id := range sent {
 		if got[id] != 1 {
