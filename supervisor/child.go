@@ -218,6 +218,14 @@ func (l *Link) Watch(ctx context.Context, n *core.Scheduler) {
 	}
 }
 
+// gapLine is the events line that says a copied log lost bytes.
+func gapLine(now time.Time, log string, lost int64) []byte {
+	if log == "" {
+		log = "unnamed"
+	}
+	return eventLine(now, -1, "gap", "log", log, "lost_bytes", strconv.FormatInt(lost, 10))
+}
+
 // ShardState is what a child pushes of one shard: what the parent's
 // /status, /N/state, /N/sequence and /N/reconnects show.
 type ShardState struct {
@@ -346,13 +354,32 @@ type Log interface {
 // returns. Call it for the node's dispatch and events logs, and end ctx
 // only after the node closed, so that the parent has every line the
 // child wrote before its sessions were saved.
+//
+// Lines the log dropped before they were copied are said by a gap line
+// (event=gap log=NAME lost_bytes=N) in their place, which the parent
+// writes to its events and which stops it from resuming the child's
+// shards after a crash (its /dispatch has a hole they would resume past).
 func (l *Link) Copy(ctx context.Context, src Log) {
+	l.CopyNamed(ctx, "", src)
+}
+
+// CopyNamed is Copy, with the log's name in its gap lines.
+func (l *Link) CopyNamed(ctx context.Context, name string, src Log) {
 	buf := make([]byte, 256<<10)
 	var off int64
 	for {
 		ch := src.Notify()
 		for {
 			n, start := src.ReadAt(buf, off)
+			if start > off {
+				// The log dropped lines before they were copied (the
+				// parent read slower than the child appended): the
+				// parent must know, in order, that its copy has a hole.
+				if l.data.raw(gapLine(time.Now(), name, start-off)) != nil {
+					return
+				}
+				off = start
+			}
 			if n == 0 {
 				break
 			}

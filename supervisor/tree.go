@@ -187,6 +187,12 @@ func (t *Tree) Line(child, kind string, line []byte) {
 		}
 	case "event":
 		t.events.AppendLine(line, now)
+		if isGap(line) {
+			if bytes.Contains(line, []byte(" log=dispatch ")) {
+				t.gap(child, line)
+			}
+			return
+		}
 		if shard, ok := eventShard(line); ok {
 			if sl := t.shards[shard]; sl != nil && t.cfg.Assignment.Blocks[sl.owner].ID == child {
 				sl.events.AppendLine(line, now)
@@ -272,6 +278,30 @@ func (t *Tree) ResumePoints(child string) []ResumePoint {
 		}
 	}
 	return out
+}
+
+// isGap: a child's gap line (see Link.Copy), node-level, no shard.
+func isGap(line []byte) bool {
+	return bytes.Contains(line, []byte(" event=gap ")) && !bytes.Contains(line, []byte(" shard="))
+}
+
+// gap takes a child's gap line: its copy of a log lost lines, so the
+// parent's /dispatch may have a hole in any of its shards; none of them
+// resumes from the parent's points after a crash (they would resume past
+// the hole, which the gateway would then never replay).
+func (t *Tree) gap(child string, line []byte) {
+	t.log.Warn("a child's copy of its log lost lines: its shards will not resume from the parent's points after a crash", "child", child, "line", string(bytes.TrimSpace(line)))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, b := range t.cfg.Assignment.Blocks {
+		if b.ID != child {
+			continue
+		}
+		for _, id := range b.Shards {
+			sl := t.shards[id]
+			sl.current, sl.pending, sl.readyWaits = core.Session{}, core.Session{}, false
+		}
+	}
 }
 
 func isReady(line []byte) bool {

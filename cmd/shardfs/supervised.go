@@ -94,8 +94,8 @@ func (c *childLink) Serving(ctx context.Context, n *node.Node, socket string) {
 		c.log.Error("telling the supervisor this child is ready", "err", err)
 	}
 	c.wg.Go(func() { c.Watch(ctx, n.Scheduler) })
-	c.wg.Go(func() { c.Copy(c.copying, n.Tree.NodeDispatchLog()) })
-	c.wg.Go(func() { c.Copy(c.copying, n.Scheduler.Events()) })
+	c.wg.Go(func() { c.CopyNamed(c.copying, "dispatch", n.Tree.NodeDispatchLog()) })
+	c.wg.Go(func() { c.CopyNamed(c.copying, "events", n.Scheduler.Events()) })
 }
 
 func (c *childLink) Close() {
