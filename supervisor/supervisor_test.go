@@ -573,3 +573,32 @@ func TestKilledStopIsNotClean(t *testing.T) {
 	}
 	h.s.closeAllForTest()
 }
+
+// TestCrashDuringStopIsCrash: a child that exits non-zero while it stops
+// for its restart is a crash: the next start is told Crashed (its
+// snapshots may be past the parent's last line), and /children says how
+// it ended; a clean exit of the same stop is not.
+func TestCrashDuringStopIsCrash(t *testing.T) {
+	h := newHarness(t, twoChildren(t), DefaultPolicy)
+	h.s.Start()
+	h.last("a").reports.Ready("")
+	if err := h.s.Restart("a"); err != nil {
+		t.Fatal(err)
+	}
+	h.last("a").reports.Exited(nil)
+	if l := h.last("a").launch; l.Crashed {
+		t.Fatalf("after a clean stop, launch = %+v; want not Crashed", l)
+	}
+	h.last("a").reports.Ready("")
+	if err := h.s.Restart("a"); err != nil {
+		t.Fatal(err)
+	}
+	h.last("a").reports.Exited(errors.New("exit status 2"))
+	if l := h.last("a").launch; !l.Crashed || l.Generation != 3 {
+		t.Fatalf("after a crash during the stop, launch = %+v; want generation 3, Crashed", l)
+	}
+	if i := h.j.index(0, "crashed while it stopped", "child=a"); i < 0 {
+		t.Error("the crash during the stop was not logged")
+	}
+	closeHarness(h)
+}
