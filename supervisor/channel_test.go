@@ -186,6 +186,9 @@ func TestCopyGap(t *testing.T) {
 	if p := tree.ResumePoints("a"); len(p) != 0 {
 		t.Fatalf("ResumePoints after the gap = %v; want none", p)
 	}
+	if m := string(tree.metrics()); !strings.Contains(m, `shardfs_supervisor_gaps_total{child="a"} 1`) {
+		t.Errorf("/metrics does not count the gap:\n%s", m)
+	}
 	if b := make([]byte, 4096); !bytes.Contains(b[:must(tree.events.ReadAt(b, 0))], []byte("event=gap")) {
 		t.Fatal("the gap line is not in the parent's /events")
 	}

@@ -17,7 +17,8 @@ import (
 // child label (a family may appear once in an exposition, so the
 // children's texts cannot just be joined), and the parent's own:
 // shardfs_supervisor_children by state, shardfs_supervisor_restarts_total
-// and shardfs_supervisor_hangs_total by child. A child that does not answer is left out of that read.
+// shardfs_supervisor_hangs_total and shardfs_supervisor_gaps_total by
+// child. A child that does not answer is left out of that read.
 func (t *Tree) metrics() []byte {
 	all := map[string]*dto.MetricFamily{}
 	// Every child at once: a hung one costs the timeout once, not the
@@ -59,12 +60,17 @@ func (t *Tree) metrics() []byte {
 	gauge, counter := dto.MetricType_GAUGE, dto.MetricType_COUNTER
 	states := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_children"), Help: proto.String("Children by state."), Type: &gauge}
 	restarts := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_restarts_total"), Help: proto.String("Starts of a child after its first."), Type: &counter}
+	t.mu.Lock()
+	gapsBy := maps.Clone(t.gaps)
+	t.mu.Unlock()
+	gaps := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_gaps_total"), Help: proto.String("Gap lines: lines a child's log dropped before they were copied to the parent."), Type: &counter}
 	hangs := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_hangs_total"), Help: proto.String("Kills of a child by the watchdog."), Type: &counter}
 	for _, c := range children {
 		byState[c.State]++
 		label := []*dto.LabelPair{{Name: proto.String("child"), Value: proto.String(c.ID)}}
 		restarts.Metric = append(restarts.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(c.Restarts))}})
 		hangs.Metric = append(hangs.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(c.Hangs))}})
+		gaps.Metric = append(gaps.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(gapsBy[c.ID]))}})
 	}
 	for _, st := range childStates {
 		states.Metric = append(states.Metric, &dto.Metric{
@@ -72,7 +78,7 @@ func (t *Tree) metrics() []byte {
 			Gauge: &dto.Gauge{Value: proto.Float64(float64(byState[st]))},
 		})
 	}
-	all[states.GetName()], all[restarts.GetName()], all[hangs.GetName()] = states, restarts, hangs
+	all[states.GetName()], all[restarts.GetName()], all[hangs.GetName()], all[gaps.GetName()] = states, restarts, hangs, gaps
 	var out bytes.Buffer
 	for _, name := range slices.Sorted(maps.Keys(all)) {
 		if _, err := expfmt.MetricFamilyToText(&out, all[name]); err != nil {

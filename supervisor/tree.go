@@ -65,7 +65,8 @@ type Tree struct {
 	shards   map[int]*shardLogs
 
 	mu    sync.Mutex
-	conns []*childConn // by block index
+	conns []*childConn   // by block index
+	gaps  map[string]int // gap lines by child, any log
 
 	rejects rejectLimit // the parent's own refusal lines in /events
 }
@@ -188,6 +189,12 @@ func (t *Tree) Line(child, kind string, line []byte) {
 	case "event":
 		t.events.AppendLine(line, now)
 		if isGap(line) {
+			t.mu.Lock()
+			if t.gaps == nil {
+				t.gaps = map[string]int{}
+			}
+			t.gaps[child]++
+			t.mu.Unlock()
 			if bytes.Contains(line, []byte(" log=dispatch ")) {
 				t.gap(child, line)
 			}
