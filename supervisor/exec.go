@@ -54,12 +54,26 @@ type Exec struct {
 	// Logger logs the messages refused (nil: none).
 	Logger *slog.Logger
 
-	wg sync.WaitGroup
+	wg   sync.WaitGroup
+	outs sync.WaitGroup // the copies of the children's stdout and stderr
 }
 
 // Wait waits for the goroutines of every child launched, which end once
-// their process has exited.
-func (e *Exec) Wait() { e.wg.Wait() }
+// their process has exited, and for the copies of their output, at most
+// outputDrain past that: a grandchild may hold a child's stdout open for
+// as long as it lives.
+func (e *Exec) Wait() {
+	e.wg.Wait()
+	copied := make(chan struct{})
+	go func() { e.outs.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(outputDrain):
+	}
+}
+
+// outputDrain bounds the wait for the children's last output lines.
+const outputDrain = 2 * time.Second
 
 type execProc struct {
 	id     string
@@ -150,8 +164,8 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 		owns[id] = true
 	}
 	p := &execProc{id: l.ID, gen: l.Generation, owns: owns, cmd: cmd, conn: conn, data: dataConn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}}
-	go func() { e.Output.copy(l.ID, outR); outR.Close() }()
-	go func() { e.Output.copy(l.ID, errR); errR.Close() }()
+	e.outs.Go(func() { e.Output.copy(l.ID, outR); outR.Close() })
+	e.outs.Go(func() { e.Output.copy(l.ID, errR); errR.Close() })
 	var readers sync.WaitGroup
 	readers.Go(func() { e.channel(p, r) })
 	readers.Go(func() { e.dataStream(p, r) })
