@@ -213,8 +213,65 @@ func assemble(ctx context.Context, rc RunConfig, store *dir.Store, log *slog.Log
 	if rc.Parent != nil {
 		rc.Parent.Configure(&cfg)
 	}
+	var built *Node
+	if store != nil && rc.Parent == nil && cfg.Flavor == core.Discord && cfg.Etcd == nil && cfg.IdentifyNotBefore == nil && cfg.IdentifyWritten == nil {
+		mc := func() int {
+			if built != nil {
+				return built.Pacer.MaxConcurrency()
+			}
+			return cfg.MaxConcurrency
+		}
+		cfg.IdentifyNotBefore, cfg.IdentifyWritten = keptIdentifyTimes(rc.SessionsDir, mc, log)
+	}
 	n, err = New(cfg)
+	built = n
 	return n, limit, err
+}
+
+// keptIdentifyTimes spaces each shard's identify from the last one its
+// bucket wrote, by this process or a predecessor (kept beside the
+// sessions, dir.IdentifyTimesFile), and saves every write: a new process
+// does not know its predecessor's identifies otherwise, and the gateway
+// refuses (op 9) an identify 5 s too close to the last of its bucket.
+func keptIdentifyTimes(folder string, mc func() int, log *slog.Logger) (notBefore func(int) time.Time, written func(int, time.Time)) {
+	var mu sync.Mutex
+	times, err := dir.LoadIdentifyTimes(folder)
+	if err != nil {
+		log.Warn("the last identify times cannot be read: the first identifies are spaced from nothing", "err", err)
+	}
+	notBefore = func(shard int) time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		if w := times.Floor(shard, mc()); !w.IsZero() {
+			return w.Add(core.DiscordWindow + gateway.DefaultIdentifyMargin)
+		}
+		return time.Time{}
+	}
+	written = func(shard int, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		m := max(mc(), 1)
+		if times.MaxConcurrency != m {
+			// Other buckets: the latest write floors them all.
+			last := times.Floor(0, -1)
+			times = dir.IdentifyTimes{MaxConcurrency: m, Written: map[int]time.Time{}}
+			for key := range m {
+				if !last.IsZero() {
+					times.Written[key] = last
+				}
+			}
+		}
+		if times.Written == nil {
+			times.Written = map[int]time.Time{}
+		}
+		if at.After(times.Written[shard%m]) {
+			times.Written[shard%m] = at
+		}
+		if err := dir.SaveIdentifyTimes(folder, times); err != nil {
+			log.Warn("saving the last identify times", "err", err)
+		}
+	}
+	return notBefore, written
 }
 
 // Plan is the plan of the shards local of total (all of them when local

@@ -45,15 +45,17 @@ func dialRoot(b *testing.B, path string) p9.File {
 
 // BenchmarkForwardedRead: one walk+open+read+clunk of /0/state, straight
 // from a child's server ("direct") and through the parent's tree, which
-// forwards it over its own 9P connection to the child ("parent"). Client
-// and servers share the process, so B/op and allocs/op count all sides:
-// the difference is the parent's cost per forwarded request.
+// answers it from the state the child pushed ("parent"), and of /0/diag,
+// which the parent forwards over its own 9P connection to the child
+// ("parent-diag"). Client and servers share the process, so B/op and
+// allocs/op count all sides.
 func BenchmarkForwardedRead(b *testing.B) {
 	dir := b.TempDir()
 	childSock := filepath.Join(dir, "child.sock")
 	state := []byte("READY\n")
 	child := &fsrv.Dir{List: func() []fsrv.File { return nil }}
-	shard := fsrv.NewDir("0", &fsrv.Text{Name: "state", Content: func() []byte { return state }})
+	shard := fsrv.NewDir("0", &fsrv.Text{Name: "state", Content: func() []byte { return state }},
+		&fsrv.Text{Name: "diag", Content: func() []byte { return state }})
 	child.List = func() []fsrv.File { return []fsrv.File{shard} }
 	serveUnix(b, child, childSock)
 
@@ -67,16 +69,17 @@ func BenchmarkForwardedRead(b *testing.B) {
 	reports.Ready(childSock)
 	tree := NewTree(TreeConfig{Supervisor: s, Assignment: a, Flavor: core.Discord})
 	b.Cleanup(tree.Close)
+	tree.State(a.Blocks[0].ID, 1, 0, ShardState{State: "READY", Seq: 1})
 	parentSock := filepath.Join(dir, "parent.sock")
 	serveUnix(b, tree.Root(), parentSock)
 
-	for _, tc := range []struct{ name, sock string }{{"direct", childSock}, {"parent", parentSock}} {
+	for _, tc := range []struct{ name, sock, file string }{{"direct", childSock, "state"}, {"parent", parentSock, "state"}, {"parent-diag", parentSock, "diag"}} {
 		b.Run(tc.name, func(b *testing.B) {
 			root := dialRoot(b, tc.sock)
 			buf := make([]byte, 64)
 			b.ReportAllocs()
 			for b.Loop() {
-				_, f, err := root.Walk([]string{"0", "state"})
+				_, f, err := root.Walk([]string{"0", tc.file})
 				if err != nil {
 					b.Fatal(err)
 				}

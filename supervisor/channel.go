@@ -10,22 +10,27 @@ import (
 	"sync"
 )
 
-// The private channel between the parent and a child is a socketpair
-// carrying one JSON object a line, each with its type in "t".
+// The private channel between the parent and a child is two socketpairs.
+// The control stream carries one JSON object a line, each with its type
+// in "t":
 //
 //	child → parent: ready {socket}, status {ready, total}, identify {id, shard, operator}, cancel {id},
 //	                session {shard, sid, url, seq},
 //	                limit {total, remaining, reset_after_ms, max_concurrency},
-//	                written {shard, at}
+//	                written {shard, at},
+//	                shard {shard, state, seq, noseq, reconnects, latency_ms}, alive
 //	parent → child: grant {id, not_before}, shutdown
 //
 // Times (at, not_before) are wall-clock Unix nanoseconds: parent and
 // children run on one host and share its clock.
 //
-// Besides, the child copies its dispatch log's lines ({"shard":...}) and
-// its events log's lines (ts=...) as they are, unquoted: the parent's
-// logs are built from them. A line over maxMsg bytes, a line that is none
-// of these, or an unknown type is garbage: the reader stops and names it.
+// The data stream carries the child's dispatch log's lines
+// ({"shard":...}) and its events log's lines (ts=...) as they are,
+// unquoted: the parent's logs are built from them. Two streams, so that
+// identify requests, state and shutdown never queue behind megabytes of
+// dispatch. A line over maxMsg bytes (maxControl on the control
+// stream), a line that is none of these, or an unknown type is garbage:
+// the reader stops and names it.
 type msg struct {
 	T        string `json:"t"`
 	Socket   string `json:"socket,omitempty"`
@@ -49,6 +54,13 @@ type msg struct {
 	// written (T "written"). See SpacedPacer.
 	NotBefore int64 `json:"not_before,omitempty"`
 	At        int64 `json:"at,omitempty"`
+	// A shard's state as the child's tree would show it (T "shard"):
+	// State is its word, Seq its sequence (NoSeq: none), Reconnects and
+	// LatencyMs as in /status.
+	State      string `json:"state,omitempty"`
+	NoSeq      bool   `json:"noseq,omitempty"`
+	Reconnects uint64 `json:"reconnects,omitempty"`
+	LatencyMs  int64  `json:"latency_ms,omitempty"`
 	// Raw is a dispatch or event line (T "dispatch" or "event"), newline
 	// included; it is only valid until the next read.
 	Raw []byte `json:"-"`
@@ -58,7 +70,11 @@ type msg struct {
 // take megabytes.
 const maxMsg = 16 << 20
 
-var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true, "limit": true, "written": true}
+// maxControl bounds a control line: the longest, a session, is well under
+// 1 KiB (a socket path, a resume URL).
+const maxControl = 4 << 10
+
+var msgTypes = map[string]bool{"ready": true, "status": true, "identify": true, "cancel": true, "grant": true, "shutdown": true, "session": true, "limit": true, "written": true, "shard": true, "alive": true}
 
 // ErrGarbage is wrapped by the reader's errors about what it read.
 var ErrGarbage = errors.New("garbage on the private channel")
@@ -73,9 +89,17 @@ var (
 	eventPrefix    = []byte("ts=")
 )
 
-type msgReader struct{ r *bufio.Reader }
+type msgReader struct {
+	r   *bufio.Reader
+	max int
+}
 
-func newMsgReader(r io.Reader) *msgReader { return &msgReader{bufio.NewReaderSize(r, 4096)} }
+func newMsgReader(r io.Reader) *msgReader { return &msgReader{bufio.NewReaderSize(r, 4096), maxMsg} }
+
+// newControlReader reads a control stream, whose lines are short.
+func newControlReader(r io.Reader) *msgReader {
+	return &msgReader{bufio.NewReaderSize(r, 4096), maxControl}
+}
 
 // next returns the next message, io.EOF at a clean end, or an error
 // wrapping ErrGarbage.
@@ -83,8 +107,8 @@ func (m *msgReader) next() (msg, error) {
 	var line []byte
 	for {
 		part, err := m.r.ReadSlice('\n')
-		if len(line)+len(part) > maxMsg {
-			return msg{}, fmt.Errorf("%w: a line over %d bytes", ErrGarbage, maxMsg)
+		if len(line)+len(part) > m.max {
+			return msg{}, fmt.Errorf("%w: a line over %d bytes", ErrGarbage, m.max)
 		}
 		line = append(line, part...)
 		if err == bufio.ErrBufferFull {

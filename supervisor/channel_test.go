@@ -1,7 +1,10 @@
 package supervisor
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -9,6 +12,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/journal"
 )
 
 func TestMsgReader(t *testing.T) {
@@ -145,3 +151,47 @@ func linkPair(t *testing.T) (*os.File, *Link) {
 	})
 	return parent, l
 }
+
+// TestCopyGap: lines the child's log dropped before the copy read them
+// are said by one gap line in their place, with the bytes lost; the
+// parent's tree takes it and its shards no longer resume from its points.
+func TestCopyGap(t *testing.T) {
+	parent, l := linkPair(t)
+	src := journal.New(100)
+	now := time.Now()
+	for i := range 10 {
+		src.Append(fmt.Appendf(nil, `{"shard":0,"s":%d,"t":"X","d":{}}`+"\n", i+10), now) // 32 bytes each
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // copy what is there, then return
+	l.CopyNamed(ctx, "dispatch", src)
+	r := newMsgReader(parent)
+	m, err := r.next()
+	if err != nil || m.T != "event" || !bytes.Contains(m.Raw, []byte(" event=gap log=dispatch lost_bytes=")) {
+		t.Fatalf("first line %q, %v; want the gap line", m.Raw, err)
+	}
+	gap := bytes.Clone(m.Raw)
+	m, err = r.next()
+	if err != nil || m.T != "dispatch" {
+		t.Fatalf("after the gap: %q, %v; want the retained dispatch lines", m.Raw, err)
+	}
+
+	_, tree := treeHarness(t)
+	tree.Session("a", 0, core.Session{ID: "A"}, 1)
+	tree.Line("a", "dispatch", dispatchLine(0, "1", "READY"))
+	if p := tree.ResumePoints("a"); len(p) != 1 {
+		t.Fatalf("ResumePoints before the gap = %v", p)
+	}
+	tree.Line("a", "event", gap)
+	if p := tree.ResumePoints("a"); len(p) != 0 {
+		t.Fatalf("ResumePoints after the gap = %v; want none", p)
+	}
+	if m := string(tree.metrics()); !strings.Contains(m, `shardfs_supervisor_gaps_total{child="a"} 1`) {
+		t.Errorf("/metrics does not count the gap:\n%s", m)
+	}
+	if b := make([]byte, 4096); !bytes.Contains(b[:must(tree.events.ReadAt(b, 0))], []byte("event=gap")) {
+		t.Fatal("the gap line is not in the parent's /events")
+	}
+}
+
+func must(n int, _ int64) int { return n }

@@ -19,10 +19,17 @@ import (
 // the parent. It carries a number, never a secret.
 const ChannelFDVar = "SHARDFS_SUPERVISOR_FD"
 
+// DataFDVar tells a child which descriptor is the data stream of its
+// channel (the copies of its logs' lines), apart from the control stream
+// of ChannelFDVar.
+const DataFDVar = "SHARDFS_SUPERVISOR_DATA_FD"
+
 // Link is a child's end of its private channel.
 type Link struct {
 	f        *os.File
 	w        *msgWriter
+	dataF    *os.File      // nil: the data shares f
+	data     *msgWriter    // the logs' lines
 	done     chan struct{} // closed when the parent said shutdown or the channel ended
 	err      error         // why, set before done closes
 	stopOnce sync.Once
@@ -47,21 +54,48 @@ func LinkFromEnv() (*Link, error) {
 		return nil, nil
 	}
 	os.Unsetenv(ChannelFDVar)
-	fd, err := strconv.Atoi(text)
-	if err != nil || fd < 3 {
-		return nil, fmt.Errorf("%s=%q: not a descriptor", ChannelFDVar, text)
+	f, err := channelFile(ChannelFDVar, text)
+	if err != nil {
+		return nil, err
 	}
-	// Non-blocking, so that os.NewFile puts it in the poller and Close
-	// ends a read in progress.
-	if err := syscall.SetNonblock(fd, true); err != nil {
-		return nil, fmt.Errorf("%s=%d: %w", ChannelFDVar, fd, err)
+	var data *os.File
+	if text, ok := os.LookupEnv(DataFDVar); ok {
+		os.Unsetenv(DataFDVar)
+		if data, err = channelFile(DataFDVar, text); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
-	return NewLink(os.NewFile(uintptr(fd), "supervisor channel")), nil
+	return newLink(f, data), nil
 }
 
-// NewLink runs the child's side of the channel f until Close.
-func NewLink(f *os.File) *Link {
-	l := &Link{f: f, w: &msgWriter{w: f}, done: make(chan struct{}), waiting: map[uint64]waiter{}, floors: map[int]time.Time{}}
+// channelFile opens an inherited descriptor of the channel: close on
+// exec, so that nothing the child executes holds the channel open past
+// the child's exit (the parent reads it to its end before it reaps), and
+// non-blocking, so that os.NewFile puts it in the poller and Close ends
+// a read in progress.
+func channelFile(name, text string) (*os.File, error) {
+	fd, err := strconv.Atoi(text)
+	if err != nil || fd < 3 {
+		return nil, fmt.Errorf("%s=%q: not a descriptor", name, text)
+	}
+	syscall.CloseOnExec(fd)
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		return nil, fmt.Errorf("%s=%d: %w", name, fd, err)
+	}
+	return os.NewFile(uintptr(fd), "supervisor channel"), nil
+}
+
+// NewLink runs the child's side of the channel f, control and data on
+// one stream, until Close.
+func NewLink(f *os.File) *Link { return newLink(f, nil) }
+
+func newLink(f, data *os.File) *Link {
+	l := &Link{f: f, w: &msgWriter{w: f}, dataF: data, done: make(chan struct{}), waiting: map[uint64]waiter{}, floors: map[int]time.Time{}}
+	l.data = l.w
+	if data != nil {
+		l.data = &msgWriter{w: data}
+	}
 	l.wg.Add(1)
 	go l.read()
 	return l
@@ -135,28 +169,45 @@ func (l *Link) Session(shard int, s core.Session, seq int64) {
 	l.w.send(msg{T: "session", Shard: shard, SID: s.ID, URL: s.ResumeURL, Seq: seq})
 }
 
-// Watch reports how many of the node's shards are READY each time that
-// changes, until ctx ends.
+// Watch reports, until ctx ends, how many of the node's shards are READY
+// each time that changes, and each shard's state, sequence, reconnects
+// and latency (the parent answers /status and /N/state from them), at
+// each of the core's events and at least every second; the second's
+// report is also the watchdog's sign of life (an alive message when
+// nothing changed). Snapshot takes every shard's lock: a child whose
+// shards are stuck stays silent, and the parent's watchdog kills it.
 func (l *Link) Watch(ctx context.Context, n *core.Scheduler) {
 	events := n.Events()
 	diags := make([]core.Diag, 0, len(n.Plan().Local))
+	sent := map[int]ShardState{}
 	last := -1
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		diags = n.Snapshot(diags[:0])
-		ready := 0
+		ready, told := 0, false
 		for _, d := range diags {
 			if d.State == core.Ready {
 				ready++
 			}
+			st := diagState(d)
+			if have, ok := sent[d.Shard]; ok && have == st {
+				continue
+			}
+			if l.w.send(st.msg(d.Shard)) != nil {
+				return
+			}
+			sent[d.Shard], told = st, true
 		}
 		l.sendLimit()
 		if ready != last {
 			if l.w.send(msg{T: "status", Ready: ready, Total: len(diags)}) != nil {
 				return
 			}
-			last = ready
+			last, told = ready, true
+		}
+		if !told && l.w.send(msg{T: "alive"}) != nil {
+			return
 		}
 		select {
 		case <-ctx.Done():
@@ -165,6 +216,36 @@ func (l *Link) Watch(ctx context.Context, n *core.Scheduler) {
 		case <-tick.C:
 		}
 	}
+}
+
+// gapLine is the events line that says a copied log lost bytes.
+func gapLine(now time.Time, log string, lost int64) []byte {
+	if log == "" {
+		log = "unnamed"
+	}
+	return eventLine(now, -1, "gap", "log", log, "lost_bytes", strconv.FormatInt(lost, 10))
+}
+
+// ShardState is what a child pushes of one shard: what the parent's
+// /status, /N/state, /N/sequence and /N/reconnects show.
+type ShardState struct {
+	State      string
+	Seq        int64
+	NoSeq      bool // no sequence yet
+	Reconnects uint64
+	LatencyMs  int64
+}
+
+func diagState(d core.Diag) ShardState {
+	return ShardState{State: d.State.String(), Seq: d.Sequence, NoSeq: !d.SequenceValid, Reconnects: d.Reconnects, LatencyMs: d.Latency.Milliseconds()}
+}
+
+func (st ShardState) msg(shard int) msg {
+	m := msg{T: "shard", Shard: shard, State: st.State, NoSeq: st.NoSeq, Reconnects: st.Reconnects, LatencyMs: st.LatencyMs}
+	if !st.NoSeq {
+		m.Seq = st.Seq
+	}
+	return m
 }
 
 // LimitsFrom makes the link report p's session start limit (what the
@@ -255,6 +336,9 @@ func (linkPacer) BudgetWait(bool) time.Time { return time.Time{} }
 // Close closes the channel and waits for its reader.
 func (l *Link) Close() error {
 	err := l.f.Close()
+	if l.dataF != nil {
+		l.dataF.Close()
+	}
 	l.wg.Wait()
 	return err
 }
@@ -270,13 +354,32 @@ type Log interface {
 // returns. Call it for the node's dispatch and events logs, and end ctx
 // only after the node closed, so that the parent has every line the
 // child wrote before its sessions were saved.
+//
+// Lines the log dropped before they were copied are said by a gap line
+// (event=gap log=NAME lost_bytes=N) in their place, which the parent
+// writes to its events and which stops it from resuming the child's
+// shards after a crash (its /dispatch has a hole they would resume past).
 func (l *Link) Copy(ctx context.Context, src Log) {
+	l.CopyNamed(ctx, "", src)
+}
+
+// CopyNamed is Copy, with the log's name in its gap lines.
+func (l *Link) CopyNamed(ctx context.Context, name string, src Log) {
 	buf := make([]byte, 256<<10)
 	var off int64
 	for {
 		ch := src.Notify()
 		for {
 			n, start := src.ReadAt(buf, off)
+			if start > off {
+				// The log dropped lines before they were copied (the
+				// parent read slower than the child appended): the
+				// parent must know, in order, that its copy has a hole.
+				if l.data.raw(gapLine(time.Now(), name, start-off)) != nil {
+					return
+				}
+				off = start
+			}
 			if n == 0 {
 				break
 			}
@@ -289,7 +392,7 @@ func (l *Link) Copy(ctx context.Context, src Log) {
 					continue
 				}
 			}
-			if l.w.raw(buf[:end]) != nil {
+			if l.data.raw(buf[:end]) != nil {
 				return
 			}
 			off = start + int64(end)

@@ -6,20 +6,20 @@ import (
 )
 
 // childStates lists every state of a child, in the order of its life.
-var childStates = []State{Idle, Starting, Running, Restarting, Stopping, Closed, Failed}
+var childStates = []State{Idle, Starting, Running, Restarting, Stopping, Hung, Closed, Failed}
 
 // childMoves lists, for each state of a child, the states it may move to:
 // a child's whole life in one place. Staying in a state is no move.
 // Closed and failed are the ends; only a child with a process (starting,
-// running, stopping) fails, and only one without (idle, restarting) is
-// closed without being stopped first.
+// running, stopping, hung) fails, and only one without (idle, restarting)
+// is closed without being stopped or killed first.
 var childMoves = map[State][]State{
 	// Start, or Close before it.
 	Idle: {Starting, Closed},
 	// Restarting or failed: it exited before it was ready, or could not
 	// be launched at all.
 	Starting: {Running, Stopping, Restarting, Failed},
-	Running:  {Stopping, Restarting, Failed},
+	Running:  {Stopping, Restarting, Failed, Hung},
 	// The restart delay ran out (or the operator restarted it now), or
 	// Close came first.
 	Restarting: {Starting, Closed},
@@ -27,8 +27,11 @@ var childMoves = map[State][]State{
 	// a stop for a failure (startup timeout, broken channel), handed to
 	// the restart policy.
 	Stopping: {Starting, Restarting, Failed, Closed},
-	Closed:   nil,
-	Failed:   nil,
+	// Killed by the watchdog: its exit goes to the restart policy, or
+	// closes it when the supervisor is closing.
+	Hung:   {Restarting, Failed, Closed},
+	Closed: nil,
+	Failed: nil,
 }
 
 // moveLocked moves c to state to; staying in its state does nothing. A

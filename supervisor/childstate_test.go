@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -51,7 +52,7 @@ func tryChildMove(s *Supervisor, c *child, to State) (panicked bool) {
 // running, stopping), and is closed from one with a process only once it
 // was stopping; nothing goes back to idle.
 func TestChildTable(t *testing.T) {
-	hasProc := []State{Starting, Running, Stopping}
+	hasProc := []State{Starting, Running, Stopping, Hung}
 	if len(childMoves) != len(childStates) {
 		t.Errorf("childMoves has %d states; want the %d of childStates", len(childMoves), len(childStates))
 	}
@@ -66,7 +67,7 @@ func TestChildTable(t *testing.T) {
 			t.Errorf("%s moves to %v; nothing goes back to idle, and staying is no move", from, moves)
 		case slices.Contains(moves, Failed) && !slices.Contains(hasProc, from):
 			t.Errorf("%s moves to %v; only a child with a process fails", from, moves)
-		case slices.Contains(moves, Closed) && slices.Contains(hasProc, from) && from != Stopping:
+		case slices.Contains(moves, Closed) && slices.Contains(hasProc, from) && from != Stopping && from != Hung:
 			t.Errorf("%s moves to %v; a child with a process is stopped before it is closed", from, moves)
 		}
 	}
@@ -141,6 +142,7 @@ func TestChildMovesReached(t *testing.T) {
 	// other.
 	pol := DefaultPolicy
 	pol.MaxAttempts = 0
+	pol.FailAll = true
 	h = newHarness(t, twoChildren(t), pol)
 	log.watch(h.s)
 	h.s.Start()
@@ -168,6 +170,38 @@ func TestChildMovesReached(t *testing.T) {
 	h.last("c0").reports.Exited(exit1)
 	h.s.closeAllForTest() // restarting → closed
 	h.wantState("c0", Closed)
+
+	// Hung: killed by the watchdog, then restarted; hung again with no
+	// attempt left, failed; hung while closing, closed.
+	pol = DefaultPolicy
+	pol.MaxAttempts = 1
+	h = newWatchdogHarness(t, one, pol)
+	log.watch(h.s)
+	h.s.Start()
+	h.last("c0").reports.Ready("")
+	h.clk.Advance(pol.Watchdog) // running → hung
+	h.wantState("c0", Hung)
+	h.last("c0").reports.Exited(errors.New("signal: killed")) // hung → restarting
+	h.wantState("c0", Restarting)
+	h.clk.Advance(pol.MinDelay)
+	h.last("c0").reports.Ready("")
+	h.clk.Advance(pol.Watchdog)
+	h.last("c0").reports.Exited(errors.New("signal: killed")) // hung → failed
+	h.wantState("c0", Failed)
+	h = newWatchdogHarness(t, twoChildren(t), DefaultPolicy)
+	log.watch(h.s)
+	h.s.Start()
+	h.last("a").reports.Ready("")
+	h.last("b").reports.Ready("")
+	h.last("b").reports.Alive()
+	h.clk.Advance(DefaultPolicy.Watchdog / 2)
+	h.last("b").reports.Alive()
+	h.clk.Advance(DefaultPolicy.Watchdog / 2)
+	h.wantState("b", Running)
+	h.wantState("a", Hung)
+	h.s.closeAllForTest()
+	h.last("a").reports.Exited(errors.New("signal: killed")) // hung → closed
+	h.wantState("a", Closed)
 
 	log.mu.Lock()
 	defer log.mu.Unlock()

@@ -6,43 +6,57 @@
 //
 // A child is the same binary running serve for its block (Exec). It
 // gets the token in a pipe (descriptor 3, as serve's own re-execution
-// hands it over) and a private channel, one end of a socketpair
-// (descriptor 4): neither the token nor the session IDs ever travel in
-// arguments or the environment, and the channel cannot be reached by
-// anyone else. The channel carries one line per message (channel.go):
-// readiness, the count of READY shards, identify requests, grants (with
-// their floors) and writes, shutdown, each new session, the session
-// start limit its discoveries learnt, and copies of the child's
-// dispatch and events lines. When a child exits, the parent reads its
-// channel to the end (bounded: 5 s) before it reports the exit, so that
-// the lines a clean stop flushes after saving its sessions all reach
-// /dispatch. Each child's unix socket is named by its block's index in
-// a private temporary folder, so that the path fits sun_path whatever
-// the ID (up to 128 characters). Children run in their own process
-// group, so a terminal's Ctrl-C reaches the parent alone, which stops
-// them in order; a child whose channel ends (the parent died) shuts
-// down cleanly. A child that writes garbage on its channel or closes it
-// while it runs is named in the log and stopped, and the restart policy
-// treats that as a failure; the others are not touched. Children's
-// stdout and stderr reach the parent's stderr line by line, labelled
-// "[child ID]", through one bounded queue per child (256 lines), which
-// the writer takes in turn: a child that floods loses its own lines
-// (counted, and said once its queue drains), never another child's, and
-// never blocks itself, the parent or the others.
+// hands it over) and a private channel of two socketpairs (descriptors
+// 4 and 5, close on exec in the child): neither the token nor the session
+// IDs ever travel in arguments or the environment, and the channel cannot
+// be reached by anyone else. The control stream (descriptor 4) carries
+// one line per message (channel.go): readiness, the count of READY
+// shards, each shard's state, sequence, reconnects and latency (pushed at
+// each of the child's events and at least every second: the watchdog's
+// sign of life), identify requests, grants (with their floors) and
+// writes, shutdown, each new session and the session start limit its
+// discoveries learnt; the data stream (descriptor 5) the copies of the
+// child's dispatch and events lines, so that identify requests, state and
+// shutdown never queue behind dispatch. Every control message about a
+// shard is checked against the child's block, and a limit for figures
+// that cannot be; what is refused is logged and dropped. When a child
+// exits, the parent reads both streams to the end (bounded: 5 s) before
+// it reports the exit, so that the lines a clean stop flushes after
+// saving its sessions all reach /dispatch. Reaping does not wait for the
+// child's stdout and stderr (the parent's own pipes, not exec's): a
+// grandchild that holds them does not keep the child a zombie. Each
+// child's unix socket is named by its block's index in a private
+// temporary folder, so that the path fits sun_path whatever the ID (up to
+// 128 characters). Children run in their own process group, so a
+// terminal's Ctrl-C reaches the parent alone, which stops them in order;
+// a child ignores SIGPIPE, and when its channel ends (the parent died) it
+// shuts down cleanly, saving its sessions. A child that writes garbage on
+// its channel or closes it while it runs is named in the log and
+// stopped, and the restart policy treats that as a failure; the others
+// are not touched. Children's stdout and stderr reach the parent's stderr
+// line by line, labelled "[child ID]", through one bounded queue per
+// child (256 lines), which the writer takes in turn: a child that floods
+// loses its own lines (counted, and said once its queue drains), never
+// another child's, and never blocks itself, the parent or the others.
 //
 // # Restart policy
 //
 // The Fluxerly SDK's, on the injected clock: a child that exits
-// unexpectedly (or misses the startup timeout, or breaks its channel) is
-// restarted after MinDelay doubling to MaxDelay, at most MaxAttempts
-// times in a row; the next such exit fails the supervisor, which logs why
-// and stops every child (with MaxAttempts 0 the first exit does). A child
-// that has been running HealthyReset gets its attempts back. Stopping is
-// SIGTERM (and shutdown on the channel), SIGKILL after ShutdownTimeout. A
-// stop that needed SIGKILL is not clean: the child may have saved some
-// sessions past the last line the parent got, so its next start is told
-// Crashed (supervise drops its snapshots and, on Discord, writes the
-// parent's resume points instead).
+// unexpectedly (or misses the startup timeout, or breaks its channel, or
+// is killed by the watchdog) is restarted after MinDelay doubling to
+// MaxDelay, at most MaxAttempts times in a row; the next such exit
+// leaves that child failed, alone (with MaxAttempts 0 the first exit
+// does). With FailAll, the SDK's rule instead: it fails the supervisor,
+// which logs why and stops every child; without, the supervisor fails
+// only once every child is failed. A child whose shards have all been
+// READY for HealthyReset gets its attempts back. The watchdog: a running
+// child silent on its control stream for Watchdog is hung, killed
+// (SIGKILL) and handed to the policy. Stopping is SIGTERM (and shutdown
+// on the channel), SIGKILL after ShutdownTimeout. A stop that needed
+// SIGKILL is not clean, nor is an exit non-zero or by a signal while
+// stopping: the child may have saved some sessions past the last line
+// the parent got, so its next start is told Crashed (supervise drops its
+// snapshots and, on Discord, writes the parent's resume points instead).
 // Every action is logged before it is taken. "running" means the child
 // serves its tree, not that its shards are READY: with a large block at
 // max_concurrency 1 that takes minutes, far beyond any startup timeout.
@@ -91,19 +105,22 @@
 //
 // # One tree
 //
-// Tree serves /N for every owned shard: state, sequence, reconnects, diag,
+// Tree serves /N for every owned shard: state, sequence, reconnects and
+// /status come from what the owning child pushed, asking no child; diag,
 // ctl and send are forwarded over 9P to the owning child's private unix
-// socket (each call bounded, 2 s); while the child is down, state reads
-// ASSIGNED and sequence the last one the parent saw. /dispatch, /events
+// socket (dial, handshake and call bounded together, 2 s, with no lock
+// held across them, so a hung child delays its own files only); while
+// the child is not running, state reads ASSIGNED and sequence the last
+// one the parent saw. /dispatch, /events
 // and each /N/dispatch and /N/events are the parent's own logs, built from
 // the lines the children copy, so they outlive the children's restarts
 // and their offsets go on. /status joins the children's; /identify is the
 // shared pacer's; /children has one line per child (id state pid
-// restarts generation shards, pid "none" without a process); /ctl takes
+// restarts generation shards last_exit, pid "none" without a process); /ctl takes
 // restart ID|all and the node commands, each sent to the children that
 // own its shards. /metrics merges the children's families, each sample
-// labelled child=ID, with the parent's children by state and restarts by
-// child. Not combined yet: /lease.
+// labelled child=ID, with the parent's children by state, and restarts
+// and hangs by child. Not combined yet: /lease.
 //
 // # Resuming a crashed child (beyond the SDK)
 //

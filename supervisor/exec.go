@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -46,18 +48,40 @@ type Exec struct {
 	// learnt (the shared pacer's SetStartLimit, which lowers what
 	// remains, never raises it); nil drops it.
 	Limits func(child string, l core.StartLimit)
+	// States receives each shard's state a child pushes (Tree.State),
+	// with the generation of the child that sent it.
+	States func(child string, gen, shard int, st ShardState)
+	// Logger logs the messages refused (nil: none).
+	Logger *slog.Logger
 
-	wg sync.WaitGroup
+	wg   sync.WaitGroup
+	outs sync.WaitGroup // the copies of the children's stdout and stderr
 }
 
 // Wait waits for the goroutines of every child launched, which end once
-// their process has exited.
-func (e *Exec) Wait() { e.wg.Wait() }
+// their process has exited, and for the copies of their output, at most
+// outputDrain past that: a grandchild may hold a child's stdout open for
+// as long as it lives.
+func (e *Exec) Wait() {
+	e.wg.Wait()
+	copied := make(chan struct{})
+	go func() { e.outs.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(outputDrain):
+	}
+}
+
+// outputDrain bounds the wait for the children's last output lines.
+const outputDrain = 2 * time.Second
 
 type execProc struct {
 	id     string
+	gen    int
+	owns   map[int]bool // its block
 	cmd    *exec.Cmd
-	conn   net.Conn
+	conn   net.Conn // control
+	data   net.Conn
 	w      *msgWriter
 	reaped chan struct{} // closed once waitpid returned
 	read   chan struct{} // closed when the channel's reader ended
@@ -82,57 +106,74 @@ func (p *execProc) Signal(sig os.Signal) error {
 
 // Launch starts one child.
 func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	conn, childEnd, err := channelPair()
 	if err != nil {
-		return nil, fmt.Errorf("child %q: socketpair: %w", l.ID, err)
+		return nil, fmt.Errorf("child %q: control channel: %w", l.ID, err)
 	}
-	parentEnd, childEnd := os.NewFile(uintptr(pair[0]), "channel"), os.NewFile(uintptr(pair[1]), "channel")
 	defer childEnd.Close()
-	conn, err := net.FileConn(parentEnd)
-	parentEnd.Close()
+	dataConn, childData, err := channelPair()
 	if err != nil {
-		return nil, fmt.Errorf("child %q: channel: %w", l.ID, err)
+		conn.Close()
+		return nil, fmt.Errorf("child %q: data channel: %w", l.ID, err)
+	}
+	defer childData.Close()
+	fail := func(err error) (Process, error) {
+		conn.Close()
+		dataConn.Close()
+		return nil, fmt.Errorf("child %q: %w", l.ID, err)
 	}
 	tokR, tokW, err := os.Pipe()
 	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("child %q: token pipe: %w", l.ID, err)
+		return fail(fmt.Errorf("token pipe: %w", err))
 	}
 	defer tokR.Close()
 	_, err = tokW.WriteString(e.Token) // a pipe holds 64 KiB; a token at most 4 KiB
 	tokW.Close()
 	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("child %q: token pipe: %w", l.ID, err)
+		return fail(fmt.Errorf("token pipe: %w", err))
+	}
+	// Our own pipes for stdout and stderr, not exec's: cmd.Wait would
+	// wait for them to reach EOF, which a grandchild that inherited them
+	// delays for as long as it lives, and the child would stay a zombie
+	// (and "starting") meanwhile. The readers end on their own.
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return fail(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return fail(err)
 	}
 	cmd := exec.Command(e.Path, e.Args(l)...)
-	cmd.Env = append(append([]string(nil), e.Env...), TokenFDVar+"=3", ChannelFDVar+"=4")
-	cmd.ExtraFiles = []*os.File{tokR, childEnd}
+	cmd.Env = append(append([]string(nil), e.Env...), TokenFDVar+"=3", ChannelFDVar+"=4", DataFDVar+"=5")
+	cmd.ExtraFiles = []*os.File{tokR, childEnd, childData}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
+	cmd.Stdout, cmd.Stderr = outW, errW
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
 	if err != nil {
-		conn.Close()
-		return nil, err
+		outR.Close()
+		errR.Close()
+		return fail(err)
 	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		conn.Close()
-		return nil, err
+	owns := make(map[int]bool, len(l.Shards))
+	for _, id := range l.Shards {
+		owns[id] = true
 	}
-	if err := cmd.Start(); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("child %q: %w", l.ID, err)
-	}
-	p := &execProc{id: l.ID, cmd: cmd, conn: conn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}}
-	var outs sync.WaitGroup
-	outs.Go(func() { e.Output.copy(l.ID, stdout) })
-	outs.Go(func() { e.Output.copy(l.ID, stderr) })
+	p := &execProc{id: l.ID, gen: l.Generation, owns: owns, cmd: cmd, conn: conn, data: dataConn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}}
+	e.outs.Go(func() { e.Output.copy(l.ID, outR); outR.Close() })
+	e.outs.Go(func() { e.Output.copy(l.ID, errR); errR.Close() })
+	var readers sync.WaitGroup
+	readers.Go(func() { e.channel(p, r) })
+	readers.Go(func() { e.dataStream(p, r) })
 	e.wg.Go(func() {
-		defer close(p.read)
-		e.channel(p, r)
+		readers.Wait()
+		close(p.read)
 	})
 	e.wg.Go(func() {
-		outs.Wait() // Wait closes the pipes: read them to the end first
 		err := cmd.Wait()
 		p.mu.Lock()
 		p.gone = true
@@ -147,45 +188,102 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 		// lines after saving its sessions) may still be in the socket:
 		// the channel is read to its end, which the child's exit
 		// brings, before the exit is reported. Only a process that
-		// inherited the child's end (none of ours does) could hold it
-		// open: after channelDrain it is cut.
+		// inherited the child's end (the child's descriptors are close
+		// on exec) could hold it open: after channelDrain it is cut.
 		select {
 		case <-p.read:
 		case <-time.After(channelDrain):
 			r.Broken(fmt.Errorf("child %q exited, but its private channel did not end within %v", p.id, channelDrain))
 			conn.Close()
+			dataConn.Close()
 			<-p.read
 		}
 		conn.Close()
+		dataConn.Close()
 		r.Exited(err)
 	})
 	return p, nil
 }
 
+// channelPair returns the parent's end of a new socketpair and the
+// child's (close on exec in the parent; exec.Cmd clears that flag on the
+// child's copy, and the child sets it again, see channelFile).
+func channelPair() (net.Conn, *os.File, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	parentEnd, childEnd := os.NewFile(uintptr(pair[0]), "channel"), os.NewFile(uintptr(pair[1]), "channel")
+	conn, err := net.FileConn(parentEnd)
+	parentEnd.Close()
+	if err != nil {
+		childEnd.Close()
+		return nil, nil, err
+	}
+	return conn, childEnd, nil
+}
+
 // channelDrain bounds the reading of a channel after its child's exit.
 const channelDrain = 5 * time.Second
 
-// channel reads the child's messages until the channel ends.
-func (e *Exec) channel(p *execProc, r *Reports) {
-	mr := newMsgReader(p.conn)
+// ended handles the end of one of a child's streams: garbage breaks the
+// child; an end that the child's exit does not follow is a child that
+// closed its channel.
+func ended(p *execProc, r *Reports, c net.Conn, err error) {
+	if errors.Is(err, ErrGarbage) && !errors.Is(err, errCutShort) {
+		r.Broken(fmt.Errorf("child %q: %w", p.id, err))
+		io.Copy(io.Discard, c) // the child must not block on it
+		return
+	}
+	// The end of the channel comes with the child's exit (killed, it may
+	// cut its last line); alone, it is a child that closed it.
+	select {
+	case <-p.reaped:
+	case <-time.After(2 * time.Second):
+		r.Broken(fmt.Errorf("child %q closed its private channel", p.id))
+	}
+}
+
+// dataStream reads the child's copies of its logs' lines until the
+// stream ends.
+func (e *Exec) dataStream(p *execProc, r *Reports) {
+	mr := newMsgReader(p.data)
 	for {
 		m, err := mr.next()
 		if err != nil {
-			if errors.Is(err, ErrGarbage) && !errors.Is(err, errCutShort) {
-				r.Broken(fmt.Errorf("child %q: %w", p.id, err))
-				io.Copy(io.Discard, p.conn) // the child must not block on it
-				return
-			}
-			// The end of the channel comes with the child's exit
-			// (killed, it may cut its last line); alone, it is a
-			// child that closed it.
-			select {
-			case <-p.reaped:
-			case <-time.After(2 * time.Second):
-				r.Broken(fmt.Errorf("child %q closed its private channel", p.id))
-			}
+			ended(p, r, p.data, err)
 			return
 		}
+		if m.T != "dispatch" && m.T != "event" {
+			ended(p, r, p.data, fmt.Errorf("%w: a %q message on the data stream", ErrGarbage, m.T))
+			return
+		}
+		if e.Lines != nil {
+			e.Lines(p.id, m.T, m.Raw)
+		}
+	}
+}
+
+// refuse logs a control message a child sent about a shard outside its
+// block, or with figures that cannot be, and drops it: a child speaks for
+// its own block only, and one buggy child must not spend the shared
+// budget or move the others' pacing.
+func (e *Exec) refuse(p *execProc, m msg, why string) {
+	if e.Logger != nil {
+		e.Logger.Warn("refused a message on a child's private channel", "child", p.id, "type", m.T, "shard", m.Shard, "why", why)
+	}
+}
+
+// channel reads the child's control messages until the stream ends.
+func (e *Exec) channel(p *execProc, r *Reports) {
+	mr := newControlReader(p.conn)
+	for {
+		m, err := mr.next()
+		if err != nil {
+			ended(p, r, p.conn, err)
+			return
+		}
+		r.Alive()
 		switch m.T {
 		case "ready":
 			r.Ready(m.Socket)
@@ -193,23 +291,41 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 			if m.Total > 0 && m.Ready == m.Total {
 				r.Settled()
 			}
-		case "dispatch", "event":
-			if e.Lines != nil {
-				e.Lines(p.id, m.T, m.Raw)
+		case "alive":
+		case "shard":
+			switch {
+			case !p.owns[m.Shard]:
+				e.refuse(p, m, "not in its block")
+			case !slices.Contains(shardStates, m.State):
+				e.refuse(p, m, "no such state")
+			case e.States != nil:
+				e.States(p.id, p.gen, m.Shard, ShardState{State: m.State, Seq: m.Seq, NoSeq: m.NoSeq, Reconnects: m.Reconnects, LatencyMs: m.LatencyMs})
 			}
 		case "session":
 			if e.Sessions != nil {
 				e.Sessions(p.id, m.Shard, core.Session{ID: m.SID, ResumeURL: m.URL}, m.Seq)
 			}
 		case "limit":
+			if m.Total <= 0 || m.Remaining < 0 || m.Remaining > m.Total || m.MaxConc < 0 || m.ResetAfterMs < 0 {
+				e.refuse(p, m, fmt.Sprintf("a limit that cannot be: total %d remaining %d max_concurrency %d reset_after_ms %d", m.Total, m.Remaining, m.MaxConc, m.ResetAfterMs))
+				continue
+			}
 			if e.Limits != nil {
 				e.Limits(p.id, core.StartLimit{Total: m.Total, Remaining: m.Remaining, ResetAfter: time.Duration(m.ResetAfterMs) * time.Millisecond, MaxConcurrency: m.MaxConc})
 			}
 		case "written":
+			if !p.owns[m.Shard] {
+				e.refuse(p, m, "not in its block")
+				continue
+			}
 			if fp, ok := e.Pacer.(FloorPacer); ok {
 				fp.Written(m.Shard, time.Unix(0, m.At))
 			}
 		case "identify":
+			if !p.owns[m.Shard] {
+				e.refuse(p, m, "not in its block")
+				continue
+			}
 			e.identify(p, m)
 		case "cancel":
 			p.mu.Lock()
@@ -220,10 +336,14 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 				cancel()
 			}
 		default:
-			r.Broken(fmt.Errorf("child %q: %w: a %q message goes to a child, not from one", p.id, ErrGarbage, m.T))
+			ended(p, r, p.conn, fmt.Errorf("%w: a %q message goes to a child or on the data stream, not on a child's control stream", ErrGarbage, m.T))
+			return
 		}
 	}
 }
+
+// shardStates are the words a shard's state may be.
+var shardStates = []string{"ASSIGNED", "STARTING", "READY", "BACKOFF", "FATAL", "STOPPED"}
 
 func (e *Exec) identify(p *execProc, m msg) {
 	id := m.ID

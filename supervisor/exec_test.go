@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -64,7 +65,7 @@ func testChild(mode string) int {
 		for i := range linesSent {
 			b = fmt.Appendf(b, "{\"shard\":0,\"n\":%d}\n", i)
 		}
-		l.w.raw(b)
+		l.data.raw(b)
 		return 0
 	case "limit":
 		// Its discovery found the day's budget spent: the parent's
@@ -77,6 +78,32 @@ func testChild(mode string) int {
 		l.Pacer().Request(0, false, func() { fmt.Fprintln(os.Stderr, "identify granted") })
 		fmt.Fprintln(os.Stderr, "identify asked")
 		<-l.Done()
+		return 0
+	case "forge":
+		// A buggy child speaks for shards outside its block (it owns
+		// shard 0 of 2), with a limit that cannot be, then pushes its
+		// own shard's state: the parent refuses the first four and
+		// takes the last.
+		signal.Ignore(syscall.SIGTERM)
+		l.Ready("")
+		l.w.send(msg{T: "identify", ID: 1, Shard: 1})
+		l.w.send(msg{T: "written", Shard: 1, At: time.Now().UnixNano()})
+		l.w.send(msg{T: "limit", Total: 10, Remaining: 20, MaxConc: 1})
+		l.w.send(msg{T: "shard", Shard: 1, State: "READY"})
+		l.w.send(ShardState{State: "READY", Seq: 7}.msg(0))
+		fmt.Fprintln(os.Stderr, "forged")
+		<-l.Done()
+		return 0
+	case "fork":
+		// A grandchild that inherits stdout and stderr and outlives
+		// the child by far: the parent must reap the child at once.
+		cmd := exec.Command("sleep", "3600")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "fork:", err)
+			return 6
+		}
+		fmt.Fprintf(os.Stderr, "grandchild %d\n", cmd.Process.Pid)
 		return 0
 	case "quiet":
 		for i := range quietLines {
@@ -348,6 +375,89 @@ func TestExecLimitReachesParent(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "identify granted") {
 		t.Error("the parent granted an identify the budget does not allow")
+	}
+}
+
+// TestExecForgedMessages: identify, written, limit and shard messages for
+// shards outside the child's block, or with figures that cannot be, are
+// refused and logged; the child is not stopped, the pacer asked nothing,
+// and its own shard's state is taken.
+func TestExecForgedMessages(t *testing.T) {
+	out := &blockedWriter{release: make(chan struct{})}
+	close(out.release)
+	output := NewOutput(out)
+	pacer := core.NewDiscordPacer(nil, 1)
+	ex, a, launch := testExec(t, 2, "forge=0", output, pacer)
+	j := &record{t: t}
+	ex.Logger = slog.New(journalHandler{j: j})
+	var limits int
+	var mu sync.Mutex
+	var states []string
+	ex.Limits = func(string, core.StartLimit) { mu.Lock(); limits++; mu.Unlock() }
+	ex.States = func(child string, gen, shard int, st ShardState) {
+		mu.Lock()
+		states = append(states, fmt.Sprintf("%s %d %d %s %d", child, gen, shard, st.State, st.Seq))
+		mu.Unlock()
+	}
+	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	waitFor(t, "its own shard's state taken", func() bool { mu.Lock(); defer mu.Unlock(); return len(states) > 0 })
+	for _, typ := range []string{"identify", "written", "limit", "shard"} {
+		if j.index(0, "refused a message on a child's private channel", "type="+typ) < 0 {
+			t.Errorf("the forged %s message was not refused and logged", typ)
+		}
+	}
+	if n, _ := pacer.Waiting(); n != 0 || pacer.Budget().Total != 0 {
+		t.Errorf("the pacer: %d waiting, budget %+v; want nothing asked or learnt", n, pacer.Budget())
+	}
+	if c := s.Children()[0]; c.State != Running || c.Generation != 1 {
+		t.Errorf("forge = %+v; want running, untouched", c)
+	}
+	s.Close()
+	ex.Wait()
+	output.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if limits != 0 || len(states) != 1 || states[0] != "forge 1 0 READY 7" {
+		t.Errorf("limits %d, states %q; want none and [forge 1 0 READY 7]", limits, states)
+	}
+}
+
+// TestExecReapsPastGrandchild: a child that starts a long-lived
+// grandchild (which holds its stdout and stderr) and exits is reaped at
+// once: its exit is reported, restarted, /children says how it ended.
+func TestExecReapsPastGrandchild(t *testing.T) {
+	out := &blockedWriter{release: make(chan struct{})}
+	close(out.release)
+	output := NewOutput(out)
+	ex, a, launch := testExec(t, 1, "fork=0", output, core.NewDiscordPacer(nil, 1))
+	j := &record{t: t}
+	pol := Policy{MaxAttempts: 1, MinDelay: time.Hour, MaxDelay: time.Hour, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	defer func() {
+		for _, l := range strings.Split(out.String(), "\n") {
+			var pid int
+			if _, err := fmt.Sscanf(l, "[child fork] grandchild %d", &pid); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		s.Close()
+		ex.Wait()
+		output.Close()
+	}()
+	// Bounded by the startup timeout (20 s): a child not reaped stays
+	// starting until then.
+	waitFor(t, "the child reaped and waiting to restart", func() bool {
+		c := s.Children()[0]
+		return c.State == Restarting && c.LastExitWord == "exit:0"
+	})
+	if i := j.index(0, "child startup timeout"); i >= 0 {
+		t.Errorf("the child was reaped only at its startup timeout")
+	}
+	if !strings.Contains(s.Children()[0].String(), " exit:0") {
+		t.Errorf("/children line %q does not say how it ended", s.Children()[0])
 	}
 }
 

@@ -59,9 +59,10 @@ type SpacedPacer struct {
 	discord bool
 	clock   clock.Clock
 
-	mu      sync.Mutex
-	mc      int
-	buckets map[int]*spacedBucket // by shard % mc
+	mu        sync.Mutex
+	mc        int
+	buckets   map[int]*spacedBucket // by shard % mc
+	onWritten func()
 }
 
 type spacedBucket struct {
@@ -162,10 +163,55 @@ func (s *SpacedPacer) Written(shard int, at time.Time) {
 	}
 	delete(b.open, shard)
 	h, nb := s.releaseLocked(b)
+	onWritten := s.onWritten
 	s.mu.Unlock()
 	if h != nil {
 		h.grant(nb)
 	}
+	if onWritten != nil {
+		onWritten()
+	}
+}
+
+// Seed sets each bucket's last write from floor (the last write a
+// predecessor process reported for shard's bucket, see
+// dir.IdentifyTimes), so that the first grants are spaced from it.
+// Call it before the first request; buckets learnt later (a new
+// max_concurrency) start without it.
+func (s *SpacedPacer) Seed(floor func(shard, maxConcurrency int) time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mc := max(s.Pacer.MaxConcurrency(), 1)
+	for key := range mc {
+		if w := floor(key, mc); !w.IsZero() {
+			b := s.bucketLocked(key)
+			if w.After(b.written) {
+				b.written = w
+			}
+		}
+	}
+}
+
+// Writes returns the last write reported in each bucket, and the
+// buckets' count.
+func (s *SpacedPacer) Writes() (maxConcurrency int, written map[int]time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	written = map[int]time.Time{}
+	for key, b := range s.buckets {
+		if !b.written.IsZero() {
+			written[key] = b.written
+		}
+	}
+	return s.mc, written
+}
+
+// OnWritten makes f run after each write reported (outside the pacer's
+// lock): supervise saves the writes with the sessions.
+func (s *SpacedPacer) OnWritten(f func()) {
+	s.mu.Lock()
+	s.onWritten = f
+	s.mu.Unlock()
 }
 
 // admit grants h now (with its floor) when its bucket has no grant whose

@@ -1,12 +1,14 @@
 package supervisor
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway"
+	"github.com/shardfs/shardfs/sessions/dir"
 )
 
 // spacing is what one node's gateway client keeps between two identifies
@@ -142,4 +144,36 @@ func TestSpacedPacerRequest(t *testing.T) {
 		t.Errorf("Fluxer: granted %v with floor %v; want at once, none", now, nb)
 	}
 	f.Written(0, clk.Now()) // ignored
+}
+
+// TestSpacedPacerSeeded: a predecessor's writes, saved with the sessions
+// and read back, floor the first grant of each bucket; the writes this
+// process reports are saved again (item 7 of issue 23: a new supervise
+// identified 2.2 s after the last READY of the same bucket, op 9).
+func TestSpacedPacerSeeded(t *testing.T) {
+	clk := clock.NewFake()
+	folder := t.TempDir()
+	prev := clk.Now().Add(-2 * time.Second)
+	if err := dir.SaveIdentifyTimes(folder, dir.IdentifyTimes{MaxConcurrency: 2, Written: map[int]time.Time{1: prev}}); err != nil {
+		t.Fatal(err)
+	}
+	p := NewSpacedPacer(core.NewDiscordPacer(clk, 2), true, clk)
+	keepIdentifyTimes(p, folder, slog.New(slog.DiscardHandler))
+	if now, nb, _ := p.RequestFloor(0, false, func(time.Time) {}); !now || !nb.IsZero() {
+		t.Fatalf("shard 0 (a bucket nobody wrote): granted %v, floor %v; want at once, none", now, nb)
+	}
+	now, nb, _ := p.RequestFloor(1, false, func(time.Time) {})
+	if !now || !nb.Equal(prev.Add(spacing)) {
+		t.Fatalf("shard 1: granted %v, floor %v; want at once, floor %v (the predecessor's write + 5.05 s)", now, nb, prev.Add(spacing))
+	}
+	w := clk.Now()
+	p.Written(1, w)
+	got, err := dir.LoadIdentifyTimes(folder)
+	if err != nil || got.MaxConcurrency != 2 || !got.Written[1].Equal(w) {
+		t.Fatalf("saved %+v, %v; want bucket 1 written at %v", got, err, w)
+	}
+	// Another max_concurrency: every bucket is floored by the latest.
+	if f := got.Floor(3, 4); !f.Equal(w) {
+		t.Fatalf("Floor(3, 4) = %v; want %v", f, w)
+	}
 }

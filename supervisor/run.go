@@ -114,6 +114,9 @@ func Run(ctx context.Context, rc RunConfig) error {
 	if err != nil {
 		return err
 	}
+	if rc.SessionsDir != "" && flavor == core.Discord {
+		keepIdentifyTimes(ex.Pacer.(*SpacedPacer), rc.SessionsDir, log)
+	}
 	var tree *Tree // set below, before the first launch
 	launch := func(l Launch, r *Reports) (Process, error) {
 		if l.Crashed {
@@ -133,7 +136,8 @@ func Run(ctx context.Context, rc RunConfig) error {
 		},
 		Logger: log.With("component", "tree"),
 	})
-	ex.Lines, ex.Sessions = tree.Line, tree.Session
+	ex.Lines, ex.Sessions, ex.States = tree.Line, tree.Session, tree.State
+	ex.Logger = log.With("component", "channel")
 	if flavor == core.Discord {
 		// What the children's discoveries learn reaches the shared
 		// pacer: it lowers what remains, never raises it.
@@ -202,6 +206,29 @@ func (rc RunConfig) newExec(tmp string, a Assignment, total int, pacer *core.Pac
 	discord := rc.Pacing.Flavor == core.Discord
 	ex := &Exec{Path: self, Args: childArgs, Env: rc.Env, Token: rc.Token, Pacer: NewSpacedPacer(pacer, discord, nil), Output: NewOutput(rc.Output)}
 	return ex, sessions, nil
+}
+
+// keepIdentifyTimes spaces the first identifies from those a predecessor
+// (a supervise killed, whose children then saved and exited) wrote, and
+// saves every write reported, beside the children's sessions folders: a
+// new process does not know its predecessor's identifies otherwise, and
+// the gateway refuses (op 9) an identify 5 s too close to the last of
+// its bucket, whoever sent it.
+func keepIdentifyTimes(sp *SpacedPacer, folder string, log *slog.Logger) {
+	prev, err := dir.LoadIdentifyTimes(folder)
+	if err != nil {
+		log.Warn("the last identify times cannot be read: the first identifies are spaced from nothing", "err", err)
+	}
+	sp.Seed(prev.Floor)
+	var mu sync.Mutex // one save at a time, each of the latest writes
+	sp.OnWritten(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		mc, written := sp.Writes()
+		if err := dir.SaveIdentifyTimes(folder, dir.IdentifyTimes{MaxConcurrency: mc, Written: written}); err != nil {
+			log.Warn("saving the last identify times", "err", err)
+		}
+	})
 }
 
 // discover runs discovery before the start: with Total 0 for the

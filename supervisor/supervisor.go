@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shardfs/shardfs/clock"
 )
@@ -25,6 +29,7 @@ const (
 	Stopping   State = "stopping"   // asked to exit (SIGTERM), waiting for it
 	Closed     State = "closed"     // stopped on purpose
 	Failed     State = "failed"     // used up its restart budget
+	Hung       State = "hung"       // silent past the watchdog: killed, waiting for its exit
 )
 
 // Errors of the supervisor's commands.
@@ -93,13 +98,23 @@ func (r *Reports) Settled() {
 	}
 }
 
+// Alive reports that the child spoke on its control stream: the
+// watchdog's sign of life.
+func (r *Reports) Alive() {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	if r.c.gen == r.gen {
+		r.c.heard = r.s.clock.Now()
+	}
+}
+
 // Broken reports that the child's private channel failed (garbage, or
 // closed while the process lives): the child cannot be driven, so it is
 // stopped and counts as a failure.
 func (r *Reports) Broken(err error) {
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
-	if r.c.gen != r.gen || r.c.proc == nil || r.c.state == Stopping {
+	if r.c.gen != r.gen || r.c.proc == nil || r.c.state == Stopping || r.c.state == Hung {
 		return
 	}
 	r.s.log.Error("child's private channel failed; stopping it", "child", r.c.ID, "pid", r.c.proc.Pid(), "err", err)
@@ -142,13 +157,18 @@ type child struct {
 	restarts int // starts after the first, whatever the reason
 	attempts int // restart attempts used in the current run of failures
 	lastExit string
-	crashed  bool // the last process ended without a clean stop
-	forced   bool // the current process was sent SIGKILL
-	socket   string
-	settled  bool
-	intent   intent
-	timer    clock.Timer // the state's one timer: startup, healthy reset, restart delay or kill
-	killer   clock.Timer
+	// lastExitWord is lastExit for /children (see ChildInfo).
+	lastExitWord string
+	crashed      bool // the last process ended without a clean stop
+	forced       bool // the current process was sent SIGKILL
+	socket       string
+	settled      bool
+	heard        time.Time   // the last message on its control stream
+	watch        clock.Timer // the watchdog, while running
+	hangs        int
+	intent       intent
+	timer        clock.Timer // the state's one timer: startup, healthy reset, restart delay or kill
+	killer       clock.Timer
 }
 
 // Supervisor runs the children of an assignment.
@@ -228,17 +248,53 @@ type ChildInfo struct {
 	Generation int
 	Shards     []int
 	Socket     string
-	LastExit   string
+	// LastExit says how its last process ended, in words; LastExitWord
+	// in one word for /children ("none" before any exit): exit:N,
+	// signal:NAME, watchdog:SIGKILL (hung), shutdown-timeout:SIGKILL (did
+	// not stop in time), not-started.
+	LastExit     string
+	LastExitWord string
+	// Hangs counts the watchdog's kills of it.
+	Hangs int
 }
 
-// String is the /children line: id state pid restarts generation shards.
+// String is the /children line: id state pid restarts generation shards
+// last_exit.
 func (c ChildInfo) String() string {
 	pid := "none"
 	if c.Pid != 0 {
 		pid = strconv.Itoa(c.Pid)
 	}
-	return fmt.Sprintf("%s %s %s %d %d %s", c.ID, c.State, pid, c.Restarts, c.Generation, FormatShards(c.Shards))
+	last := c.LastExitWord
+	if last == "" {
+		last = "none"
+	}
+	return fmt.Sprintf("%s %s %s %d %d %s %s", c.ID, c.State, pid, c.Restarts, c.Generation, FormatShards(c.Shards), last)
 }
+
+// exitWord is how a process ended, in one word; killedBy names who sent
+// the SIGKILL it died of, if the supervisor did.
+func exitWord(err error, killedBy string) string {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return "exit:0"
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			if ws.Signal() == syscall.SIGKILL && killedBy != "" {
+				return killedBy + ":SIGKILL"
+			}
+			return "signal:" + unix.SignalName(ws.Signal())
+		}
+		return "exit:" + strconv.Itoa(ee.ExitCode())
+	}
+	return strings.Join(strings.Fields(err.Error()), "_")
+}
+
+// cleanExit: a process that exited with status 0. Anything else (a
+// status, a signal) is a crash, whatever the supervisor asked for: the
+// child may have saved sessions past what the parent has.
+func cleanExit(err error) bool { return err == nil }
 
 // Children returns every child's line, in the assignment's order.
 func (s *Supervisor) Children() []ChildInfo {
@@ -246,12 +302,24 @@ func (s *Supervisor) Children() []ChildInfo {
 	defer s.mu.Unlock()
 	out := make([]ChildInfo, len(s.children))
 	for i, c := range s.children {
-		out[i] = ChildInfo{ID: c.ID, State: c.state, Restarts: c.restarts, Generation: c.gen, Shards: c.Shards, Socket: c.socket, LastExit: c.lastExit}
-		if c.proc != nil {
-			out[i].Pid = c.proc.Pid()
-		}
+		out[i] = s.infoLocked(c)
 	}
 	return out
+}
+
+// Child returns the line of the assignment's child i.
+func (s *Supervisor) Child(i int) ChildInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.infoLocked(s.children[i])
+}
+
+func (s *Supervisor) infoLocked(c *child) ChildInfo {
+	info := ChildInfo{ID: c.ID, State: c.state, Restarts: c.restarts, Generation: c.gen, Shards: c.Shards, Socket: c.socket, LastExit: c.lastExit, LastExitWord: c.lastExitWord, Hangs: c.hangs}
+	if c.proc != nil {
+		info.Pid = c.proc.Pid()
+	}
+	return info
 }
 
 // Restart restarts child id now: SIGTERM (it saves its sessions), then a
@@ -284,8 +352,8 @@ func (s *Supervisor) RestartAll() error {
 		return fmt.Errorf("%w: restart all is in progress (child %q)", ErrBusy, s.rollout[0].ID)
 	}
 	for _, c := range s.children {
-		if c.state == Stopping {
-			return fmt.Errorf("%w: child %q is stopping", ErrBusy, c.ID)
+		if c.state == Stopping || c.state == Hung {
+			return fmt.Errorf("%w: child %q is %s", ErrBusy, c.ID, c.state)
 		}
 	}
 	s.rollout = append([]*child(nil), s.children...)
@@ -308,8 +376,8 @@ func (s *Supervisor) nextRolloutLocked() error {
 
 func (s *Supervisor) restartLocked(c *child) error {
 	switch c.state {
-	case Stopping:
-		return fmt.Errorf("%w: child %q is stopping", ErrBusy, c.ID)
+	case Stopping, Hung:
+		return fmt.Errorf("%w: child %q is %s", ErrBusy, c.ID, c.state)
 	case Failed, Closed:
 		return fmt.Errorf("%w: child %q is %s", ErrBusy, c.ID, c.state)
 	case Restarting, Idle:
@@ -334,7 +402,7 @@ func (s *Supervisor) startLocked(c *child, attempt int) {
 	p, err := s.cfg.Launch(Launch{ID: c.ID, Shards: c.Shards, Generation: c.gen, Attempt: attempt, Crashed: c.crashed}, &Reports{s: s, c: c, gen: c.gen})
 	if err != nil {
 		s.log.Error("starting child failed", "child", c.ID, "generation", c.gen, "err", err)
-		c.lastExit = "not started: " + err.Error()
+		c.lastExit, c.lastExitWord = "not started: "+err.Error(), "not-started"
 		s.failureLocked(c)
 		return
 	}
@@ -359,14 +427,12 @@ func (s *Supervisor) readyLocked(c *child, socket string) {
 	c.socket = socket
 	s.log.Info("child ready", "child", c.ID, "pid", c.proc.Pid(), "generation", c.gen)
 	gen := c.gen
-	s.setTimerLocked(c, s.pol.HealthyReset, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if c.gen == gen && c.state == Running && c.attempts > 0 {
-			s.log.Info("child healthy: restart budget reset", "child", c.ID, "after", s.pol.HealthyReset)
-			c.attempts = 0
-		}
-	})
+	c.heard = s.clock.Now()
+	if c.timer != nil {
+		c.timer.Stop() // the startup timeout
+		c.timer = nil
+	}
+	s.watchLocked(c, gen, s.pol.Watchdog)
 	if len(s.rollout) > 0 && s.rollout[0] == c && !c.settled {
 		// The rollout goes on only once the shards are READY; a child
 		// whose shards do not get there in time stops it, so that a bad
@@ -389,8 +455,62 @@ func (s *Supervisor) readyLocked(c *child, socket string) {
 	}
 }
 
+// watchLocked arms c's watchdog to look in d: a running child silent on
+// its control stream for the watchdog's time is hung, killed, and goes to
+// the restart policy. A child that reports pushes at least every second.
+func (s *Supervisor) watchLocked(c *child, gen int, d time.Duration) {
+	if s.pol.Watchdog <= 0 {
+		return
+	}
+	if c.watch != nil {
+		c.watch.Stop()
+	}
+	c.watch = s.clock.AfterFunc(d, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if c.gen != gen || c.state != Running {
+			return
+		}
+		silent := s.clock.Now().Sub(c.heard)
+		if silent < s.pol.Watchdog {
+			s.watchLocked(c, gen, s.pol.Watchdog-silent)
+			return
+		}
+		s.hungLocked(c, silent)
+	})
+}
+
+// hungLocked kills c, silent for that long. Its exit is a crash: the
+// restart policy decides, and its snapshots are not trusted.
+func (s *Supervisor) hungLocked(c *child, silent time.Duration) {
+	p := c.proc
+	s.log.Error("child hung: silent on its channel past the watchdog; killing it", "child", c.ID, "pid", p.Pid(), "silent", silent, "watchdog", s.pol.Watchdog)
+	s.stopTimerLocked(c)
+	s.moveLocked(c, Hung)
+	c.hangs++
+	c.intent, c.forced = exitFailure, true
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		s.log.Warn("signalling child", "child", c.ID, "pid", p.Pid(), "signal", "SIGKILL", "err", err)
+	}
+}
+
 func (s *Supervisor) settledLocked(c *child) {
-	if c.state != Running || len(s.rollout) == 0 || s.rollout[0] != c {
+	if c.state != Running {
+		return
+	}
+	// The healthy reset counts from every shard READY, not from the
+	// tree served: a child whose shards never get there (a crash caused
+	// by an event, replayed at each start) keeps its count.
+	gen := c.gen
+	s.setTimerLocked(c, s.pol.HealthyReset, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if c.gen == gen && c.state == Running && c.attempts > 0 {
+			s.log.Info("child healthy: restart budget reset", "child", c.ID, "after", s.pol.HealthyReset)
+			c.attempts = 0
+		}
+	})
+	if len(s.rollout) == 0 || s.rollout[0] != c {
 		return
 	}
 	if c.killer != nil {
@@ -432,20 +552,37 @@ func (s *Supervisor) stopLocked(c *child, why intent) {
 }
 
 func (s *Supervisor) exitedLocked(c *child, err error) {
-	c.lastExit = exitText(err)
+	killedBy := ""
+	switch {
+	case c.state == Hung:
+		killedBy = "watchdog"
+	case c.forced:
+		killedBy = "shutdown-timeout"
+	}
+	c.lastExit, c.lastExitWord = exitText(err), exitWord(err, killedBy)
 	c.proc = nil
-	// Only a stop this supervisor asked for (restart or close), and that
-	// needed no SIGKILL, is clean.
-	c.crashed = c.intent == exitFailure || c.forced
+	// Only a stop this supervisor asked for (restart or close), that
+	// needed no SIGKILL and ended with status 0, is clean: a child that
+	// crashed while it stopped may have saved sessions past the parent's
+	// last line.
+	c.crashed = c.intent == exitFailure || c.forced || !cleanExit(err)
 	s.stopTimerLocked(c)
 	was := c.state
 	switch {
 	case c.intent == exitClose || s.closing:
 		s.moveLocked(c, Closed)
-		s.log.Info("child stopped", "child", c.ID, "exit", c.lastExit)
+		if c.crashed {
+			s.log.Warn("child stopped, but not cleanly: its snapshots are not trusted", "child", c.ID, "exit", c.lastExit)
+		} else {
+			s.log.Info("child stopped", "child", c.ID, "exit", c.lastExit)
+		}
 		s.checkDoneLocked()
 	case c.intent == exitRestart:
-		s.log.Info("child stopped for its restart", "child", c.ID, "exit", c.lastExit)
+		if c.crashed {
+			s.log.Warn("child crashed while it stopped for its restart: its snapshots are not trusted", "child", c.ID, "exit", c.lastExit)
+		} else {
+			s.log.Info("child stopped for its restart", "child", c.ID, "exit", c.lastExit)
+		}
 		s.startLocked(c, 0)
 	default:
 		s.log.Warn("child exited unexpectedly", "child", c.ID, "state", was, "exit", c.lastExit)
@@ -463,12 +600,27 @@ func (s *Supervisor) failureLocked(c *child) {
 	}
 	if c.attempts >= s.pol.MaxAttempts {
 		s.moveLocked(c, Failed)
+		var err error
 		if s.pol.MaxAttempts == 0 {
-			s.err = fmt.Errorf("child %q exited unexpectedly (%s) and --restart-max is 0", c.ID, c.lastExit)
+			err = fmt.Errorf("child %q exited unexpectedly (%s) and --restart-max is 0", c.ID, c.lastExit)
 		} else {
-			s.err = fmt.Errorf("child %q failed: restarted %d times in a row, last exit: %s", c.ID, c.attempts, c.lastExit)
+			err = fmt.Errorf("child %q failed: restarted %d times in a row, last exit: %s", c.ID, c.attempts, c.lastExit)
 		}
-		s.log.Error("restart budget exhausted: stopping every child", "child", c.ID, "attempts", c.attempts, "max", s.pol.MaxAttempts, "last_exit", c.lastExit)
+		if s.pol.FailAll {
+			s.err = err
+			s.log.Error("restart budget exhausted: stopping every child (--fail-all)", "child", c.ID, "attempts", c.attempts, "max", s.pol.MaxAttempts, "last_exit", c.lastExit)
+			s.closeAllLocked()
+			return
+		}
+		for _, o := range s.children {
+			if o.state != Failed {
+				s.log.Error("restart budget exhausted: the child is failed, the others go on (its shards run nowhere until restart "+c.ID+")", "child", c.ID, "attempts", c.attempts, "max", s.pol.MaxAttempts, "last_exit", c.lastExit)
+				return
+			}
+		}
+		// Every child failed: nothing is left to supervise.
+		s.err = err
+		s.log.Error("restart budget exhausted: every child is failed", "child", c.ID, "attempts", c.attempts, "max", s.pol.MaxAttempts, "last_exit", c.lastExit)
 		s.closeAllLocked()
 		return
 	}
@@ -496,7 +648,7 @@ func (s *Supervisor) closeAllLocked() {
 		switch c.state {
 		case Starting, Running:
 			s.stopLocked(c, exitClose)
-		case Stopping:
+		case Stopping, Hung:
 			c.intent = exitClose
 		case Idle, Restarting:
 			s.stopTimerLocked(c)
@@ -518,8 +670,12 @@ func (s *Supervisor) checkDoneLocked() {
 	s.doneOnce.Do(func() { close(s.done) })
 }
 
+// setTimerLocked sets c's state timer (startup, healthy reset or restart
+// delay), replacing the one set.
 func (s *Supervisor) setTimerLocked(c *child, d time.Duration, f func()) {
-	s.stopTimerLocked(c)
+	if c.timer != nil {
+		c.timer.Stop()
+	}
 	c.timer = s.clock.AfterFunc(d, f)
 }
 
@@ -538,6 +694,10 @@ func (s *Supervisor) stopTimerLocked(c *child) {
 	if c.killer != nil {
 		c.killer.Stop()
 		c.killer = nil
+	}
+	if c.watch != nil {
+		c.watch.Stop()
+		c.watch = nil
 	}
 }
 

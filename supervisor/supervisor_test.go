@@ -120,7 +120,15 @@ type harness struct {
 	nextPid  int
 }
 
+// newHarness runs the assignment's fake children without the watchdog,
+// which would kill them as the tests advance the clock (they report
+// nothing); newWatchdogHarness keeps it.
 func newHarness(t *testing.T, a Assignment, pol Policy) *harness {
+	pol.Watchdog = 0
+	return newWatchdogHarness(t, a, pol)
+}
+
+func newWatchdogHarness(t *testing.T, a Assignment, pol Policy) *harness {
 	h := &harness{t: t, j: &record{t: t}, clk: clock.NewFake(), fail: map[string]error{}, nextPid: 100}
 	h.s = New(Config{
 		Assignment: a, Policy: pol, Clock: h.clk, Logger: slog.New(journalHandler{j: h.j}),
@@ -212,11 +220,14 @@ func TestDelay(t *testing.T) {
 	}
 }
 
-// TestCrashLoop: a child that exits at once is restarted at attempts 1, 2
-// and 3 after 1 s, 2 s and 4 s, then fails; the other child is stopped and
-// the supervisor's error names the child and its last exit.
+// TestCrashLoop: with --fail-all, a child that exits at once is restarted
+// at attempts 1, 2 and 3 after 1 s, 2 s and 4 s, then fails; the other
+// child is stopped and the supervisor's error names the child and its
+// last exit.
 func TestCrashLoop(t *testing.T) {
-	h := newHarness(t, twoChildren(t), DefaultPolicy)
+	pol := DefaultPolicy
+	pol.FailAll = true
+	h := newHarness(t, twoChildren(t), pol)
 	h.s.Start()
 	h.last("b").reports.Ready("")
 	h.last("a").reports.Exited(exit1)
@@ -266,6 +277,7 @@ func TestCrashLoop(t *testing.T) {
 func TestRestartMaxZero(t *testing.T) {
 	pol := DefaultPolicy
 	pol.MaxAttempts = 0
+	pol.FailAll = true
 	h := newHarness(t, twoChildren(t), pol)
 	h.s.Start()
 	h.last("a").reports.Ready("")
@@ -285,8 +297,9 @@ func TestRestartMaxZero(t *testing.T) {
 	}
 }
 
-// TestHealthyReset: a child that ran for the healthy-reset time gets its
-// budget back, so a crash much later starts again at attempt 1.
+// TestHealthyReset: a child that ran for the healthy-reset time with every
+// shard READY gets its budget back, so a crash much later starts again at
+// attempt 1.
 func TestHealthyReset(t *testing.T) {
 	a, _ := ByProcesses(4, 1)
 	h := newHarness(t, a, DefaultPolicy)
@@ -296,6 +309,7 @@ func TestHealthyReset(t *testing.T) {
 	h.last("c0").reports.Exited(exit1)
 	h.clk.Advance(2 * time.Second)
 	h.last("c0").reports.Ready("")
+	h.last("c0").reports.Settled()
 	h.clk.Advance(time.Minute - time.Millisecond)
 	h.last("c0").reports.Exited(exit1) // 1 ms short: attempt 3, 4 s
 	if next, _ := h.clk.Next(); next != 4*time.Second {
@@ -303,6 +317,7 @@ func TestHealthyReset(t *testing.T) {
 	}
 	h.clk.Advance(4 * time.Second)
 	h.last("c0").reports.Ready("")
+	h.last("c0").reports.Settled()
 	h.clk.Advance(time.Minute)
 	if i := h.j.index(0, "restart budget reset", "child=c0"); i < 0 {
 		t.Fatal("budget reset not logged")
@@ -367,7 +382,7 @@ func TestIgnoresSIGTERM(t *testing.T) {
 	for h.state("a").State != Stopping || h.state("b").State != Stopping {
 	}
 	h.last("b").reports.Exited(nil) // b obeys at once
-	h.clk.Advance(5*time.Second - time.Millisecond)
+	h.clk.Advance(DefaultPolicy.ShutdownTimeout - time.Millisecond)
 	if got := h.last("a").got(); !slices.Equal(got, []os.Signal{syscall.SIGTERM}) {
 		t.Fatalf("a got %v before the timeout; want [SIGTERM]", got)
 	}
@@ -511,11 +526,11 @@ func TestLaunchFails(t *testing.T) {
 
 func TestChildrenLine(t *testing.T) {
 	c := ChildInfo{ID: "a", State: Running, Pid: 42, Restarts: 2, Generation: 3, Shards: []int{0, 1, 2, 3, 7}}
-	if got, want := c.String(), "a running 42 2 3 0-3,7"; got != want {
+	if got, want := c.String(), "a running 42 2 3 0-3,7 none"; got != want {
 		t.Errorf("String() = %q; want %q", got, want)
 	}
-	c.Pid = 0
-	if got, want := c.String(), "a running none 2 3 0-3,7"; got != want {
+	c.Pid, c.LastExitWord = 0, "watchdog:SIGKILL"
+	if got, want := c.String(), "a running none 2 3 0-3,7 watchdog:SIGKILL"; got != want {
 		t.Errorf("String() = %q; want %q", got, want)
 	}
 }
@@ -557,4 +572,33 @@ func TestKilledStopIsNotClean(t *testing.T) {
 		t.Fatalf("a clean restart after a killed one: %+v; want not crashed", l)
 	}
 	h.s.closeAllForTest()
+}
+
+// TestCrashDuringStopIsCrash: a child that exits non-zero while it stops
+// for its restart is a crash: the next start is told Crashed (its
+// snapshots may be past the parent's last line), and /children says how
+// it ended; a clean exit of the same stop is not.
+func TestCrashDuringStopIsCrash(t *testing.T) {
+	h := newHarness(t, twoChildren(t), DefaultPolicy)
+	h.s.Start()
+	h.last("a").reports.Ready("")
+	if err := h.s.Restart("a"); err != nil {
+		t.Fatal(err)
+	}
+	h.last("a").reports.Exited(nil)
+	if l := h.last("a").launch; l.Crashed {
+		t.Fatalf("after a clean stop, launch = %+v; want not Crashed", l)
+	}
+	h.last("a").reports.Ready("")
+	if err := h.s.Restart("a"); err != nil {
+		t.Fatal(err)
+	}
+	h.last("a").reports.Exited(errors.New("exit status 2"))
+	if l := h.last("a").launch; !l.Crashed || l.Generation != 3 {
+		t.Fatalf("after a crash during the stop, launch = %+v; want generation 3, Crashed", l)
+	}
+	if i := h.j.index(0, "crashed while it stopped", "child=a"); i < 0 {
+		t.Error("the crash during the stop was not logged")
+	}
+	closeHarness(h)
 }

@@ -64,10 +64,19 @@ type Tree struct {
 	events   *journal.Log
 	shards   map[int]*shardLogs
 
-	mu      sync.Mutex
-	clients map[string]*childClient // by child id
+	mu    sync.Mutex
+	conns []*childConn   // by block index
+	gaps  map[string]int // gap lines by child, any log
 
 	rejects rejectLimit // the parent's own refusal lines in /events
+}
+
+// childConn is the parent's 9P connection to one child, dialled when a
+// forwarded request needs it. Its mutex guards the pointer only: the dial
+// and every request run without it.
+type childConn struct {
+	mu sync.Mutex
+	cc *childClient
 }
 
 type shardLogs struct {
@@ -85,9 +94,13 @@ type shardLogs struct {
 	// readyWaits: a READY line at readySeq came with no report yet.
 	readySeq   int64
 	readyWaits bool
-	once       sync.Once
-	dir        *fsrv.Dir
-	rejects    rejectLimit // the parent's own refusal lines in its events
+	// pushed is what the owning child (of generation pushedGen) last
+	// pushed of the shard (guarded by Tree.mu).
+	pushed    ShardState
+	pushedGen int
+	once      sync.Once
+	dir       *fsrv.Dir
+	rejects   rejectLimit // the parent's own refusal lines in its events
 }
 
 type childClient struct {
@@ -100,7 +113,10 @@ type childClient struct {
 
 // NewTree returns the parent's tree.
 func NewTree(cfg TreeConfig) *Tree {
-	t := &Tree{cfg: cfg, log: cfg.Logger, clk: clock.Or(cfg.Clock), shards: map[int]*shardLogs{}, clients: map[string]*childClient{}}
+	t := &Tree{cfg: cfg, log: cfg.Logger, clk: clock.Or(cfg.Clock), shards: map[int]*shardLogs{}}
+	for range cfg.Assignment.Blocks {
+		t.conns = append(t.conns, &childConn{})
+	}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
@@ -172,6 +188,18 @@ func (t *Tree) Line(child, kind string, line []byte) {
 		}
 	case "event":
 		t.events.AppendLine(line, now)
+		if isGap(line) {
+			t.mu.Lock()
+			if t.gaps == nil {
+				t.gaps = map[string]int{}
+			}
+			t.gaps[child]++
+			t.mu.Unlock()
+			if bytes.Contains(line, []byte(" log=dispatch ")) {
+				t.gap(child, line)
+			}
+			return
+		}
 		if shard, ok := eventShard(line); ok {
 			if sl := t.shards[shard]; sl != nil && t.cfg.Assignment.Blocks[sl.owner].ID == child {
 				sl.events.AppendLine(line, now)
@@ -195,6 +223,39 @@ func (t *Tree) Session(child string, shard int, s core.Session, seq int64) {
 		return
 	}
 	sl.pending, sl.pendingSeq = s, seq
+}
+
+// State takes a shard's state that child (of generation gen) pushed
+// (Exec calls it); the parent answers /status, /N/state, /N/sequence and
+// /N/reconnects from it, without asking the child.
+func (t *Tree) State(child string, gen, shard int, st ShardState) {
+	sl := t.shards[shard]
+	if sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child {
+		t.log.Warn("dropped a state for a shard the child does not own", "child", child, "shard", shard)
+		return
+	}
+	t.mu.Lock()
+	sl.pushed, sl.pushedGen = st, gen
+	t.mu.Unlock()
+}
+
+// shardState is what the parent shows of sl: what its child pushed while
+// that child runs, else ASSIGNED with the last sequence the parent saw.
+func (t *Tree) shardState(sl *shardLogs) ShardState {
+	info := t.cfg.Supervisor.Child(sl.owner)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if info.State == Running && sl.pushedGen == info.Generation && sl.pushed.State != "" {
+		return sl.pushed
+	}
+	return ShardState{State: "ASSIGNED", Seq: sl.lastSeq, NoSeq: sl.lastSeq < 0}
+}
+
+func (st ShardState) appendSeq(b []byte) []byte {
+	if st.NoSeq {
+		return append(b, "none"...)
+	}
+	return strconv.AppendInt(b, st.Seq, 10)
 }
 
 // ResumePoint is where a crashed child's shard can resume: its session
@@ -224,6 +285,30 @@ func (t *Tree) ResumePoints(child string) []ResumePoint {
 		}
 	}
 	return out
+}
+
+// isGap: a child's gap line (see Link.Copy), node-level, no shard.
+func isGap(line []byte) bool {
+	return bytes.Contains(line, []byte(" event=gap ")) && !bytes.Contains(line, []byte(" shard="))
+}
+
+// gap takes a child's gap line: its copy of a log lost lines, so the
+// parent's /dispatch may have a hole in any of its shards; none of them
+// resumes from the parent's points after a crash (they would resume past
+// the hole, which the gateway would then never replay).
+func (t *Tree) gap(child string, line []byte) {
+	t.log.Warn("a child's copy of its log lost lines: its shards will not resume from the parent's points after a crash", "child", child, "line", string(bytes.TrimSpace(line)))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, b := range t.cfg.Assignment.Blocks {
+		if b.ID != child {
+			continue
+		}
+		for _, id := range b.Shards {
+			sl := t.shards[id]
+			sl.current, sl.pending, sl.readyWaits = core.Session{}, core.Session{}, false
+		}
+	}
 }
 
 func isReady(line []byte) bool {
@@ -299,24 +384,21 @@ func (t *Tree) shardDir(sl *shardLogs) *fsrv.Dir {
 	sl.once.Do(func() {
 		id := sl.id
 		name := strconv.Itoa(id)
-		word := func(file string, down func() string) func() []byte {
-			return func() []byte {
-				b, err := t.read(sl.owner, name+"/"+file)
-				if err != nil {
-					return []byte(down() + "\n")
-				}
-				return b
-			}
-		}
 		sl.dir = fsrv.NewDir(name,
-			&fsrv.Text{Name: "state", Content: word("state", func() string { return "ASSIGNED" })},
-			&fsrv.Text{Name: "sequence", Content: word("sequence", func() string { return t.lastSeq(sl) })},
-			&fsrv.Text{Name: "reconnects", Content: word("reconnects", func() string { return "0" })},
+			&fsrv.Text{Name: "state", Content: func() []byte { return append([]byte(t.shardState(sl).State), '\n') }},
+			&fsrv.Text{Name: "sequence", Content: func() []byte { return append(t.shardState(sl).appendSeq(nil), '\n') }},
+			&fsrv.Text{Name: "reconnects", Content: func() []byte {
+				return append(strconv.AppendUint(nil, t.shardState(sl).Reconnects, 10), '\n')
+			}},
 			&fsrv.Ctl{Name: "ctl", Handle: func(line string) error { return t.forward(sl.owner, sl, name+"/ctl", line) }, Usage: func() string { return core.ShardUsage }},
 			&fsrv.LogFile{Name: "events", Source: sl.events},
-			&fsrv.Text{Name: "diag", Content: word("diag", func() string {
-				return "child " + t.cfg.Assignment.Blocks[sl.owner].ID + " " + string(t.childState(sl.owner))
-			})},
+			&fsrv.Text{Name: "diag", Content: func() []byte {
+				b, err := t.read(sl.owner, name+"/diag")
+				if err != nil {
+					return []byte("child " + t.cfg.Assignment.Blocks[sl.owner].ID + " " + string(t.childState(sl.owner)) + "\n")
+				}
+				return b
+			}},
 			&fsrv.LogFile{Name: "dispatch", Source: sl.dispatch, Private: true},
 			&fsrv.Ctl{Name: "send", Handle: func(line string) error { return t.forward(sl.owner, sl, name+"/send", line) }, Private: true},
 		)
@@ -324,17 +406,8 @@ func (t *Tree) shardDir(sl *shardLogs) *fsrv.Dir {
 	return sl.dir
 }
 
-func (t *Tree) lastSeq(sl *shardLogs) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if sl.lastSeq < 0 {
-		return "none"
-	}
-	return strconv.FormatInt(sl.lastSeq, 10)
-}
-
 func (t *Tree) childState(i int) State {
-	return t.cfg.Supervisor.Children()[i].State
+	return t.cfg.Supervisor.Child(i).State
 }
 
 func (t *Tree) children() []byte {
@@ -346,32 +419,29 @@ func (t *Tree) children() []byte {
 	return []byte(b.String())
 }
 
-// status joins the children's /status in shard order; a child that does
-// not answer shows its shards ASSIGNED, with the last sequence the parent
-// saw.
+// status is every shard's line, in shard order, from what the children
+// pushed (a child that is not running shows its shards ASSIGNED, with the
+// last sequence the parent saw): no child is asked, so a hung one delays
+// nothing.
 func (t *Tree) status() []byte {
-	type line struct {
-		id int
-		b  []byte
+	ids := make([]int, 0, len(t.shards))
+	for id := range t.shards {
+		ids = append(ids, id)
 	}
-	var lines []line
-	for i, blk := range t.cfg.Assignment.Blocks {
-		b, err := t.read(i, "status")
-		if err == nil {
-			for l := range bytes.Lines(b) {
-				id, _ := strconv.Atoi(string(l[:max(bytes.IndexByte(l, ' '), 0)]))
-				lines = append(lines, line{id, l})
-			}
-			continue
-		}
-		for _, id := range blk.Shards {
-			lines = append(lines, line{id, fmt.Appendf(nil, "%d ASSIGNED %s 0 0\n", id, t.lastSeq(t.shards[id]))})
-		}
-	}
-	slices.SortStableFunc(lines, func(a, b line) int { return a.id - b.id })
-	var out []byte
-	for _, l := range lines {
-		out = append(out, l.b...)
+	slices.Sort(ids)
+	out := make([]byte, 0, len(ids)*24)
+	for _, id := range ids {
+		st := t.shardState(t.shards[id])
+		out = strconv.AppendInt(out, int64(id), 10)
+		out = append(out, ' ')
+		out = append(out, st.State...)
+		out = append(out, ' ')
+		out = st.appendSeq(out)
+		out = append(out, ' ')
+		out = strconv.AppendUint(out, st.Reconnects, 10)
+		out = append(out, ' ')
+		out = strconv.AppendInt(out, st.LatencyMs, 10)
+		out = append(out, '\n')
 	}
 	return out
 }
@@ -521,52 +591,82 @@ func (t *Tree) read(i int, path string) ([]byte, error) {
 
 // call runs f against child i's root within the timeout. A child that is
 // not running is busy; one that does not answer in time loses its
-// connection (the next call dials again).
+// connection (the next call dials again). No lock is held while the
+// child is dialled or asked: a hung child delays its own files only.
 func (t *Tree) call(i int, f func(root p9.File) error) error {
 	id := t.cfg.Assignment.Blocks[i].ID
-	info := t.cfg.Supervisor.Children()[i]
+	info := t.cfg.Supervisor.Child(i)
 	if info.State != Running || info.Socket == "" {
 		return fmt.Errorf("%w: child %s is %s", fsrv.ErrBusy, id, info.State)
 	}
-	cc, err := t.client(id, info.Socket, info.Generation)
+	deadline := time.Now().Add(t.cfg.Timeout)
+	cc, err := t.client(i, info.Socket, info.Generation, deadline)
 	if err != nil {
 		return fmt.Errorf("%w: child %s: %v", fsrv.ErrBusy, id, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- f(cc.root) }()
-	timer := time.NewTimer(t.cfg.Timeout)
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
 	case err = <-done:
 		var errno linux.Errno
 		if err != nil && !errors.As(err, &errno) {
-			t.drop(id, cc) // the connection failed, not the request
+			t.drop(i, cc) // the connection failed, not the request
 		}
 	case <-timer.C:
-		t.drop(id, cc)
-		<-done
+		t.drop(i, cc)
+		<-done // closing the connection ends the request
 		return fmt.Errorf("%w: child %s did not answer within %v", fsrv.ErrBusy, id, t.cfg.Timeout)
 	}
 	return errnoToFS(err)
 }
 
-func (t *Tree) client(id, socket string, gen int) (*childClient, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if cc := t.clients[id]; cc != nil {
-		if cc.socket == socket && cc.gen == gen {
-			return cc, nil
-		}
-		cc.close()
-		delete(t.clients, id)
+// client returns the connection to child i's generation gen, dialling it
+// (connect, version and attach, all before deadline) when there is none.
+// Two callers may dial at once: the first to finish keeps its connection.
+func (t *Tree) client(i int, socket string, gen int, deadline time.Time) (*childClient, error) {
+	slot := t.conns[i]
+	slot.mu.Lock()
+	cc := slot.cc
+	if cc != nil && (cc.socket != socket || cc.gen != gen) {
+		slot.cc = nil
+		go cc.close()
+		cc = nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
+	slot.mu.Unlock()
+	if cc != nil {
+		return cc, nil
+	}
+	cc, err := dialChild(socket, gen, deadline)
+	if err != nil {
+		return nil, err
+	}
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if have := slot.cc; have != nil && have.socket == socket && have.gen == gen {
+		go cc.close()
+		return have, nil
+	}
+	if slot.cc != nil {
+		go slot.cc.close()
+	}
+	slot.cc = cc
+	return cc, nil
+}
+
+// dialChild connects to a child's tree. A stopped child's socket still
+// accepts into its backlog and never answers the version: the deadline on
+// the connection bounds the handshake.
+func dialChild(socket string, gen int, deadline time.Time) (*childClient, error) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
 		return nil, err
 	}
+	conn.SetDeadline(deadline)
 	cl, err := p9.NewClient(conn)
 	if err != nil {
 		conn.Close()
@@ -574,20 +674,21 @@ func (t *Tree) client(id, socket string, gen int) (*childClient, error) {
 	}
 	root, err := cl.Attach("")
 	if err != nil {
+		conn.Close()
 		cl.Close()
 		return nil, err
 	}
-	cc := &childClient{socket: socket, gen: gen, conn: conn, client: cl, root: root}
-	t.clients[id] = cc
-	return cc, nil
+	conn.SetDeadline(time.Time{})
+	return &childClient{socket: socket, gen: gen, conn: conn, client: cl, root: root}, nil
 }
 
-func (t *Tree) drop(id string, cc *childClient) {
-	t.mu.Lock()
-	if t.clients[id] == cc {
-		delete(t.clients, id)
+func (t *Tree) drop(i int, cc *childClient) {
+	slot := t.conns[i]
+	slot.mu.Lock()
+	if slot.cc == cc {
+		slot.cc = nil
 	}
-	t.mu.Unlock()
+	slot.mu.Unlock()
 	cc.close()
 }
 
@@ -598,11 +699,14 @@ func (cc *childClient) close() {
 
 // Close closes the connections to the children.
 func (t *Tree) Close() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for id, cc := range t.clients {
-		cc.close()
-		delete(t.clients, id)
+	for _, slot := range t.conns {
+		slot.mu.Lock()
+		cc := slot.cc
+		slot.cc = nil
+		slot.mu.Unlock()
+		if cc != nil {
+			cc.close()
+		}
 	}
 }
 

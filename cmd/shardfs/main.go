@@ -81,7 +81,8 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
   shardfs supervise (serve's flags, but for --shards and the etcd ones)
                  --processes N | --shards-per-process K | --assign 'a=0-3;b=4-7'
                  [--restart-max 3] [--restart-min-delay 1s] [--restart-max-delay 30s]
-                 [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 5s]
+                 [--healthy-reset 60s] [--startup-timeout 30s] [--shutdown-timeout 20s]
+                 [--watchdog 10s] [--fail-all]
   shardfs netboot --out DIR [--kernel DIR] [--modules LIST] [--cmdline 'shardfs.x=y ...']
                  [--enroll-ca F] [--ca-bundle FILE] [--init F] [--dry-run]
                  (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,

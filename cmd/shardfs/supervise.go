@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/supervisor"
@@ -36,7 +37,9 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	fl.DurationVar(&pol.MaxDelay, "restart-max-delay", pol.MaxDelay, "longest restart delay")
 	fl.DurationVar(&pol.HealthyReset, "healthy-reset", pol.HealthyReset, "a child running that long gets its restart budget back")
 	fl.DurationVar(&pol.StartupTimeout, "startup-timeout", pol.StartupTimeout, "time a child has to serve its tree after its start")
-	fl.DurationVar(&pol.ShutdownTimeout, "shutdown-timeout", pol.ShutdownTimeout, "time a child has to exit after SIGTERM before SIGKILL")
+	fl.DurationVar(&pol.ShutdownTimeout, "shutdown-timeout", pol.ShutdownTimeout, "time a child has to exit after SIGTERM before SIGKILL (the default covers a clean stop, up to about 17 s)")
+	fl.DurationVar(&pol.Watchdog, "watchdog", pol.Watchdog, "a running child silent on its channel that long is hung: killed and restarted (0: off)")
+	fl.BoolVar(&pol.FailAll, "fail-all", false, "a child that uses up its restarts stops every child and supervise exits 1 (default: that child alone is failed)")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -80,6 +83,8 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 		return flagErr(fl, "--restart-min-delay %v, --restart-max-delay %v: want 0 < min <= max", pol.MinDelay, pol.MaxDelay)
 	case pol.HealthyReset <= 0 || pol.StartupTimeout <= 0 || pol.ShutdownTimeout <= 0:
 		return flagErr(fl, "--healthy-reset, --startup-timeout and --shutdown-timeout must be positive")
+	case pol.Watchdog != 0 && pol.Watchdog < 2*time.Second:
+		return flagErr(fl, "--watchdog %v: want 0 (off) or at least 2s (a child reports every second)", pol.Watchdog)
 	}
 	rc := supervisor.RunConfig{
 		Pacing: gateway.Pacing{Flavor: o.flavor, MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal,

@@ -50,8 +50,8 @@ func (p *superviseProc) children(t *testing.T) map[string][]string {
 	out := map[string][]string{}
 	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
 		f := strings.Fields(l)
-		if len(f) != 6 {
-			t.Fatalf("children line %q: want id state pid restarts generation shards", l)
+		if len(f) != 7 {
+			t.Fatalf("children line %q: want id state pid restarts generation shards last_exit", l)
 		}
 		out[f[0]] = f[1:]
 	}
@@ -350,7 +350,7 @@ func TestSuperviseCrashLoop(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(sess, "bad"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := startSupervise(t, sim, token, "--assign", "good=0;bad=1", "--sessions", sess, "--restart-min-delay", "10ms", "--restart-max-delay", "40ms")
+	p := startSupervise(t, sim, token, "--assign", "good=0;bad=1", "--sessions", sess, "--restart-min-delay", "10ms", "--restart-max-delay", "40ms", "--fail-all")
 	err = p.cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 {

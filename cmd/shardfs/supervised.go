@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os/signal"
 	"sync"
+	"syscall"
 
 	"github.com/shardfs/shardfs/node"
 	"github.com/shardfs/shardfs/supervisor"
@@ -32,6 +34,12 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 	if l == nil || err != nil {
 		return ctx, nil, err
 	}
+	// Its stderr is a pipe to the parent: a parent that died (an OOM
+	// kill, a panic, a dead "| tee") must not kill the child on its next
+	// log line before it saved its sessions. Writes to the pipe fail
+	// instead, and the end of the channel starts the clean shutdown
+	// (every shard closed 4000 and saved), as SIGTERM does.
+	signal.Ignore(syscall.SIGPIPE)
 	c := &childLink{Link: l}
 	c.copying, c.endCopying = context.WithCancel(context.Background())
 	ctx, c.cancel = context.WithCancel(ctx)
@@ -86,8 +94,8 @@ func (c *childLink) Serving(ctx context.Context, n *node.Node, socket string) {
 		c.log.Error("telling the supervisor this child is ready", "err", err)
 	}
 	c.wg.Go(func() { c.Watch(ctx, n.Scheduler) })
-	c.wg.Go(func() { c.Copy(c.copying, n.Tree.NodeDispatchLog()) })
-	c.wg.Go(func() { c.Copy(c.copying, n.Scheduler.Events()) })
+	c.wg.Go(func() { c.CopyNamed(c.copying, "dispatch", n.Tree.NodeDispatchLog()) })
+	c.wg.Go(func() { c.CopyNamed(c.copying, "events", n.Scheduler.Events()) })
 }
 
 func (c *childLink) Close() {
