@@ -7,14 +7,14 @@ import (
 	"io/fs"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
+	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/internal/refusal"
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -32,22 +32,9 @@ import (
 // it as soon as the write returns; when it does not arrive, or the child
 // logged none (past its rate limit), the parent logs one of its own.
 // The parent's own lines are rate-limited as the core's are: at most
-// rejectBurst a minute per log, the rest counted and summed up in one
-// rejected-suppressed line before the next line logged.
-
-const (
-	rejectBurst      = 10
-	rejectWindow     = time.Minute
-	maxLoggedCommand = 128
-)
-
-// rejectLimit is the rate limit of one log's refusal lines.
-type rejectLimit struct {
-	mu         sync.Mutex
-	start      time.Time
-	logged     int
-	suppressed int
-}
+// refusal.Burst a window per log and refusal.NodeBurst node-wide, the
+// rest counted and summed up in one rejected-suppressed line when the
+// window ends.
 
 // refuse logs a refusal of line with err's reason to the node's events
 // and, for a shard's file (sl set), to the shard's, and returns err.
@@ -57,37 +44,78 @@ func (t *Tree) refuse(sl *shardLogs, line string, err error) error {
 }
 
 // reason is err's text without the kind fsrv answers with (the errno
-// says that much), as the core's lines give it.
+// says that much), as the core's lines give it, and without the
+// writer's words (see package refusal).
 func reason(err error) string {
 	s := err.Error()
 	for _, kind := range []error{fs.ErrInvalid, fsrv.ErrBusy} {
 		s = strings.TrimPrefix(s, kind.Error()+": ")
 	}
-	return s
+	return refusal.Elide(s)
 }
 
+// logRefusal logs a refused line by its command word (when it is one of
+// the tree's) and length, never its content, under the core's limits.
 func (t *Tree) logRefusal(sl *shardLogs, line, reason string) {
-	lim, shard := &t.rejects, -1
+	shard := -1
 	if sl != nil {
-		lim, shard = &sl.rejects, sl.id
+		shard = sl.id
 	}
 	now := t.clk.Now()
-	lim.mu.Lock()
-	if now.Sub(lim.start) >= rejectWindow {
-		if lim.suppressed > 0 {
-			t.appendEvent(sl, eventLine(now, shard, "rejected-suppressed", "suppressed", strconv.Itoa(lim.suppressed), "window", rejectWindow.String()))
+	own, toNode := t.rejectLimiter().Admit(shard, now)
+	if !own || sl == nil && !toNode {
+		return
+	}
+	word := refusal.Word(line, knownWord(line))
+	t.appendRefusal(sl, toNode, eventLine(now, shard, "rejected", "cmd", word, "len", strconv.Itoa(len(line)), "err", refusal.Clip(reason, 256)))
+}
+
+// knownWord reports whether line's first word is a command of a ctl or
+// send file of the tree: the core's, the parent's own and the node's
+// hooks'.
+func knownWord(line string) bool {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return false
+	}
+	for _, usage := range []string{core.NodeUsage, core.ShardUsage, Usage, "send\ndrain\nreshard\n"} {
+		for _, l := range strings.Split(usage, "\n") {
+			if w := strings.Fields(l); len(w) > 0 && w[0] == f[0] {
+				return true
+			}
 		}
-		lim.start, lim.logged, lim.suppressed = now, 0, 0
 	}
-	admit := lim.logged < rejectBurst
-	if admit {
-		lim.logged++
-	} else {
-		lim.suppressed++
+	return false
+}
+
+// rejectLimiter returns the tree's refusal limiter, made on first use:
+// a shard's summary goes to its events (and the node's, within the
+// node-wide budget), the node's to the node's.
+func (t *Tree) rejectLimiter() *refusal.Limiter {
+	t.rejectsOnce.Do(func() {
+		t.rejects = &refusal.Limiter{Clock: t.clk, Flush: func(key, suppressed int, window time.Duration, now time.Time, toNode bool) {
+			sl := t.shards[key] // nil for the node's ctl and refusal.All
+			id := key
+			if sl == nil {
+				id = -1
+			}
+			kv := []string{"suppressed", strconv.Itoa(suppressed), "window", window.String()}
+			if key == refusal.All {
+				kv = append([]string{"scope", "node"}, kv...)
+			}
+			t.appendRefusal(sl, toNode, eventLine(now, id, "rejected-suppressed", kv...))
+		}}
+	})
+	return t.rejects
+}
+
+func (t *Tree) appendRefusal(sl *shardLogs, toNode bool, line []byte) {
+	now := t.clk.Now()
+	if sl != nil {
+		sl.events.AppendLine(line, now)
 	}
-	lim.mu.Unlock()
-	if admit {
-		t.appendEvent(sl, eventLine(now, shard, "rejected", "cmd", clipLine(line, maxLoggedCommand), "err", reason))
+	if toNode {
+		t.events.AppendLine(line, now)
 	}
 }
 
@@ -117,16 +145,6 @@ func eventLine(now time.Time, shard int, event string, kv ...string) []byte {
 	}
 	b.WriteByte('\n')
 	return []byte(b.String())
-}
-
-func clipLine(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "..."
 }
 
 // forward writes line to the file path (ctl or send, of the node or of

@@ -21,6 +21,7 @@ import (
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/internal/refusal"
 	"github.com/shardfs/shardfs/journal"
 	"github.com/shardfs/shardfs/shardfs"
 )
@@ -68,7 +69,8 @@ type Tree struct {
 	conns []*childConn   // by block index
 	gaps  map[string]int // gap lines by child, any log
 
-	rejects rejectLimit // the parent's own refusal lines in /events
+	rejectsOnce sync.Once
+	rejects     *refusal.Limiter // the parent's own refusal lines; see rejectLimiter
 }
 
 // childConn is the parent's 9P connection to one child, dialled when a
@@ -100,7 +102,6 @@ type shardLogs struct {
 	pushedGen int
 	once      sync.Once
 	dir       *fsrv.Dir
-	rejects   rejectLimit // the parent's own refusal lines in its events
 }
 
 type childClient struct {
