@@ -104,10 +104,6 @@ func TestOwnershipEtcdOutageContinues(t *testing.T) {
 	}
 	t.Cleanup(func() { cli.Close() })
 	const total, ttl = 16, 3 * time.Second
-	type rig struct {
-		o      *Ownership
-		shards *recShards
-	}
 	var rigs []rig
 	for _, node := range []string{"a", "b"} {
 		shards := newRecShards()
@@ -134,18 +130,15 @@ func TestOwnershipEtcdOutageContinues(t *testing.T) {
 		}
 		return who, gens
 	}
-	members := []string{"a", "b"}
+	// Placed: every shard owned, half on each (Place balances; which
+	// shards stay where is checked across the outage below).
 	placed := func() bool {
 		who, _ := owned()
-		if len(who) != total {
-			return false
+		per := map[string]int{}
+		for _, n := range who {
+			per[n]++
 		}
-		for id, n := range who {
-			if Owner(id, members) != n {
-				return false
-			}
-		}
-		return true
+		return len(who) == total && per["a"] == total/2 && per["b"] == total/2
 	}
 	waitForLong(t, time.Minute, "a and b to own their shares", placed)
 	beforeWho, beforeGen := owned()
@@ -161,9 +154,16 @@ func TestOwnershipEtcdOutageContinues(t *testing.T) {
 	who, gens := owned()
 	for _, r := range rigs {
 		r.shards.mu.Lock()
+		// The first grant of a new generation carries Continues; its
+		// renewals need not (the core keeps the session of a generation
+		// it holds).
+		// Without Continues only when the other node held the shard in
+		// between (a loaded machine can let a node's keys expire before
+		// it is back, and the other takes them until placement moves
+		// them back): then a new session is right.
 		for id, g := range r.shards.grants {
-			if g.Generation != 0 && g.Generation != beforeGen[id] && !g.Continues {
-				t.Errorf("shard %d: granted generation %d (was %d) without Continues", id, g.Generation, beforeGen[id])
+			if first := r.shards.first[[2]uint64{uint64(id), g.Generation}]; g.Generation != 0 && g.Generation != beforeGen[id] && !first.Continues && !heldBetween(rigs, r, id, beforeGen[id], g.Generation) {
+				t.Errorf("shard %d: granted generation %d (was %d) without Continues, and nobody else held it in between", id, g.Generation, beforeGen[id])
 			}
 		}
 		r.shards.mu.Unlock()
@@ -176,4 +176,28 @@ func TestOwnershipEtcdOutageContinues(t *testing.T) {
 			t.Logf("shard %d: generation %d -> %d", id, beforeGen[id], gens[id])
 		}
 	}
+}
+
+type rig struct {
+	o      *Ownership
+	shards *recShards
+}
+
+// heldBetween reports whether a rig other than self was granted shard id
+// at a generation after from and before to.
+func heldBetween(rigs []rig, self rig, id int, from, to uint64) bool {
+	for _, r := range rigs {
+		if r == self {
+			continue
+		}
+		r.shards.mu.Lock()
+		for k := range r.shards.first {
+			if k[0] == uint64(id) && k[1] > from && k[1] < to {
+				r.shards.mu.Unlock()
+				return true
+			}
+		}
+		r.shards.mu.Unlock()
+	}
+	return false
 }

@@ -29,18 +29,22 @@ import (
 type recShards struct {
 	mu        sync.Mutex
 	grants    map[int]core.LeaseGrant
+	first     map[[2]uint64]core.LeaseGrant // the first grant of each shard and generation
 	handovers map[int]int
 	history   []string
 }
 
 func newRecShards() *recShards {
-	return &recShards{grants: map[int]core.LeaseGrant{}, handovers: map[int]int{}}
+	return &recShards{grants: map[int]core.LeaseGrant{}, first: map[[2]uint64]core.LeaseGrant{}, handovers: map[int]int{}}
 }
 
 func (r *recShards) SetLease(g core.LeaseGrant) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.grants[g.Shard] = g
+	if k := [2]uint64{uint64(g.Shard), g.Generation}; r.first[k] == (core.LeaseGrant{}) {
+		r.first[k] = g
+	}
 	r.history = append(r.history, fmt.Sprintf("grant %d gen %d", g.Shard, g.Generation))
 }
 
