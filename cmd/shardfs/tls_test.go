@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	pem2 "encoding/pem"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,6 +17,7 @@ import (
 	"github.com/hugelgupf/p9/linux"
 
 	"github.com/shardfs/shardfs/certs"
+	"github.com/shardfs/shardfs/client"
 	"github.com/shardfs/shardfs/demo"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
@@ -345,4 +349,92 @@ func TestServeTLS(t *testing.T) {
 		s := stderr.String()
 		return strings.Count(s, `reason="client certificate expired"`) == 1 && strings.Contains(s, "CN=expired expired at"), s
 	})
+}
+
+// Issue 21's roles test with a real signal: serve with --tls-deny; a
+// client's serial written to the deny list and SIGHUP sent, a new
+// connection with that certificate is refused while the one accepted
+// before keeps reading.
+func TestServeDenyOnSIGHUP(t *testing.T) {
+	const token = "TLS-DENY-TOKEN-1"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 1, MaxConcurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	pki := testPKI(t)
+	deny := filepath.Join(t.TempDir(), "deny")
+	if err := os.WriteFile(deny, []byte("# nobody yet\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := binDir(t)
+	sock := filepath.Join(t.TempDir(), "serve.sock")
+	cmd := command(t, dir, "serve", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto",
+		"--listen", "unix!"+sock, "--listen", "tls!127.0.0.1!0",
+		"--tls-cert", filepath.Join(pki, "server.crt"), "--tls-key", filepath.Join(pki, "server.key"),
+		"--tls-client-ca", filepath.Join(pki, "ca.crt"), "--tls-deny", deny)
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("serve exited with %v:\n%s", err, stderr)
+		}
+	}()
+	var addr string
+	eventually(t, "serve listening on tls!", func() (bool, string) {
+		s := stderr.String()
+		if i := strings.Index(s, "addr=tls!"); i >= 0 {
+			addr = strings.Fields(s[i+len("addr="):])[0]
+			return true, addr
+		}
+		return false, s
+	})
+	conf, err := fsrv.ClientTLSConfig(filepath.Join(pki, "client.crt"), filepath.Join(pki, "client.key"), filepath.Join(pki, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted, err := client.Dial(t.Context(), addr, client.WithTLS(conf))
+	if err != nil {
+		t.Fatalf("dial before the deny: %v", err)
+	}
+	defer accepted.Close()
+	if _, err := accepted.ReadFile("status"); err != nil {
+		t.Fatalf("read before the deny: %v", err)
+	}
+
+	pem, err := os.ReadFile(filepath.Join(pki, "client.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem2.Decode(pem)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(deny, []byte(fsrv.Serial(cert)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a new connection with the denied certificate refused", func() (bool, string) {
+		c, err := client.Dial(t.Context(), addr, client.WithTLS(conf))
+		if err != nil {
+			return true, err.Error()
+		}
+		_, err = c.ReadFile("status")
+		c.Close()
+		return err != nil, fmt.Sprint(err)
+	})
+	if _, err := accepted.ReadFile("status"); err != nil {
+		t.Errorf("the connection accepted before the deny: %v; want it kept", err)
+	}
+	if cmd.ProcessState != nil {
+		t.Fatal("serve exited on SIGHUP")
+	}
 }
