@@ -608,7 +608,8 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 	return nil
 }
 
-// identifySlotsGone waits, at most 15 s, until no identify slot key
+// identifySlotsGone waits, at most a minute (etcd under load expired a
+// 7 s lease past 15 s once), until no identify slot key
 // (identify/<bucket>, a lease of about 7 s each) is left in etcd. etcd
 // gives every lease its full TTL again when it restarts, so a slot taken
 // just before the outage holds its bucket for that long after etcd is
@@ -634,7 +635,7 @@ func (c *cluster) identifySlotsGone(ctx context.Context) (time.Duration, error) 
 		if err == nil && slots == 0 {
 			return time.Since(begin), nil
 		}
-		if time.Since(begin) > 15*time.Second {
+		if time.Since(begin) > time.Minute {
 			return time.Since(begin), fmt.Errorf("%d identify slot keys still in etcd after %v (%v)", slots, time.Since(begin).Round(time.Second), err)
 		}
 		select {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -15,70 +14,56 @@ import (
 	"github.com/shardfs/shardfs/fsrv"
 )
 
-// The tests below that hold a hugelgupf root (dotlRoot) rather than a
-// client.Client walk, read and write it with these, as a program that
-// uses the 9P library alone would.
-
-func walk(root p9.File, path string) (p9.File, error) {
-	var names []string
-	for _, n := range strings.Split(path, "/") {
-		if n != "" && n != "." {
-			names = append(names, n)
-		}
-	}
-	_, f, err := root.Walk(names)
+// hugelgupfRoot, hugelgupfRead and hugelgupfWrite use hugelgupf/p9's
+// client as a program with the 9P library alone would: the foreign-client
+// test's point. Every other test goes through the client package.
+func hugelgupfRoot(t *testing.T, hostPort string) p9.File {
+	t.Helper()
+	conn, err := net.Dial("tcp", hostPort)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		t.Fatal(err)
 	}
-	return f, nil
+	cl, err := p9.NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	root, err := cl.Attach("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
-func openRead(root p9.File, path string) (p9.File, error) {
-	f, err := walk(root, path)
+func hugelgupfRead(root p9.File, path string) (string, error) {
+	_, f, err := root.Walk(strings.Split(path, "/"))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
+	defer f.Close()
 	if _, _, err := f.Open(p9.ReadOnly); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return "", err
 	}
-	return f, nil
-}
-
-// copyFrom copies an open file from offset off to w until end of file.
-func copyFrom(f p9.File, off int64, w io.Writer) (int64, error) {
 	buf := make([]byte, 64<<10)
-	for {
-		n, err := f.ReadAt(buf, off)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return off, werr
-			}
-			off += int64(n)
-		}
-		if err == io.EOF || n == 0 && err == nil {
-			return off, nil
-		}
-		if err != nil {
-			return off, err
-		}
+	n, err := f.ReadAt(buf, 0)
+	if err == io.EOF {
+		err = nil
 	}
+	return string(buf[:n]), err
 }
 
-// write writes text in one open and returns the error of the write or
-// of the clunk, where a ctl line without its newline is applied.
-func write(root p9.File, path string, text []byte) error {
-	f, err := walk(root, path)
+func hugelgupfWrite(root p9.File, path, text string) error {
+	_, f, err := root.Walk(strings.Split(path, "/"))
 	if err != nil {
 		return err
 	}
 	if _, _, err := f.Open(p9.WriteOnly); err != nil {
 		f.Close()
-		return fmt.Errorf("%s: %w", path, err)
+		return err
 	}
-	if _, err := f.WriteAt(text, 0); err != nil {
+	if _, err := f.WriteAt([]byte(text), 0); err != nil {
 		f.Close()
-		return fmt.Errorf("%s: %w", path, err)
+		return err
 	}
 	return f.Close()
 }

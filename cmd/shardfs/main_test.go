@@ -17,9 +17,9 @@ import (
 
 	"9fans.net/go/plan9"
 	"9fans.net/go/plan9/client"
-	"github.com/hugelgupf/p9/p9"
 	"go.uber.org/goleak"
 
+	sfclient "github.com/shardfs/shardfs/client"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/demo"
 	"github.com/shardfs/shardfs/fsrv"
@@ -170,33 +170,31 @@ func eventually(t *testing.T, what string, f func() (bool, string)) {
 	}
 }
 
-func dotlRoot(t *testing.T, hostPort string) p9.File {
+// dotlRoot is a 9P2000.L session with the tree at hostPort, through the
+// client package, for the rest of the test.
+func dotlRoot(t *testing.T, hostPort string) *sfclient.Client {
 	t.Helper()
 	conn, err := net.Dial("tcp", hostPort)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := p9.NewClient(conn)
+	c, err := sfclient.New(conn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cl.Close() })
-	root, err := cl.Attach("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
-func dotlRead(root p9.File, path string) (string, error) {
-	f, err := openRead(root, path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	var b strings.Builder
-	_, err = copyFrom(f, 0, &b)
-	return b.String(), err
+func dotlRead(root *sfclient.Client, path string) (string, error) {
+	b, err := root.ReadFile(path)
+	return string(b), err
+}
+
+// write writes text in one open; a refusal comes back with the node's
+// reason (client.RefusedError), its errno kept.
+func write(root *sfclient.Client, path string, text []byte) error {
+	return root.WriteFile(path, text)
 }
 
 func plan9Fsys(t *testing.T, hostPort string) *client.Fsys {
@@ -233,16 +231,18 @@ func TestForeignClientsAgainstDemo(t *testing.T) {
 	dir := binDir(t)
 	d := startDemo(t, dir, "--shards", "3")
 
-	root := dotlRoot(t, d.hostPort)
+	// hugelgupf/p9's client, used as a program that has the 9P library
+	// alone would (not through shardfs's client package).
+	root := hugelgupfRoot(t, d.hostPort)
 	eventually(t, "0/state READY over 9P2000.L", func() (bool, string) {
-		s, err := dotlRead(root, "0/state")
+		s, err := hugelgupfRead(root, "0/state")
 		return err == nil && s == "READY\n", fmt.Sprint(s, err)
 	})
-	before, _ := dotlRead(root, "0/reconnects")
-	if err := write(root, "0/ctl", []byte("reset\n")); err != nil {
+	before, _ := hugelgupfRead(root, "0/reconnects")
+	if err := hugelgupfWrite(root, "0/ctl", "reset\n"); err != nil {
 		t.Fatalf("hugelgupf client: reset: %v", err)
 	}
-	after, _ := dotlRead(root, "0/reconnects")
+	after, _ := hugelgupfRead(root, "0/reconnects")
 	if after == before {
 		t.Fatalf("hugelgupf client: reconnects %q before and after reset", before)
 	}
@@ -460,7 +460,7 @@ func TestServeAgainstGateway(t *testing.T) {
 
 // startServe runs `serve` against sim with env added and waits, at most
 // 30 s, for it to log its TCP listener; it returns the 9P2000.L root there.
-func startServe(t *testing.T, dir string, sim *gatewaysim.Server, env []string, args ...string) (*exec.Cmd, *syncBuffer, p9.File) {
+func startServe(t *testing.T, dir string, sim *gatewaysim.Server, env []string, args ...string) (*exec.Cmd, *syncBuffer, *sfclient.Client) {
 	t.Helper()
 	cmd := command(t, dir, append([]string{"serve", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto", "--listen", "tcp!127.0.0.1!0"}, args...)...)
 	cmd.Env = append(cmd.Env, env...)

@@ -14,8 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hugelgupf/p9/p9"
-
+	sfclient "github.com/shardfs/shardfs/client"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/sessions"
@@ -25,7 +24,7 @@ import (
 type serveProc struct {
 	cmd    *exec.Cmd
 	stderr *syncBuffer
-	root   p9.File
+	root   *sfclient.Client
 }
 
 // startNode runs `serve --sessions sessDir` for flavor against sim and
@@ -97,7 +96,7 @@ type dispatchLine struct {
 	D     json.RawMessage `json:"d"`
 }
 
-func readDispatch(t *testing.T, root p9.File, path string) []dispatchLine {
+func readDispatch(t *testing.T, root *sfclient.Client, path string) []dispatchLine {
 	t.Helper()
 	text, err := dotlRead(root, path)
 	if err != nil {
@@ -151,7 +150,7 @@ func publish(t *testing.T, sim *gatewaysim.Server, shards, count int, prefix str
 }
 
 // waitIDs waits until /dispatch holds every id of want.
-func waitIDs(t *testing.T, root p9.File, want []string) map[string]int {
+func waitIDs(t *testing.T, root *sfclient.Client, want []string) map[string]int {
 	t.Helper()
 	var got map[string]int
 	eventually(t, fmt.Sprintf("%d messages in /dispatch", len(want)), func() (bool, string) {

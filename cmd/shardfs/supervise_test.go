@@ -22,8 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hugelgupf/p9/p9"
-
+	sfclient "github.com/shardfs/shardfs/client"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
@@ -198,17 +197,8 @@ func TestSuperviseKillRestart(t *testing.T) {
 	}
 }
 
-func writeFile(root p9.File, path, text string) error {
-	f, err := walk(root, path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if _, _, err := f.Open(p9.WriteOnly); err != nil {
-		return err
-	}
-	_, err = f.WriteAt([]byte(text), 0)
-	return err
+func writeFile(root *sfclient.Client, path, text string) error {
+	return root.WriteFile(path, []byte(text))
 }
 
 // publishAny is publish for shards that may also hold a crashed child's
@@ -675,7 +665,7 @@ func TestSuperviseOverhead(t *testing.T) {
 	}
 	for _, sh := range lastShards {
 		for _, side := range []struct {
-			root   p9.File
+			root   *sfclient.Client
 			prefix string
 		}{{p.root, "p"}, {n.root, "n"}} {
 			last := fmt.Sprintf(`"%s-%d-%d"`, side.prefix, sh, perShard-1)
@@ -703,7 +693,7 @@ func TestSuperviseOverhead(t *testing.T) {
 	// over an idle interval as long (heartbeats, timers).
 	const reads = 3000
 	c0, _ := strconv.Atoi(ch["c0"][1])
-	measure := func(root p9.File, pids ...int) ([]time.Duration, time.Duration) {
+	measure := func(root *sfclient.Client, pids ...int) ([]time.Duration, time.Duration) {
 		before := make([]time.Duration, len(pids))
 		for i, pid := range pids {
 			before[i] = procCPU(t, pid)
