@@ -620,7 +620,7 @@ var scenarios = []scenario{
 			}
 			r.ok(t, "events")
 			if out := strings.Join(r.out["events"], "\n"); !strings.Contains(out, "event=rejected") {
-				t.Errorf("guest: 0/events has no rejected line naming frobnicate: %q", out)
+				t.Errorf("guest: 0/events has no rejected line for frobnicate (by its length; the word is never logged): %q", out)
 			}
 			if ev := eventLines(r.node, 0); !strings.Contains(ev, `event=rejected cmd=? len=10 err="unknown command; usage: `) {
 				t.Errorf("node: shard 0's events have no rejected frobnicate line:\n%s", ev)

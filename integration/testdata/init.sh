@@ -139,7 +139,7 @@ s_lease() {
 
 s_reject() {
 	show frob put "$TREE/0/ctl" frobnicate
-	show events grep frobnicate "$TREE/0/events"
+	show events grep -F "event=rejected cmd=? len=10 " "$TREE/0/events"
 	# A write without a newline is a command whose error the writer sees;
 	# a write that fails part-way applies the lines before the bad one
 	# once (issue 21 items 9 and 10).
@@ -246,7 +246,7 @@ s_tlsreset() {
 	show reset put "$TREE/0/ctl" reset
 	show reconnects-after cat "$TREE/0/reconnects"
 	show frob put "$TREE/0/ctl" frobnicate
-	show events grep frobnicate "$TREE/0/events"
+	show events grep -F "event=rejected cmd=? len=10 " "$TREE/0/events"
 }
 
 # s_tlsro mounts shard 3 read-only and ends shardfs mount with a signal,
