@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -80,9 +81,9 @@ func Run(ctx context.Context, rc RunConfig) error {
 	if err != nil {
 		return err
 	}
-	var relayLs *fsrv.Listeners
+	var relayLs []net.Listener
 	if len(rc.Relay) > 0 {
-		if relayLs, err = fsrv.Open(rc.Relay, rc.TLS); err != nil {
+		if relayLs, err = openRelay(rc.Relay, rc.TLS); err != nil {
 			ls.Close()
 			return fmt.Errorf("--relay: %w", err)
 		}
@@ -90,7 +91,11 @@ func Run(ctx context.Context, rc RunConfig) error {
 		if rc.SessionsDir != "" {
 			rc.Config.RelayState = filepath.Join(rc.SessionsDir, "relay.json")
 		}
-		defer relayLs.Close()
+		defer func() {
+			for _, l := range relayLs {
+				l.Close()
+			}
+		}()
 	}
 	// The folder is locked before anything is spent on the gateway: a
 	// second serve on it stops here, naming the first's PID.
@@ -144,7 +149,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 		rc.Parent.Serving(pctx, n, ls.Socket())
 	}
 	if relayLs != nil {
-		for _, l := range relayLs.List {
+		for _, l := range relayLs {
 			log.Info("relay listening", "addr", l.Addr().String())
 			// Serve returns when the node's Close closes the relay.
 			wg.Go(func() {
@@ -388,4 +393,46 @@ func allSettled(diags []core.Diag) bool {
 		}
 	}
 	return true
+}
+
+// openRelay opens the relay's listeners. A tls! one is a TLS server with
+// --tls-cert and --tls-key and no client certificate: bot libraries dial
+// wss:// as they would Discord, and the relay checks the bot's token. (An
+// fsrv tls! listener leaves the handshake to the 9P server, and asks for
+// client certificates: the relay's would have served no TLS at all.)
+func openRelay(addrs []string, files fsrv.TLSFiles) ([]net.Listener, error) {
+	var out []net.Listener
+	fail := func(err error) ([]net.Listener, error) {
+		for _, l := range out {
+			l.Close()
+		}
+		return nil, err
+	}
+	for _, a := range addrs {
+		la, err := fsrv.ParseListenAddr(a)
+		if err != nil {
+			return fail(err)
+		}
+		if !la.TLS {
+			l, err := fsrv.Listen(a)
+			if err != nil {
+				return fail(err)
+			}
+			out = append(out, l)
+			continue
+		}
+		if files.Cert == "" || files.Key == "" {
+			return fail(fmt.Errorf("%s: a tls! relay listener needs --tls-cert and --tls-key", a))
+		}
+		cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", a, err))
+		}
+		l, err := net.Listen(la.Network, la.Address)
+		if err != nil {
+			return fail(err)
+		}
+		out = append(out, tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
+	}
+	return out, nil
 }
