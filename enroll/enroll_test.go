@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -44,7 +45,7 @@ func newBed(t *testing.T, mod func(*Config)) *bed {
 	}
 	b := &bed{pool: ca.Pool(), nodeCA: nodeCA,
 		secret: Secrets{Token: "the-bot-token", ClientCA: certs.CertPEM(ca.Cert), EtcdKey: []byte("etcd key")}}
-	cfg := Config{Cert: sc.TLS(), NodeCA: nodeCA, NodeNames: []string{"127.0.0.1"}, Secrets: b.secret,
+	cfg := Config{Cert: sc.TLS(), NodeCA: nodeCA, NodeNames: map[string]string{"52:54:00:12:34:56": "node7"}, Secrets: b.secret,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 	if mod != nil {
 		mod(&cfg)
@@ -122,8 +123,8 @@ func TestApprove(t *testing.T) {
 	waitPending(t, pending, out)
 	fp := c.Fingerprint()
 	line := string(b.srv.pendingText())
-	if f := strings.Fields(line); len(f) != 4 || f[0] != fp || f[1] != "52:54:00:12:34:56" || f[2] != "127.0.0.1" {
-		t.Errorf("pending = %q; want %q 52:54:00:12:34:56 127.0.0.1 SINCE", line, fp)
+	if f := strings.Fields(line); len(f) != 6 || f[0] != fp || f[1] != "52:54:00:12:34:56" || f[2] != "127.0.0.1" || f[4] != "node7" || f[5] != "node-525400123456" {
+		t.Errorf("pending = %q; want %q 52:54:00:12:34:56 127.0.0.1 SINCE node7 node-525400123456", line, fp)
 	}
 	if err := b.srv.command("approve " + fp); err != nil {
 		t.Fatalf("approve = %v", err)
@@ -143,13 +144,15 @@ func TestApprove(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: b.nodeCA.Pool(), DNSName: "127.0.0.1"}); err != nil {
 		t.Errorf("listener certificate: %v; want one the node CA signed for 127.0.0.1", err)
 	}
-	if got := cert.IPAddresses; len(got) != 2 {
-		t.Errorf("listener certificate IPs = %v; want 10.0.2.15 and 127.0.0.1", got)
+	// The name --node-names gives the MAC and the address the request
+	// came from; not the addresses the node reported (10.0.2.15).
+	if cert.Subject.CommonName != "node7" || !slices.Equal(cert.DNSNames, []string{"node7"}) || len(cert.IPAddresses) != 1 || !cert.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)) {
+		t.Errorf("listener certificate CN %q, DNS %v, IP %v; want node7, [node7], [127.0.0.1]", cert.Subject.CommonName, cert.DNSNames, cert.IPAddresses)
 	}
 	if p := b.srv.pendingText(); len(p) != 0 {
 		t.Errorf("pending after approval = %q; want empty", p)
 	}
-	if e := string(b.srv.enrolledText()); !strings.HasPrefix(e, fp+" node-525400123456 52:54:00:12:34:56 127.0.0.1 approved ") {
+	if e := string(b.srv.enrolledText()); !strings.HasPrefix(e, fp+" node7 52:54:00:12:34:56 127.0.0.1 approved ") {
 		t.Errorf("enrolled = %q", e)
 	}
 
@@ -388,7 +391,7 @@ func TestPerAddressLimit(t *testing.T) {
 	if _, err := c.Enroll(context.Background(), "", nil); err == nil || errors.Is(err, ErrRefused) {
 		t.Errorf("Enroll with %d stalled connections from its address = %v; want the connection closed", max, err)
 	}
-	if ev := readLog(b.srv); !strings.Contains(ev, "busy: 3 connections from this address") {
+	if ev := readLog(b.srv); !strings.Contains(ev, "busy: 3 connections in their handshake from this address") {
 		t.Errorf("events:\n%s\nwant the refusal", ev)
 	}
 	for _, h := range held {
