@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/shardfs/shardfs/certs"
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/internal/refusal"
 )
 
 // bed is a running server and what its clients need.
@@ -397,4 +400,134 @@ func TestPerAddressLimit(t *testing.T) {
 	for _, h := range held {
 		h.Close()
 	}
+}
+
+// TestServerChoosesNames: the listener certificate names what the server
+// decides (pxe- and the MAC here, none in --node-names), and the address
+// the request came from; never the name or addresses the node sent, which
+// /enroll/pending shows beside the name that will be issued.
+func TestServerChoosesNames(t *testing.T) {
+	b := newBed(t, nil)
+	c := b.client(t, "52:54:00:aa:bb:cc")
+	c.Name, c.Addrs = "admin", []string{"10.9.9.9", "192.0.2.1"}
+	pending, out := start(c, "")
+	waitPending(t, pending, out)
+	if p := string(b.srv.pendingText()); !strings.HasSuffix(p, " pxe-52-54-00-aa-bb-cc admin\n") {
+		t.Errorf("pending = %q; want the name to be issued, pxe-52-54-00-aa-bb-cc, then the requested admin", p)
+	}
+	if err := b.srv.Approve(c.Fingerprint()); err != nil {
+		t.Fatal(err)
+	}
+	r := outcome(t, out)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	cert := parseCert(t, r.sec.ListenerCert)
+	if cert.Subject.CommonName != "pxe-52-54-00-aa-bb-cc" || !slices.Equal(cert.DNSNames, []string{"pxe-52-54-00-aa-bb-cc"}) || len(cert.IPAddresses) != 1 || !cert.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)) {
+		t.Errorf("listener certificate CN %q, DNS %v, IP %v; want pxe-52-54-00-aa-bb-cc, [pxe-52-54-00-aa-bb-cc], [127.0.0.1]", cert.Subject.CommonName, cert.DNSNames, cert.IPAddresses)
+	}
+}
+
+func parseCert(t *testing.T, p []byte) *x509.Certificate {
+	t.Helper()
+	blk, _ := pem.Decode(p)
+	if blk == nil {
+		t.Fatalf("%q is not PEM", p)
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
+}
+
+// TestBadNodeFields: a request whose MAC is not a MAC, or whose name is
+// not a host name (escape sequences, a wildcard, too long), is refused,
+// and nothing of it reaches /enroll/events or /enroll/pending raw.
+func TestBadNodeFields(t *testing.T) {
+	b := newBed(t, nil)
+	for _, tc := range []struct{ name, mac, nodeName string }{
+		{"an escape in the MAC", "52:54:00:aa:bb:cc\x1b[2K\rsha256:ffff", "n1"},
+		{"a MAC of words", "hello", "n1"},
+		{"an escape in the name", "52:54:00:aa:bb:cc", "node1\x1b[2K\r"},
+		{"a wildcard name", "52:54:00:aa:bb:cc", "*.example.com"},
+		{"a space in the name", "52:54:00:aa:bb:cc", "node 1"},
+		{"a name too long", "52:54:00:aa:bb:cc", strings.Repeat("a", MaxName+1)},
+	} {
+		c := b.client(t, "52:54:00:aa:bb:cc")
+		req, err := csr(c.Key, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rawRequest(t, b, c, mustJSON(Request{Name: tc.nodeName, MAC: tc.mac, CSR: req}))
+		if r.Status != StatusRefused || !strings.Contains(r.Error, "malformed") {
+			t.Errorf("%s: reply = %+v; want refused, malformed", tc.name, r)
+		}
+	}
+	// Upper case is a host name's too: taken as lower case.
+	c := b.client(t, "52:54:00:AA:BB:CD")
+	c.Name = "Node-UP"
+	pending, out := start(c, "")
+	waitPending(t, pending, out)
+	if p := string(b.srv.pendingText()); !strings.Contains(p, " 52:54:00:aa:bb:cd ") || !strings.HasSuffix(p, " node-up\n") {
+		t.Errorf("pending = %q; want the MAC and the requested name in lower case", p)
+	}
+	if ev := readLog(b.srv); strings.ContainsAny(ev, "\x1b\r*") || strings.Contains(ev, "hello") {
+		t.Errorf("events hold what the requests carried:\n%q", ev)
+	}
+}
+
+// TestPendingPerAddress: one address may have MaxPendingPerAddr requests
+// waiting; one more is refused at once, and the others still wait.
+func TestPendingPerAddress(t *testing.T) {
+	const max = 2
+	b := newBed(t, func(c *Config) { c.MaxPendingPerAddr = max })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for i := range max {
+		c := b.client(t, "52:54:00:00:03:0"+string(rune('0'+i)))
+		pending, out := make(chan struct{}), make(chan result, 1)
+		wg.Go(func() {
+			sec, err := c.Enroll(ctx, "", func() { close(pending) })
+			out <- result{sec, err}
+		})
+		waitPending(t, pending, out)
+	}
+	extra := b.client(t, "52:54:00:00:03:ff")
+	if _, err := extra.Enroll(context.Background(), "", nil); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "requests from this address wait already") {
+		t.Errorf("Enroll beyond %d pending from one address = %v; want refused, busy", max, err)
+	}
+	if n := strings.Count(string(b.srv.pendingText()), "\n"); n != max {
+		t.Errorf("pending lines = %d; want %d", n, max)
+	}
+}
+
+// TestRefusalsRateLimited: a flood of malformed requests puts
+// refusal.Burst lines into /enroll/events in a window and one summary
+// line when it ends, and the lines of waiting requests are still logged.
+func TestRefusalsRateLimited(t *testing.T) {
+	clk := clock.NewFake()
+	b := newBed(t, func(c *Config) { c.Clock = clk })
+	c := b.client(t, "52:54:00:00:04:01")
+	const flood = 3 * refusal.Burst
+	for range flood {
+		if r := rawRequest(t, b, c, "junk\n"); r.Status != StatusRefused {
+			t.Fatalf("junk: reply = %+v; want refused", r)
+		}
+	}
+	if n := strings.Count(readLog(b.srv), "event=refused fingerprint="); n != refusal.Burst {
+		t.Errorf("refusal lines after %d junk requests = %d; want %d", flood, n, refusal.Burst)
+	}
+	clk.Advance(refusal.Window)
+	if ev := readLog(b.srv); !strings.Contains(ev, fmt.Sprintf("event=refused reason=malformed suppressed=%d window=1m0s", flood-refusal.Burst)) {
+		t.Errorf("events:\n%s\nwant a summary of %d suppressed refusals", ev, flood-refusal.Burst)
+	}
+	pending, out := start(c, "")
+	waitPending(t, pending, out)
+	if ev := readLog(b.srv); !strings.Contains(ev, "event=pending fingerprint="+c.Fingerprint()) {
+		t.Errorf("events:\n%s\nwant the waiting request's line", ev)
+	}
+	b.srv.Deny(c.Fingerprint())
+	outcome(t, out)
 }
