@@ -464,13 +464,17 @@ func TestBadNodeFields(t *testing.T) {
 			t.Errorf("%s: reply = %+v; want refused, malformed", tc.name, r)
 		}
 	}
-	// Upper case is a host name's too: taken as lower case.
-	c := b.client(t, "52:54:00:AA:BB:CD")
-	c.Name = "Node-UP"
-	pending, out := start(c, "")
-	waitPending(t, pending, out)
-	if p := string(b.srv.pendingText()); !strings.Contains(p, " 52:54:00:aa:bb:cd ") || !strings.HasSuffix(p, " node-up\n") {
-		t.Errorf("pending = %q; want the MAC and the requested name in lower case", p)
+	// Upper case is a host name's too: the server takes it as lower case.
+	c := b.client(t, "52:54:00:aa:bb:cd")
+	req, err := csr(c.Key, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rawRequest(t, b, c, mustJSON(Request{Name: "Node-UP", MAC: "52:54:00:AA:BB:CD", CSR: req})); r.Status != StatusPending {
+		t.Errorf("upper case: reply = %+v; want pending", r)
+	}
+	if ev := readLog(b.srv); !strings.Contains(ev, "requested=node-up mac=52:54:00:aa:bb:cd ") {
+		t.Errorf("events:\n%s\nwant the requested name and the MAC in lower case", ev)
 	}
 	if ev := readLog(b.srv); strings.ContainsAny(ev, "\x1b\r*") || strings.Contains(ev, "hello") {
 		t.Errorf("events hold what the requests carried:\n%q", ev)
