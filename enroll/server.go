@@ -211,7 +211,7 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Dir is the server's /enroll: pending (one line per waiting request:
-// fingerprint mac addr since), enrolled (fingerprint name mac addr how
+// fingerprint mac addr since name requested), enrolled (fingerprint name mac addr how
 // at), ctl (approve FINGERPRINT, deny FINGERPRINT) and events.
 func (s *Server) Dir() *fsrv.Dir { return s.tree }
 
