@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 )
 
 // Client is a node asking for its secrets.
@@ -23,7 +24,8 @@ type Client struct {
 	// Key is the node's key, made at boot (NewKey); it never leaves.
 	Key *ecdsa.PrivateKey
 	// Name, MAC and Addrs are the node's name, NIC address and IP
-	// addresses, as the request carries them.
+	// addresses, as the request carries them: the server shows them to
+	// the operator and names the node itself.
 	Name, MAC string
 	Addrs     []string
 }
@@ -62,7 +64,14 @@ func (c *Client) Enroll(ctx context.Context, code string, pending func()) (*Secr
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(Request{Name: c.Name, MAC: c.MAC, Addrs: c.Addrs, CSR: der, Code: code})
+	// A name the server would refuse (a DHCP host name with '_', say) is
+	// left out: the server names the node anyway, and shows the name only
+	// to the operator.
+	name := strings.ToLower(c.Name)
+	if !ValidName(name) {
+		name = ""
+	}
+	b, err := json.Marshal(Request{Name: name, MAC: c.MAC, Addrs: c.Addrs, CSR: der, Code: code})
 	if err != nil {
 		return nil, err
 	}

@@ -39,15 +39,32 @@
 //     boot network, so a code carried there would give the node's secrets
 //     to whoever reads the network first. A request with a wrong, spent or
 //     expired code is refused at once; the node then waits for approval.
-//   - Bounds: MaxPending requests wait at once (default 64), beyond that
-//     a request is refused at once with "busy"; a connection has
+//   - Bounds: MaxPending requests wait at once (default 64), and
+//     MaxPendingPerAddr from one address (default 4); beyond either a
+//     request is refused at once with "busy". A connection has
 //     HandshakeTimeout for its TLS handshake and its request (10 s); a
 //     request is at most 64 KiB; pending requests wait at most MaxWait
-//     (default 1 h). One address may hold MaxPerAddr connections at once
-//     (default 8), all addresses 2*MaxPending+16; a connection beyond
-//     either is closed at once. The accept loop never waits on a request.
-//   - The listener's certificate names the node's name, the addresses the
-//     node reports and Config.NodeNames (say, the name or address the
-//     operators dial through a NAT); its validity is the node CA's default
-//     for servers (a year).
+//     (default 10 min). One address may have MaxPerAddr connections in
+//     their handshake at once (default 8), all addresses MaxPending+16;
+//     a connection beyond either is closed at once. Waiting requests do
+//     not hold handshake slots, so a flood of handshakes does not stop a
+//     request that got through. The accept loop never waits on a request.
+//   - Refusals are logged (and put into /enroll/events) at most
+//     refusal.Burst a minute per kind of refusal and refusal.NodeBurst
+//     in all, the window growing while a flood lasts, with one summary
+//     line per window (package refusal): a flood cannot push the pending,
+//     approved and enrolled lines out of /enroll/events.
+//   - The server names the node: the listener's certificate is issued for
+//     the name Config.NodeNames gives the node's MAC (netboot --serve
+//     --node-names), else the name a spent code was given for, else pxe-
+//     and the MAC (the name a node takes by default), with that name and
+//     the address the request came from as its only subject alternative
+//     names. The name and addresses the request carries are the node's
+//     own claim, which anyone on the boot network can make: /enroll/pending
+//     shows the requested name beside the one that will be issued, and
+//     nothing else uses them. A request whose MAC is not a MAC, or whose
+//     name is not 1 to 63 of a-z, 0-9, '-' and '.' (upper case is taken
+//     as lower), is refused: no wildcard, no escape sequence for the
+//     operator's terminal. Its validity is the node CA's default for
+//     servers (a year).
 package enroll

@@ -8,15 +8,19 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/shardfs/shardfs/certs"
+	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/internal/refusal"
 )
 
 // bed is a running server and what its clients need.
@@ -44,7 +48,7 @@ func newBed(t *testing.T, mod func(*Config)) *bed {
 	}
 	b := &bed{pool: ca.Pool(), nodeCA: nodeCA,
 		secret: Secrets{Token: "the-bot-token", ClientCA: certs.CertPEM(ca.Cert), EtcdKey: []byte("etcd key")}}
-	cfg := Config{Cert: sc.TLS(), NodeCA: nodeCA, NodeNames: []string{"127.0.0.1"}, Secrets: b.secret,
+	cfg := Config{Cert: sc.TLS(), NodeCA: nodeCA, NodeNames: map[string]string{"52:54:00:12:34:56": "node7"}, Secrets: b.secret,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 	if mod != nil {
 		mod(&cfg)
@@ -122,8 +126,8 @@ func TestApprove(t *testing.T) {
 	waitPending(t, pending, out)
 	fp := c.Fingerprint()
 	line := string(b.srv.pendingText())
-	if f := strings.Fields(line); len(f) != 4 || f[0] != fp || f[1] != "52:54:00:12:34:56" || f[2] != "127.0.0.1" {
-		t.Errorf("pending = %q; want %q 52:54:00:12:34:56 127.0.0.1 SINCE", line, fp)
+	if f := strings.Fields(line); len(f) != 6 || f[0] != fp || f[1] != "52:54:00:12:34:56" || f[2] != "127.0.0.1" || f[4] != "node7" || f[5] != "node-525400123456" {
+		t.Errorf("pending = %q; want %q 52:54:00:12:34:56 127.0.0.1 SINCE node7 node-525400123456", line, fp)
 	}
 	if err := b.srv.command("approve " + fp); err != nil {
 		t.Fatalf("approve = %v", err)
@@ -143,13 +147,15 @@ func TestApprove(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: b.nodeCA.Pool(), DNSName: "127.0.0.1"}); err != nil {
 		t.Errorf("listener certificate: %v; want one the node CA signed for 127.0.0.1", err)
 	}
-	if got := cert.IPAddresses; len(got) != 2 {
-		t.Errorf("listener certificate IPs = %v; want 10.0.2.15 and 127.0.0.1", got)
+	// The name --node-names gives the MAC and the address the request
+	// came from; not the addresses the node reported (10.0.2.15).
+	if cert.Subject.CommonName != "node7" || !slices.Equal(cert.DNSNames, []string{"node7"}) || len(cert.IPAddresses) != 1 || !cert.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)) {
+		t.Errorf("listener certificate CN %q, DNS %v, IP %v; want node7, [node7], [127.0.0.1]", cert.Subject.CommonName, cert.DNSNames, cert.IPAddresses)
 	}
 	if p := b.srv.pendingText(); len(p) != 0 {
 		t.Errorf("pending after approval = %q; want empty", p)
 	}
-	if e := string(b.srv.enrolledText()); !strings.HasPrefix(e, fp+" node-525400123456 52:54:00:12:34:56 127.0.0.1 approved ") {
+	if e := string(b.srv.enrolledText()); !strings.HasPrefix(e, fp+" node7 52:54:00:12:34:56 127.0.0.1 approved ") {
 		t.Errorf("enrolled = %q", e)
 	}
 
@@ -388,10 +394,144 @@ func TestPerAddressLimit(t *testing.T) {
 	if _, err := c.Enroll(context.Background(), "", nil); err == nil || errors.Is(err, ErrRefused) {
 		t.Errorf("Enroll with %d stalled connections from its address = %v; want the connection closed", max, err)
 	}
-	if ev := readLog(b.srv); !strings.Contains(ev, "busy: 3 connections from this address") {
+	if ev := readLog(b.srv); !strings.Contains(ev, "busy: 3 connections in their handshake from this address") {
 		t.Errorf("events:\n%s\nwant the refusal", ev)
 	}
 	for _, h := range held {
 		h.Close()
 	}
+}
+
+// TestServerChoosesNames: the listener certificate names what the server
+// decides (pxe- and the MAC here, none in --node-names), and the address
+// the request came from; never the name or addresses the node sent, which
+// /enroll/pending shows beside the name that will be issued.
+func TestServerChoosesNames(t *testing.T) {
+	b := newBed(t, nil)
+	c := b.client(t, "52:54:00:aa:bb:cc")
+	c.Name, c.Addrs = "admin", []string{"10.9.9.9", "192.0.2.1"}
+	pending, out := start(c, "")
+	waitPending(t, pending, out)
+	if p := string(b.srv.pendingText()); !strings.HasSuffix(p, " pxe-52-54-00-aa-bb-cc admin\n") {
+		t.Errorf("pending = %q; want the name to be issued, pxe-52-54-00-aa-bb-cc, then the requested admin", p)
+	}
+	if err := b.srv.Approve(c.Fingerprint()); err != nil {
+		t.Fatal(err)
+	}
+	r := outcome(t, out)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	cert := parseCert(t, r.sec.ListenerCert)
+	if cert.Subject.CommonName != "pxe-52-54-00-aa-bb-cc" || !slices.Equal(cert.DNSNames, []string{"pxe-52-54-00-aa-bb-cc"}) || len(cert.IPAddresses) != 1 || !cert.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)) {
+		t.Errorf("listener certificate CN %q, DNS %v, IP %v; want pxe-52-54-00-aa-bb-cc, [pxe-52-54-00-aa-bb-cc], [127.0.0.1]", cert.Subject.CommonName, cert.DNSNames, cert.IPAddresses)
+	}
+}
+
+func parseCert(t *testing.T, p []byte) *x509.Certificate {
+	t.Helper()
+	blk, _ := pem.Decode(p)
+	if blk == nil {
+		t.Fatalf("%q is not PEM", p)
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
+}
+
+// TestBadNodeFields: a request whose MAC is not a MAC, or whose name is
+// not a host name (escape sequences, a wildcard, too long), is refused,
+// and nothing of it reaches /enroll/events or /enroll/pending raw.
+func TestBadNodeFields(t *testing.T) {
+	b := newBed(t, nil)
+	for _, tc := range []struct{ name, mac, nodeName string }{
+		{"an escape in the MAC", "52:54:00:aa:bb:cc\x1b[2K\rsha256:ffff", "n1"},
+		{"a MAC of words", "hello", "n1"},
+		{"an escape in the name", "52:54:00:aa:bb:cc", "node1\x1b[2K\r"},
+		{"a wildcard name", "52:54:00:aa:bb:cc", "*.example.com"},
+		{"a space in the name", "52:54:00:aa:bb:cc", "node 1"},
+		{"a name too long", "52:54:00:aa:bb:cc", strings.Repeat("a", MaxName+1)},
+	} {
+		c := b.client(t, "52:54:00:aa:bb:cc")
+		req, err := csr(c.Key, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rawRequest(t, b, c, mustJSON(Request{Name: tc.nodeName, MAC: tc.mac, CSR: req}))
+		if r.Status != StatusRefused || !strings.Contains(r.Error, "malformed") {
+			t.Errorf("%s: reply = %+v; want refused, malformed", tc.name, r)
+		}
+	}
+	// Upper case is a host name's too: the server takes it as lower case.
+	c := b.client(t, "52:54:00:aa:bb:cd")
+	req, err := csr(c.Key, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rawRequest(t, b, c, mustJSON(Request{Name: "Node-UP", MAC: "52:54:00:AA:BB:CD", CSR: req})); r.Status != StatusPending {
+		t.Errorf("upper case: reply = %+v; want pending", r)
+	}
+	if ev := readLog(b.srv); !strings.Contains(ev, "requested=node-up mac=52:54:00:aa:bb:cd ") {
+		t.Errorf("events:\n%s\nwant the requested name and the MAC in lower case", ev)
+	}
+	if ev := readLog(b.srv); strings.ContainsAny(ev, "\x1b\r*") || strings.Contains(ev, "hello") {
+		t.Errorf("events hold what the requests carried:\n%q", ev)
+	}
+}
+
+// TestPendingPerAddress: one address may have MaxPendingPerAddr requests
+// waiting; one more is refused at once, and the others still wait.
+func TestPendingPerAddress(t *testing.T) {
+	const max = 2
+	b := newBed(t, func(c *Config) { c.MaxPendingPerAddr = max })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for i := range max {
+		c := b.client(t, "52:54:00:00:03:0"+string(rune('0'+i)))
+		pending, out := make(chan struct{}), make(chan result, 1)
+		wg.Go(func() {
+			sec, err := c.Enroll(ctx, "", func() { close(pending) })
+			out <- result{sec, err}
+		})
+		waitPending(t, pending, out)
+	}
+	extra := b.client(t, "52:54:00:00:03:ff")
+	if _, err := extra.Enroll(context.Background(), "", nil); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "requests from this address wait already") {
+		t.Errorf("Enroll beyond %d pending from one address = %v; want refused, busy", max, err)
+	}
+	if n := strings.Count(string(b.srv.pendingText()), "\n"); n != max {
+		t.Errorf("pending lines = %d; want %d", n, max)
+	}
+}
+
+// TestRefusalsRateLimited: a flood of malformed requests puts
+// refusal.Burst lines into /enroll/events in a window and one summary
+// line when it ends, and the lines of waiting requests are still logged.
+func TestRefusalsRateLimited(t *testing.T) {
+	clk := clock.NewFake()
+	b := newBed(t, func(c *Config) { c.Clock = clk })
+	c := b.client(t, "52:54:00:00:04:01")
+	const flood = 3 * refusal.Burst
+	for range flood {
+		if r := rawRequest(t, b, c, "junk\n"); r.Status != StatusRefused {
+			t.Fatalf("junk: reply = %+v; want refused", r)
+		}
+	}
+	if n := strings.Count(readLog(b.srv), "event=refused fingerprint="); n != refusal.Burst {
+		t.Errorf("refusal lines after %d junk requests = %d; want %d", flood, n, refusal.Burst)
+	}
+	clk.Advance(refusal.Window)
+	if ev := readLog(b.srv); !strings.Contains(ev, fmt.Sprintf("event=refused reason=malformed suppressed=%d window=1m0s", flood-refusal.Burst)) {
+		t.Errorf("events:\n%s\nwant a summary of %d suppressed refusals", ev, flood-refusal.Burst)
+	}
+	pending, out := start(c, "")
+	waitPending(t, pending, out)
+	if ev := readLog(b.srv); !strings.Contains(ev, "event=pending fingerprint="+c.Fingerprint()) {
+		t.Errorf("events:\n%s\nwant the waiting request's line", ev)
+	}
+	b.srv.Deny(c.Fingerprint())
+	outcome(t, out)
 }

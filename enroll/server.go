@@ -23,16 +23,18 @@ import (
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/fsrv"
+	"github.com/shardfs/shardfs/internal/refusal"
 	"github.com/shardfs/shardfs/journal"
 )
 
 // Defaults of Config's bounds.
 const (
-	DefaultMaxPending       = 64
-	DefaultMaxWait          = time.Hour
-	DefaultHandshakeTimeout = 10 * time.Second
-	DefaultCodeTTL          = time.Hour
-	DefaultMaxPerAddr       = 8
+	DefaultMaxPending        = 64
+	DefaultMaxPendingPerAddr = 4
+	DefaultMaxWait           = 10 * time.Minute
+	DefaultHandshakeTimeout  = 10 * time.Second
+	DefaultCodeTTL           = time.Hour
+	DefaultMaxPerAddr        = 8
 )
 
 // Code is a one-time enrollment code given for one node.
@@ -77,22 +79,27 @@ type Config struct {
 	Cert tls.Certificate
 	// NodeCA signs the nodes' listener certificates.
 	NodeCA *certs.CA
-	// NodeNames are added to every listener certificate's names.
-	NodeNames []string
+	// NodeNames name the nodes by MAC (as net.HardwareAddr.String
+	// writes it): a node's listener certificate is issued for the name
+	// given here, else for pxe- and its MAC (pxe-52-54-00-12-34-56, the
+	// name a node takes by default). The name a request carries is shown
+	// in /enroll/pending, never trusted.
+	NodeNames map[string]string
 	// Secrets are what every approved node gets (ListenerCert is made per
 	// node).
 	Secrets Secrets
 	// Codes are the one-time codes.
 	Codes []Code
-	// MaxPending, MaxWait and HandshakeTimeout bound the requests, and
-	// MaxPerAddr the connections from one address (the Default values
-	// when zero).
-	MaxPending       int
-	MaxPerAddr       int
-	MaxWait          time.Duration
-	HandshakeTimeout time.Duration
-	Clock            clock.Clock
-	Logger           *slog.Logger
+	// MaxPending, MaxPendingPerAddr, MaxWait and HandshakeTimeout bound
+	// the requests, and MaxPerAddr the connections in their handshake
+	// from one address (the Default values when zero).
+	MaxPending        int
+	MaxPendingPerAddr int
+	MaxPerAddr        int
+	MaxWait           time.Duration
+	HandshakeTimeout  time.Duration
+	Clock             clock.Clock
+	Logger            *slog.Logger
 }
 
 // Server is the enrollment server.
@@ -103,21 +110,39 @@ type Server struct {
 	events *journal.Log
 	tree   *fsrv.Dir
 
-	mu       sync.Mutex
-	pending  map[string]*request // by fingerprint
-	approved map[string]bool     // approved, not yet delivered
-	denied   map[string]bool
-	enrolled map[string]enrolledNode
-	codes    []*Code
-	perAddr  map[string]int // open connections by remote address
+	// refusals keeps a flood's refusals from filling the log and
+	// /enroll/events: keyed by reason (the refusal constants).
+	refusals *refusal.Limiter
+
+	mu          sync.Mutex
+	pending     map[string]*request // by fingerprint
+	approved    map[string]bool     // approved, not yet delivered
+	denied      map[string]bool
+	enrolled    map[string]enrolledNode
+	codes       []*Code
+	perAddr     map[string]int // connections in their handshake by remote address
+	pendingAddr map[string]int // waiting requests by remote address
 }
 
 // request is a waiting request.
 type request struct {
-	fp, name, mac, addr string
-	since               time.Time
-	verdict             chan bool // true: approved; buffered, sent once
+	fp, mac, addr string
+	// name is the name the certificate will be issued for, requested
+	// the one the node asked for (shown, never trusted).
+	name, requested string
+	since           time.Time
+	verdict         chan bool // true: approved; buffered, sent once
 }
+
+// The kinds of refusal, each rate-limited on its own (refusal.Limiter
+// keys), so that a flood of one kind leaves the lines of another.
+const (
+	refusedAddrBusy = iota // connections from one address
+	refusedBusy            // all connections, or the pending list
+	refusedBad             // malformed requests
+	refusedCode            // wrong codes
+	refusedKey             // denied or already enrolled keys
+)
 
 type enrolledNode struct {
 	name, mac, addr, how string
@@ -144,11 +169,28 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxPerAddr <= 0 {
 		cfg.MaxPerAddr = DefaultMaxPerAddr
 	}
+	if cfg.MaxPendingPerAddr <= 0 {
+		cfg.MaxPendingPerAddr = DefaultMaxPendingPerAddr
+	}
+	for mac, name := range cfg.NodeNames {
+		if _, err := net.ParseMAC(mac); err != nil {
+			return nil, fmt.Errorf("enroll: node names: %w", err)
+		}
+		if !ValidName(name) {
+			return nil, fmt.Errorf("enroll: node names: the name for %s is not a host name (a-z, 0-9, '-' and '.', at most %d)", mac, MaxName)
+		}
+	}
 	s := &Server{cfg: cfg, clk: clock.Or(cfg.Clock), log: cfg.Logger, events: journal.New(1 << 20),
-		pending: map[string]*request{}, approved: map[string]bool{}, denied: map[string]bool{}, enrolled: map[string]enrolledNode{}, perAddr: map[string]int{}}
+		pending: map[string]*request{}, approved: map[string]bool{}, denied: map[string]bool{}, enrolled: map[string]enrolledNode{},
+		perAddr: map[string]int{}, pendingAddr: map[string]int{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.refusals = &refusal.Limiter{Clock: s.clk, Flush: func(key, suppressed int, window time.Duration, now time.Time, node bool) {
+		if node {
+			s.eventLocked(now, "event=refused reason=%s suppressed=%d window=%v", refusalReason(key), suppressed, window)
+		}
+	}}
 	for _, c := range cfg.Codes {
 		if len(normalCode(c.Code)) < MinCodeLen {
 			return nil, fmt.Errorf("enroll: the code for %s is shorter than %d characters", c.For, MinCodeLen)
@@ -169,14 +211,46 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Dir is the server's /enroll: pending (one line per waiting request:
-// fingerprint mac addr since), enrolled (fingerprint name mac addr how
+// fingerprint mac addr since name requested), enrolled (fingerprint name mac addr how
 // at), ctl (approve FINGERPRINT, deny FINGERPRINT) and events.
 func (s *Server) Dir() *fsrv.Dir { return s.tree }
 
 func (s *Server) event(format string, args ...any) {
-	line := fmt.Sprintf("ts=%s ", s.clk.Now().UTC().Format("2006-01-02T15:04:05.000Z")) + fmt.Sprintf(format, args...) + "\n"
-	s.events.Append([]byte(line), s.clk.Now())
+	s.eventLocked(s.clk.Now(), format, args...)
+}
+
+// eventLocked is event for the refusal limiter's Flush, which runs with
+// the limiter's lock held; it takes no lock of the server either.
+func (s *Server) eventLocked(now time.Time, format string, args ...any) {
+	line := fmt.Sprintf("ts=%s ", now.UTC().Format("2006-01-02T15:04:05.000Z")) + fmt.Sprintf(format, args...) + "\n"
+	s.events.Append([]byte(line), now)
 	s.log.Info("enroll: " + strings.TrimSpace(line[strings.IndexByte(line, ' ')+1:]))
+}
+
+// refused logs a refusal of the given kind unless that kind, or all
+// refusals together, had their share of the window (refusal.Burst and
+// refusal.NodeBurst lines a minute, the window growing while the flood
+// lasts); the suppressed ones are counted in one summary line.
+func (s *Server) refused(kind int, format string, args ...any) {
+	if _, node := s.refusals.Admit(kind, s.clk.Now()); node {
+		s.event(format, args...)
+	}
+}
+
+func refusalReason(kind int) string {
+	switch kind {
+	case refusedAddrBusy:
+		return "busy-address"
+	case refusedBusy:
+		return "busy"
+	case refusedBad:
+		return "malformed"
+	case refusedCode:
+		return "code"
+	case refusedKey:
+		return "key"
+	}
+	return "all"
 }
 
 func (s *Server) pendingText() []byte {
@@ -189,7 +263,7 @@ func (s *Server) pendingText() []byte {
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].since.Before(reqs[j].since) })
 	var b strings.Builder
 	for _, r := range reqs {
-		fmt.Fprintf(&b, "%s %s %s %s\n", r.fp, orDash(r.mac), r.addr, r.since.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, "%s %s %s %s %s %s\n", r.fp, orDash(r.mac), r.addr, r.since.UTC().Format(time.RFC3339), r.name, orDash(r.requested))
 	}
 	return []byte(b.String())
 }
@@ -252,7 +326,7 @@ func (s *Server) Approve(fp string) error {
 	s.approved[fp] = true
 	delete(s.pending, fp)
 	r.verdict <- true
-	s.event("event=approved fingerprint=%s mac=%s addr=%s", fp, orDash(r.mac), r.addr)
+	s.event("event=approved fingerprint=%s name=%s mac=%s addr=%s", fp, r.name, orDash(r.mac), r.addr)
 	return nil
 }
 
@@ -282,9 +356,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	defer wg.Wait()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
-	// Connections beyond the pending bound, plus room for those still in
-	// their handshake, are closed at once: the accept loop never waits.
-	slots := make(chan struct{}, 2*s.cfg.MaxPending+16)
+	// Connections still in their handshake (TLS and the request line)
+	// hold a slot until they wait or are answered; beyond the slots, a
+	// connection is closed at once: the accept loop never waits. The
+	// waiting requests are bounded apart (MaxPending), so that a flood of
+	// handshakes cannot take their room, nor they the handshakes'.
+	slots := make(chan struct{}, s.cfg.MaxPending+16)
 	conf := &tls.Config{
 		Certificates: []tls.Certificate{s.cfg.Cert},
 		ClientAuth:   tls.RequireAnyClientCert,
@@ -304,7 +381,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		addr := hostOf(c.RemoteAddr())
 		if !s.takeAddr(addr) {
-			s.event("event=refused addr=%s err=\"busy: %d connections from this address\"", addr, s.cfg.MaxPerAddr)
+			s.refused(refusedAddrBusy, "event=refused addr=%s err=\"busy: %d connections in their handshake from this address\"", addr, s.cfg.MaxPerAddr)
 			c.Close()
 			continue
 		}
@@ -312,21 +389,22 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		case slots <- struct{}{}:
 		default:
 			s.releaseAddr(addr)
-			s.event("event=refused addr=%s err=\"busy: too many connections\"", addr)
+			s.refused(refusedBusy, "event=refused addr=%s err=\"busy: too many connections in their handshake\"", addr)
 			c.Close()
 			continue
 		}
 		wg.Go(func() {
-			defer func() { <-slots }()
-			defer s.releaseAddr(addr)
+			var once sync.Once
+			handshaken := func() { once.Do(func() { <-slots; s.releaseAddr(addr) }) }
+			defer handshaken()
 			defer c.Close()
-			s.serveConn(ctx, tls.Server(c, conf))
+			s.serveConn(ctx, tls.Server(c, conf), handshaken)
 		})
 	}
 }
 
-// takeAddr counts a connection from addr, unless it has MaxPerAddr open:
-// one machine's flood then leaves room for the others.
+// takeAddr counts a connection in its handshake from addr, unless it has
+// MaxPerAddr such: one machine's flood then leaves room for the others.
 func (s *Server) takeAddr(addr string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -352,8 +430,9 @@ func hostOf(a net.Addr) string {
 	return a.String()
 }
 
-// serveConn answers one request.
-func (s *Server) serveConn(ctx context.Context, c *tls.Conn) {
+// serveConn answers one request. handshaken frees the connection's
+// handshake slot, once its request is read and checked.
+func (s *Server) serveConn(ctx context.Context, c *tls.Conn, handshaken func()) {
 	addr := hostOf(c.RemoteAddr())
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
@@ -368,33 +447,38 @@ func (s *Server) serveConn(ctx context.Context, c *tls.Conn) {
 	if err != nil {
 		return
 	}
-	refuse := func(why string) {
-		s.event("event=refused fingerprint=%s addr=%s err=%q", fp, addr, why)
+	refuse := func(kind int, why string) {
+		s.refused(kind, "event=refused fingerprint=%s addr=%s err=%q", fp, addr, why)
 		writeReply(c, Reply{Status: StatusRefused, Error: why, Fingerprint: fp})
 	}
 	br := bufio.NewReader(io.LimitReader(c, MaxRequest+1))
 	line, err := br.ReadBytes('\n')
 	if err != nil {
-		refuse(fmt.Sprintf("%v: no request line within %v and %d bytes", ErrBadRequest, s.cfg.HandshakeTimeout, MaxRequest))
+		refuse(refusedBad, fmt.Sprintf("%v: no request line within %v and %d bytes", ErrBadRequest, s.cfg.HandshakeTimeout, MaxRequest))
 		return
 	}
 	var req Request
 	if err := json.Unmarshal(line, &req); err != nil {
-		refuse(fmt.Sprintf("%v: %v", ErrBadRequest, err))
+		refuse(refusedBad, fmt.Sprintf("%v: %v", ErrBadRequest, err))
+		return
+	}
+	if err := checkNode(&req); err != nil {
+		refuse(refusedBad, err.Error())
 		return
 	}
 	csr, err := checkCSR(req.CSR, peer)
 	if err != nil {
-		refuse(err.Error())
+		refuse(refusedBad, err.Error())
 		return
 	}
 	c.SetDeadline(time.Time{})
 
-	how, r, why := s.admit(fp, addr, &req)
+	how, r, name, kind, why := s.admit(fp, addr, &req)
 	if why != "" {
-		refuse(why)
+		refuse(kind, why)
 		return
 	}
+	handshaken()
 	if r != nil {
 		defer s.forget(r)
 		if !s.wait(ctx, c, r, fp) {
@@ -402,9 +486,9 @@ func (s *Server) serveConn(ctx context.Context, c *tls.Conn) {
 		}
 		how = "approved"
 	}
-	cert, err := s.cfg.NodeCA.IssueFor(csr.PublicKey, certs.Server, nodeName(&req, fp), s.names(&req), certs.Validity{})
+	cert, err := s.cfg.NodeCA.IssueFor(csr.PublicKey, certs.Server, name, sans(name, addr), certs.Validity{})
 	if err != nil {
-		refuse("signing the listener's certificate: " + err.Error())
+		refuse(refusedBad, "signing the listener's certificate: "+err.Error())
 		return
 	}
 	sec := s.cfg.Secrets
@@ -414,9 +498,9 @@ func (s *Server) serveConn(ctx context.Context, c *tls.Conn) {
 	// go.
 	s.mu.Lock()
 	delete(s.approved, fp)
-	s.enrolled[fp] = enrolledNode{name: req.Name, mac: req.MAC, addr: addr, how: how, at: s.clk.Now()}
+	s.enrolled[fp] = enrolledNode{name: name, mac: req.MAC, addr: addr, how: how, at: s.clk.Now()}
 	s.mu.Unlock()
-	s.event("event=enrolled fingerprint=%s name=%s mac=%s addr=%s by=%s", fp, orDash(req.Name), orDash(req.MAC), addr, how)
+	s.event("event=enrolled fingerprint=%s name=%s mac=%s addr=%s by=%s", fp, name, orDash(req.MAC), addr, how)
 	c.SetWriteDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	if err := writeReply(c, Reply{Status: StatusApproved, Fingerprint: fp, Secrets: &sec}); err != nil {
 		s.mu.Lock()
@@ -427,58 +511,107 @@ func (s *Server) serveConn(ctx context.Context, c *tls.Conn) {
 	}
 }
 
-func nodeName(req *Request, fp string) string {
-	if req.Name != "" {
-		return req.Name
+// MaxName is the longest node name a request may carry, and a name the
+// server gives (a DNS label's bound).
+const MaxName = 63
+
+// ValidName reports whether name is a node name: 1 to MaxName of a-z,
+// 0-9, '-' and '.'. Whatever else a request carries could hold terminal
+// escapes or a wildcard, and is refused.
+func ValidName(name string) bool {
+	if name == "" || len(name) > MaxName {
+		return false
+	}
+	for _, r := range name {
+		if !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '-' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkNode refuses a request whose MAC is not a MAC or whose name is not
+// a node name (upper case is taken as lower: DHCP host names have it), and
+// writes the MAC as net.HardwareAddr.String does. Neither value is
+// repeated in the refusal: it may be an escape sequence for the
+// operator's terminal.
+func checkNode(req *Request) error {
+	if req.MAC != "" {
+		mac, err := net.ParseMAC(req.MAC)
+		if err != nil {
+			return fmt.Errorf("%w: the MAC is not a MAC address", ErrBadRequest)
+		}
+		req.MAC = mac.String()
+	}
+	req.Name = strings.ToLower(req.Name)
+	if req.Name != "" && !ValidName(req.Name) {
+		return fmt.Errorf("%w: the name is not a host name (a-z, 0-9, '-' and '.', at most %d)", ErrBadRequest, MaxName)
+	}
+	return nil
+}
+
+// nodeName is the name the server issues the listener's certificate for,
+// whatever name the request carries: the name a spent code was given
+// for, the one Config.NodeNames has for the MAC, else pxe- and the MAC
+// (pxe- and the fingerprint's start without a MAC).
+func (s *Server) nodeName(mac, fp string, code *Code) string {
+	if code != nil && ValidName(code.For) {
+		if _, err := net.ParseMAC(code.For); err != nil {
+			return code.For
+		}
+	}
+	if n := s.cfg.NodeNames[mac]; n != "" {
+		return n
+	}
+	if mac != "" {
+		return "pxe-" + strings.ReplaceAll(mac, ":", "-")
 	}
 	return "pxe-" + fp[len("sha256:"):len("sha256:")+16]
 }
 
-// names are the listener certificate's names: the node's name, its
-// addresses, and Config.NodeNames.
-func (s *Server) names(req *Request) []string {
-	var names []string
-	if req.Name != "" {
-		names = append(names, req.Name)
+// sans are the listener certificate's names: the node's name and the
+// address its request came from, nothing the node chose.
+func sans(name, addr string) []string {
+	if net.ParseIP(addr) == nil || addr == name {
+		return []string{name}
 	}
-	for _, a := range req.Addrs {
-		if net.ParseIP(a) != nil {
-			names = append(names, a)
-		}
-	}
-	names = append(names, s.cfg.NodeNames...)
-	slices.Sort(names)
-	return slices.Compact(names)
+	return []string{name, addr}
 }
 
 // admit decides what becomes of a request: delivered at once (how says
-// why), refused (why), or waiting (r).
-func (s *Server) admit(fp, addr string, req *Request) (how string, r *request, why string) {
+// why), refused (kind and why), or waiting (r); name is the name its
+// certificate is issued for.
+func (s *Server) admit(fp, addr string, req *Request) (how string, r *request, name string, kind int, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case s.enrolled[fp].how != "":
-		return "", nil, "already enrolled: a key is served once; reboot the node for a new key"
+		return "", nil, "", refusedKey, "already enrolled: a key is served once; reboot the node for a new key"
 	case s.denied[fp]:
-		return "", nil, "denied"
+		return "", nil, "", refusedKey, "denied"
 	case req.Code != "":
 		if c := s.spend(req); c != nil {
-			s.event("event=code fingerprint=%s for=%s mac=%s addr=%s", fp, c.For, orDash(req.MAC), addr)
-			return "code", nil, ""
+			name = s.nodeName(req.MAC, fp, c)
+			s.event("event=code fingerprint=%s for=%s name=%s mac=%s addr=%s", fp, c.For, name, orDash(req.MAC), addr)
+			return "code", nil, name, 0, ""
 		}
 		// The code itself is never logged.
-		return "", nil, "invalid code: unknown, spent, expired or given for another node"
+		return "", nil, "", refusedCode, "invalid code: unknown, spent, expired or given for another node"
 	case s.approved[fp]:
-		return "approved", nil, ""
+		return "approved", nil, s.nodeName(req.MAC, fp, nil), 0, ""
 	case s.pending[fp] != nil:
-		return "", nil, "busy: a request from this key waits already"
+		return "", nil, "", refusedBusy, "busy: a request from this key waits already"
 	case len(s.pending) >= s.cfg.MaxPending:
-		return "", nil, fmt.Sprintf("busy: %d requests wait already", len(s.pending))
+		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests wait already", len(s.pending))
+	case s.pendingAddr[addr] >= s.cfg.MaxPendingPerAddr:
+		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests from this address wait already", s.pendingAddr[addr])
 	}
-	r = &request{fp: fp, name: req.Name, mac: req.MAC, addr: addr, since: s.clk.Now(), verdict: make(chan bool, 1)}
+	name = s.nodeName(req.MAC, fp, nil)
+	r = &request{fp: fp, name: name, requested: req.Name, mac: req.MAC, addr: addr, since: s.clk.Now(), verdict: make(chan bool, 1)}
 	s.pending[fp] = r
-	s.event("event=pending fingerprint=%s name=%s mac=%s addr=%s", fp, orDash(req.Name), orDash(req.MAC), addr)
-	return "", r, ""
+	s.pendingAddr[addr]++
+	s.event("event=pending fingerprint=%s name=%s requested=%s mac=%s addr=%s", fp, name, orDash(req.Name), orDash(req.MAC), addr)
+	return "", r, name, 0, ""
 }
 
 // spend finds the code req carries for its MAC or name and spends it.
@@ -501,10 +634,14 @@ func (s *Server) spend(req *Request) *Code {
 	return found
 }
 
-// forget drops a request that ended without a verdict.
+// forget drops a request that ended without a verdict, and counts its
+// connection out of its address's waiting ones.
 func (s *Server) forget(r *request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.pendingAddr[r.addr]--; s.pendingAddr[r.addr] <= 0 {
+		delete(s.pendingAddr, r.addr)
+	}
 	if s.pending[r.fp] == r {
 		delete(s.pending, r.fp)
 		s.event("event=gone fingerprint=%s addr=%s", r.fp, r.addr)

@@ -200,7 +200,7 @@ func startEnrollServer(t *testing.T, shardfs, dir, tokenFile, codeFile string) *
 	cmd := exec.CommandContext(ctx, shardfs, "netboot", "--serve", fmt.Sprintf("127.0.0.1:%d", port),
 		"--enroll-cert", filepath.Join(dir, "enroll.crt"), "--enroll-key", filepath.Join(dir, "enroll.key"),
 		"--node-ca", filepath.Join(dir, "ca"), "--tls-client-ca", filepath.Join(dir, "ca.crt"),
-		"--node-names", "127.0.0.1", "--token-file", tokenFile, "--enroll-code", codeFile, "--listen", "unix!"+sock)
+		"--token-file", tokenFile, "--enroll-code", codeFile, "--listen", "unix!"+sock)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.WaitDelay = 5 * time.Second

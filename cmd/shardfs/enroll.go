@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -37,7 +39,7 @@ func (f *enrollFlags) register(fl *flag.FlagSet) {
 	f.key = fl.String("enroll-key", "", "--serve: that certificate's key")
 	f.nodeCA = fl.String("node-ca", "", "--serve: the CA that signs the nodes' listener certificates: BASE.crt and BASE.key, as shardfs certs ca writes them (e.g. pki/ca)")
 	f.clientCA = fl.String("tls-client-ca", "", "--serve: the CA certificate(s) of the clients the nodes' TLS listeners accept, sent to each node")
-	f.nodeNames = fl.String("node-names", "", "--serve: names and addresses added to every listener certificate, comma-separated (the node's name and address are always in it)")
+	f.nodeNames = fl.String("node-names", "", "--serve: file of the nodes' names, one line each: MAC NAME; a node's listener certificate names NAME (else pxe-MAC) and the address its request came from, never what the node asks for")
 	f.tokenFile = fl.String("token-file", "", "--serve: file holding the bot token, sent to each enrolled node")
 	f.etcdCA = fl.String("etcd-ca", "", "--serve: etcd's CA certificate, sent to each enrolled node")
 	f.etcdCert = fl.String("etcd-cert", "", "--serve: etcd's client certificate, sent to each enrolled node")
@@ -85,7 +87,9 @@ func (f *enrollFlags) config(stdout io.Writer, now time.Time) (enroll.Config, er
 		return cfg, err
 	}
 	if *f.nodeNames != "" {
-		cfg.NodeNames = strings.Split(*f.nodeNames, ",")
+		if cfg.NodeNames, err = readNodeNames(*f.nodeNames); err != nil {
+			return cfg, err
+		}
 	}
 	if *f.tokenFile != "" {
 		if err := checkSecretFile("--token-file", *f.tokenFile); err != nil {
@@ -129,6 +133,57 @@ func (f *enrollFlags) config(stdout io.Writer, now time.Time) (enroll.Config, er
 	}
 	cfg.MaxPending = *f.maxPending
 	return cfg, nil
+}
+
+// readNodeNames reads --node-names: MAC NAME a line, # comments. The
+// enrollment server issues each node's listener certificate for the name
+// given for its MAC: the name a node sends is its own choice, and anyone
+// on the boot network can send a request.
+func readNodeNames(name string) (map[string]string, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("--node-names: %w", err)
+	}
+	defer f.Close()
+	names := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("--node-names %s:%d: want MAC NAME", name, n)
+		}
+		mac, err := net.ParseMAC(fields[0])
+		if err != nil {
+			return nil, fmt.Errorf("--node-names %s:%d: %w", name, n, err)
+		}
+		if !enroll.ValidName(fields[1]) {
+			return nil, fmt.Errorf("--node-names %s:%d: %q is not a node name (a-z, 0-9, '-' and '.', at most %d; no wildcard)", name, n, fields[1], enroll.MaxName)
+		}
+		if _, dup := names[mac.String()]; dup {
+			return nil, fmt.Errorf("--node-names %s:%d: %s is named twice", name, n, mac)
+		}
+		names[mac.String()] = fields[1]
+	}
+	return names, sc.Err()
+}
+
+// sameCA reports whether a certificate of the client CAs (PEM) is the node
+// CA's: the nodes' listener certificates would then come from the CA
+// that vouches for the operators' clients.
+func sameCA(nodeCA *certs.CA, clientCAs []byte) bool {
+	for rest := clientCAs; ; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			return false
+		}
+		if bytes.Equal(blk.Bytes, nodeCA.Cert.Raw) {
+			return true
+		}
+	}
 }
 
 func readPEMCerts(flagName, name string) ([]byte, error) {
@@ -186,12 +241,22 @@ func readCodes(name string, expires time.Time, stdout io.Writer) ([]enroll.Code,
 
 // run serves enrollment requests and the /enroll tree until ctx ends.
 func (f *enrollFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
+	// The server holds the token and the node CA's key: as serve does,
+	// keep them out of core dumps and out of reach of ptrace and
+	// /proc/PID/mem for other processes of the same user, before they are
+	// read.
+	if err := notDumpable(); err != nil {
+		return err
+	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	cfg, err := f.config(stdout, time.Now())
 	if err != nil {
 		return err
 	}
 	cfg.Logger = log
+	if sameCA(cfg.NodeCA, cfg.Secrets.ClientCA) {
+		log.Warn("--node-ca is also a --tls-client-ca: the CA that signs the nodes' listener certificates should be another than the one of the operators' clients (see doc/baremetal.md)")
+	}
 	srv, err := enroll.New(cfg)
 	if err != nil {
 		return err

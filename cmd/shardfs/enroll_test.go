@@ -15,14 +15,19 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/enroll"
 )
 
 // TestNetbootServe: netboot --serve makes a code for a MAC line without
 // one and prints it once; a node with that MAC enrolls with it and gets
-// the token and a listener certificate from the node CA; the code is
-// spent; the code and the token are never logged.
+// the token and a listener certificate from the node CA, for the name
+// --node-names gives its MAC and the address it came from, not for what
+// it asked; the code is spent; the code and the token are never logged;
+// a node CA that is also the client CA is warned about; the process is
+// not dumpable.
 func TestNetbootServe(t *testing.T) {
 	dir := t.TempDir()
 	pki, enrollPKI := filepath.Join(dir, "pki"), filepath.Join(dir, "enroll-pki")
@@ -38,6 +43,9 @@ func TestNetbootServe(t *testing.T) {
 	tokenFile, codeFile := filepath.Join(dir, "token"), filepath.Join(dir, "codes")
 	os.WriteFile(tokenFile, []byte("SEKRIT-TOKEN\n"), 0o600)
 	os.WriteFile(codeFile, []byte("# the rack's first node\n52:54:00:00:00:09\n"), 0o600)
+	namesFile := filepath.Join(dir, "names")
+	os.WriteFile(namesFile, []byte("52:54:00:00:00:09 rack1-a # the rack's first node\n"), 0o644)
+	t.Cleanup(func() { unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0) })
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +61,7 @@ func TestNetbootServe(t *testing.T) {
 	wg.Go(func() {
 		runErr = run(ctx, []string{"netboot", "--serve", addr, "--enroll-cert", filepath.Join(enrollPKI, "enroll.crt"),
 			"--enroll-key", filepath.Join(enrollPKI, "enroll.key"), "--node-ca", filepath.Join(pki, "ca"),
-			"--tls-client-ca", filepath.Join(pki, "ca.crt"), "--token-file", tokenFile, "--enroll-code", codeFile,
+			"--tls-client-ca", filepath.Join(pki, "ca.crt"), "--token-file", tokenFile, "--enroll-code", codeFile, "--node-names", namesFile,
 			"--listen", "unix!" + filepath.Join(dir, "enroll.sock")}, nil, outW, errW)
 		outW.Close()
 		errW.Close()
@@ -98,7 +106,7 @@ func TestNetbootServe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &enroll.Client{Addr: addr, CA: pool, Key: k, Name: "rack1-a", MAC: "52:54:00:00:00:09", Addrs: []string{"10.0.0.21"}}
+		return &enroll.Client{Addr: addr, CA: pool, Key: k, Name: "admin", MAC: "52:54:00:00:00:09", Addrs: []string{"10.0.0.21"}}
 	}
 	sec, err := node().Enroll(ctx, code, nil)
 	if err != nil {
@@ -114,8 +122,18 @@ func TestNetbootServe(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "node.crt"), sec.ListenerCert, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := verifyListenerCert(filepath.Join(dir, "node.crt"), nodeCA); err != nil {
-		t.Errorf("the listener certificate: %v", err)
+	for _, name := range []string{"rack1-a", "127.0.0.1"} {
+		if err := verifyListenerCert(filepath.Join(dir, "node.crt"), nodeCA, name); err != nil {
+			t.Errorf("the listener certificate for %s: %v", name, err)
+		}
+	}
+	for _, name := range []string{"admin", "10.0.0.21"} {
+		if err := verifyListenerCert(filepath.Join(dir, "node.crt"), nodeCA, name); err == nil {
+			t.Errorf("the listener certificate is good for %s, which the node asked for; want it not", name)
+		}
+	}
+	if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
+		t.Errorf("netboot --serve running: PR_GET_DUMPABLE = %d, %v; want 0", d, err)
 	}
 	if _, err := node().Enroll(ctx, code, nil); !errors.Is(err, enroll.ErrRefused) {
 		t.Errorf("the code again = %v; want refused", err)
@@ -127,14 +145,17 @@ func TestNetbootServe(t *testing.T) {
 	if runErr != nil {
 		t.Errorf("netboot --serve = %v", runErr)
 	}
+	if !strings.Contains(log.String(), "level=WARN msg=\"--node-ca is also a --tls-client-ca") {
+		t.Errorf("the log:\n%s\nwant a warning that the node CA is the client CA", log.String())
+	}
 	if strings.Contains(log.String(), code) || strings.Contains(log.String(), "SEKRIT") {
 		t.Errorf("the log holds the code or the token:\n%s", log.String())
 	}
 }
 
 // verifyListenerCert checks that the PEM certificate in name is a server
-// certificate ca signed for 10.0.0.21.
-func verifyListenerCert(name string, ca *certs.CA) error {
+// certificate ca signed for host.
+func verifyListenerCert(name string, ca *certs.CA, host string) error {
 	b, err := os.ReadFile(name)
 	if err != nil {
 		return err
@@ -147,6 +168,31 @@ func verifyListenerCert(name string, ca *certs.CA) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: "10.0.0.21"})
+	_, err = c.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: host})
 	return err
+}
+
+// TestReadNodeNames: --node-names takes MAC NAME lines and refuses a line
+// that is not one, naming it.
+func TestReadNodeNames(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	os.WriteFile(good, []byte("# rack 1\n52:54:00:00:00:0A rack1-a\n\n52:54:00:00:00:0b rack1-b # spare\n"), 0o644)
+	names, err := readNodeNames(good)
+	if err != nil || len(names) != 2 || names["52:54:00:00:00:0a"] != "rack1-a" || names["52:54:00:00:00:0b"] != "rack1-b" {
+		t.Errorf("readNodeNames = %v, %v; want the two names by MAC in lower case", names, err)
+	}
+	for _, tc := range []struct{ name, text, want string }{
+		{"a wildcard", "52:54:00:00:00:0a *.example.com\n", ":1: "},
+		{"an escape", "52:54:00:00:00:0a a\x1b[2K\n", ":1: "},
+		{"not a MAC", "# x\nnode1 rack1-a\n", ":2: "},
+		{"three fields", "52:54:00:00:00:0a rack1-a 10.0.0.1\n", "want MAC NAME"},
+		{"a MAC twice", "52:54:00:00:00:0a a\n52:54:00:00:00:0A b\n", "named twice"},
+	} {
+		f := filepath.Join(dir, "bad")
+		os.WriteFile(f, []byte(tc.text), 0o644)
+		if _, err := readNodeNames(f); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: readNodeNames = %v; want an error with %q", tc.name, err, tc.want)
+		}
+	}
 }

@@ -88,7 +88,7 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  (a PXE image: boot.ipxe, initrd.cpio.gz with this binary as /init,
                  the kernel and its NIC modules; no secret: the node enrolls)
           netboot --serve HOST:PORT --enroll-cert F --enroll-key F --node-ca BASE
-                 --tls-client-ca F [--node-names LIST] [--token-file FILE]
+                 --tls-client-ca F [--node-names FILE] [--token-file FILE]
                  [--etcd-ca F --etcd-cert F --etcd-key F] [--enroll-code FILE] [--code-ttl D]
                  [--max-pending N] [--listen ADDR]...
                  (the enrollment server: nodes wait in /enroll/pending until
