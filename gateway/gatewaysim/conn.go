@@ -168,7 +168,11 @@ func (c *conn) serve() {
 	}
 	clientCode := 0
 	var ce *websocket.CloseError
-	closed := errors.As(err, &ce)
+	// 1006 is what gorilla reports for a connection that ended without a
+	// close frame (RFC 6455 7.4.1: never sent on the wire): no frame of
+	// the client's, so OnFrame does not hear of it (the soak counted a
+	// woken node's dropped socket as a frame for a shard it had lost).
+	closed := errors.As(err, &ce) && ce.Code != websocket.CloseAbnormalClosure
 	if closed {
 		clientCode = ce.Code
 	}
