@@ -157,6 +157,14 @@ func TestEtcdUser(t *testing.T) {
 		t.Errorf("%s = %q after config; want it kept for serve's re-exec", etcdPasswordEnv, got)
 	}
 	os.Unsetenv(etcdPasswordEnv)
+	// Checked as --token-file is: mode and owner.
+	open := filepath.Join(filepath.Dir(pw), "pw-0644")
+	if err := os.WriteFile(open, []byte("s3cret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		says string
@@ -164,6 +172,7 @@ func TestEtcdUser(t *testing.T) {
 		{[]string{"--etcd-user", "u"}, "no password"},
 		{[]string{"--etcd-password-file", pw}, "--etcd-password-file needs --etcd-user"},
 		{[]string{"--etcd-user", "u", "--etcd-password-file", pw + ".gone"}, "--etcd-password-file: open"},
+		{[]string{"--etcd-user", "u", "--etcd-password-file", open}, "mode 0644 lets other users read"},
 	} {
 		if _, err := parseEtcd(t, append(slices.Clone(base), tc.args...)...).config(false); err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%v: %v; want an error containing %q", tc.args, err, tc.says)
