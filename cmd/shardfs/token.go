@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -150,7 +151,7 @@ func readSecretFile(flag, file string, me int) ([]byte, error) {
 		return nil, fmt.Errorf("%s %s: mode %04o lets other users read or change it; chmod 600 it", flag, file, m)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, maxToken+1))
-	if err == nil && len(b) > maxToken {
+	if err == nil && len(bytes.TrimSpace(b)) > maxToken {
 		return nil, fmt.Errorf("%s %s: longer than %d bytes", flag, file, maxToken)
 	}
 	return b, err
