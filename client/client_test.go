@@ -29,6 +29,10 @@ func TestMain(m *testing.M) {
 		servePeer(sock) // TestPeerOtherUID's server, as another user
 		return
 	}
+	if os.Getenv("SHARDFS_TEST_PEER_SERVE_TCP") != "" {
+		servePeerTCP() // TestLoopbackPeerOtherUID's
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 

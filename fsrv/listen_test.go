@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -153,5 +155,30 @@ func TestRuntimeDir(t *testing.T) {
 		if err := ensureDir(other); !errors.Is(err, ErrUnsafeDir) {
 			t.Errorf("ensureDir(a folder of uid 4242) = %v; want ErrUnsafeDir", err)
 		}
+	}
+}
+
+// A default listener whose port is held by someone else is left out
+// with a warning naming it; the others are served.
+func TestOpenOptional(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	_, port, _ := net.SplitHostPort(held.Addr().String())
+	sock := "unix!" + filepath.Join(t.TempDir(), "s.sock")
+	ls, err := Open([]string{sock}, TLSFiles{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	var logb strings.Builder
+	ls.OpenOptional([]string{"tcp!127.0.0.1!" + port + ",ro", "tcp!127.0.0.1!0,ro"}, slog.New(slog.NewTextHandler(&logb, nil)))
+	if len(ls.List) != 2 || ls.List[0].Addr().Network() != "unix" || !IsReadOnly(ls.List[1]) {
+		t.Errorf("after OpenOptional(a held port, a free one) the listeners are %v; want the unix socket and the free port, read-only", ls.List)
+	}
+	if s := logb.String(); !strings.Contains(s, "level=WARN") || !strings.Contains(s, "tcp!127.0.0.1!"+port+",ro") {
+		t.Errorf("OpenOptional(a held port) logged %q; want a warning naming the address", s)
 	}
 }

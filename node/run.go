@@ -31,6 +31,11 @@ type RunConfig struct {
 	Listen   []string
 	TLS      fsrv.TLSFiles
 	MaxConns int
+	// ListenOptional are listeners opened beside Listen when they can
+	// be: one that cannot is logged and left out (serve's default
+	// loopback TCP, whose port another local user may hold; see
+	// fsrv.Listeners.OpenOptional).
+	ListenOptional []string
 	// IdleTimeout closes a TCP or TLS connection with no request for
 	// that long (0: fsrv's default; negative: never).
 	IdleTimeout time.Duration
@@ -81,6 +86,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 	if err != nil {
 		return err
 	}
+	ls.OpenOptional(rc.ListenOptional, log)
 	var relayLs []net.Listener
 	if len(rc.Relay) > 0 {
 		if relayLs, err = openRelay(rc.Relay, rc.TLS); err != nil {

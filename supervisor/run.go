@@ -40,6 +40,9 @@ type RunConfig struct {
 	Listen   []string
 	TLS      fsrv.TLSFiles
 	MaxConns int
+	// ListenOptional are listeners opened beside Listen when they can
+	// be (see node.RunConfig.ListenOptional).
+	ListenOptional []string
 	// IdleTimeout closes a TCP or TLS connection of the parent's tree
 	// with no request for that long (0: fsrv's default; negative: never).
 	IdleTimeout time.Duration
@@ -88,6 +91,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 		return err
 	}
 	defer ls.Close()
+	ls.OpenOptional(rc.ListenOptional, log)
 	flavor := rc.Pacing.Flavor
 	total, limit, err := rc.discover(ctx, log)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -70,8 +71,8 @@ func runCerts(args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("certs %s: want ca, server or client", kind)
 	}
-	if *name == "" || strings.ContainsAny(*name, "/\\") {
-		return flagErr(fl, "--name %q: want a name without slashes", *name)
+	if err := certFileName(*name); err != nil {
+		return flagErr(fl, "--name %q: %v", *name, err)
 	}
 	if k == certs.Client && *hosts != "" {
 		return flagErr(fl, "--host is for server certificates")
@@ -97,6 +98,21 @@ func runCerts(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "server %q for %s until %s: serve --tls-cert %s.crt --tls-key %s.key --tls-client-ca %s.crt\n", *name, strings.Join(append(c.Cert.DNSNames, ipStrings(c.Cert.IPAddresses)...), ", "), c.Cert.NotAfter.UTC().Format(time.DateOnly), base, base, caBase)
 	default:
 		fmt.Fprintf(stdout, "client %q until %s: --cert %s.crt --key %s.key --ca %s.crt\n", *name, c.Cert.NotAfter.UTC().Format(time.DateOnly), base, base, caBase)
+	}
+	return nil
+}
+
+// certFileName refuses a --name that is not a plain file name: the
+// files are DIR/NAME.crt and DIR/NAME.key, and "..", "." or a name with a
+// separator would put them beside or outside DIR.
+func certFileName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("a name is required")
+	case name == "." || name == ".." || strings.ContainsAny(name, "/\\\x00"):
+		return errors.New("want a plain file name: no slashes, not . or ..")
+	case strings.HasPrefix(name, "."):
+		return errors.New("want a name that does not start with a dot (the files would be hidden)")
 	}
 	return nil
 }

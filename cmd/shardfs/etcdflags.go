@@ -94,10 +94,15 @@ func (c *etcdConn) config(cfg *node.Etcd) error {
 	}
 	if *c.user != "" {
 		cfg.Username = *c.user
+		// Like the token: no process of this user may read it out of
+		// this one's memory from here on.
+		if err := notDumpable(); err != nil {
+			return err
+		}
 		if *c.passwordFile != "" {
-			b, err := os.ReadFile(*c.passwordFile)
+			b, err := readSecretFile("--etcd-password-file", *c.passwordFile, os.Getuid())
 			if err != nil {
-				return fmt.Errorf("--etcd-password-file: %w", err)
+				return err
 			}
 			cfg.Password = strings.TrimRight(string(b), "\r\n")
 		} else {

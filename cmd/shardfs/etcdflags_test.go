@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // parseEtcd parses serve's etcd flags from args.
@@ -157,6 +159,14 @@ func TestEtcdUser(t *testing.T) {
 		t.Errorf("%s = %q after config; want it kept for serve's re-exec", etcdPasswordEnv, got)
 	}
 	os.Unsetenv(etcdPasswordEnv)
+	// Checked as --token-file is: mode and owner.
+	open := filepath.Join(filepath.Dir(pw), "pw-0644")
+	if err := os.WriteFile(open, []byte("s3cret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		says string
@@ -164,6 +174,7 @@ func TestEtcdUser(t *testing.T) {
 		{[]string{"--etcd-user", "u"}, "no password"},
 		{[]string{"--etcd-password-file", pw}, "--etcd-password-file needs --etcd-user"},
 		{[]string{"--etcd-user", "u", "--etcd-password-file", pw + ".gone"}, "--etcd-password-file: open"},
+		{[]string{"--etcd-user", "u", "--etcd-password-file", open}, "mode 0644 lets other users read"},
 	} {
 		if _, err := parseEtcd(t, append(slices.Clone(base), tc.args...)...).config(false); err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%v: %v; want an error containing %q", tc.args, err, tc.says)
@@ -171,5 +182,24 @@ func TestEtcdUser(t *testing.T) {
 	}
 	if _, err := parseEtcd(t, "--etcd-user", "u").config(false); err == nil || !strings.Contains(err.Error(), "--etcd-user needs --etcd") {
 		t.Errorf("--etcd-user alone = %v; want it to need --etcd", err)
+	}
+}
+
+// The etcd password, like the token, is read only once the process is
+// not dumpable: a process of the same user cannot read it from memory.
+func TestEtcdPasswordReadNotDumpable(t *testing.T) {
+	t.Cleanup(func() { unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0) })
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseEtcd(t, "--etcd", "127.0.0.1:2379", "--bot", "b", "--node", "n", "--etcd-user", "u", "--etcd-password-file", pw).config(false); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
+		t.Errorf("after reading --etcd-password-file PR_GET_DUMPABLE = %d, %v; want 0", d, err)
 	}
 }

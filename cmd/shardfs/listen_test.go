@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -134,5 +135,54 @@ func TestServeReadOnlyTCP(t *testing.T) {
 	stdinCmd.Stdin = strings.NewReader("frob")
 	if out, err := stdinCmd.CombinedOutput(); err == nil || !strings.Contains(string(out), `event=rejected cmd=? len=4 err="unknown command; usage: `) {
 		t.Errorf("shardfs write 0/ctl <<< frob (no newline) = %v, %q; want the refusal", err, out)
+	}
+}
+
+// serve's default loopback TCP listener is optional: another local user
+// may hold tcp!127.0.0.1!5640 before the node starts (the client refuses
+// such a port), and serve then runs on its unix socket (node's
+// TestRunOptionalListenerHeld). A listener given with --listen stays
+// required (TestServeRefusesPlainTCPBeyondLoopback).
+func TestServeDefaultTCPOptional(t *testing.T) {
+	var f serveFlags
+	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
+	f.register(fl)
+	if err := fl.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	listen, optional := f.listenAddrs()
+	if want := serveListeners(); !slices.Equal(listen, want[:1]) || !slices.Equal(optional, want[1:]) {
+		t.Errorf("serve's listeners = %q, optional %q; want %q, optional %q", listen, optional, want[:1], want[1:])
+	}
+	if err := fl.Parse([]string{"--listen", "tcp!127.0.0.1!0"}); err != nil {
+		t.Fatal(err)
+	}
+	if listen, optional := f.listenAddrs(); !slices.Equal(listen, []string{"tcp!127.0.0.1!0"}) || optional != nil {
+		t.Errorf("serve --listen tcp!127.0.0.1!0: listeners %q, optional %q; want it alone, required", listen, optional)
+	}
+}
+
+// --tls-deny without a tls! listener is refused at start: nothing would
+// read it, and the operator believes the certificates in it revoked.
+func TestTLSDenyNeedsTLSListener(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	deny := filepath.Join(dir, "deny")
+	for f, b := range map[string]string{tok: "DENY-TOKEN-1234\n", deny: "zz not a serial\n"} {
+		if err := os.WriteFile(f, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cmd := range []string{"serve", "supervise"} {
+		args := []string{cmd, "--flavor", "discord", "--total", "2", "--api", "http://127.0.0.1:1", "--token-file", tok,
+			"--listen", "unix!" + filepath.Join(dir, cmd+".sock"), "--tls-deny", deny}
+		if cmd == "supervise" {
+			args = append(args, "--processes", "2")
+		}
+		var out, errb strings.Builder
+		err := run(context.Background(), args, strings.NewReader(""), &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), "--tls-deny") || !strings.Contains(err.Error(), "no tls! listener") {
+			t.Errorf("%s --tls-deny without a tls! listener = %v; want a refusal naming --tls-deny", cmd, err)
+		}
 	}
 }

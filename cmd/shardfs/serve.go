@@ -132,6 +132,7 @@ func (f *serveFlags) runConfig(fl *flag.FlagSet) (node.RunConfig, error) {
 			return node.RunConfig{}, flagErr(fl, "--metrics-listen: %v", err)
 		}
 	}
+	listen, optional := f.listenAddrs()
 	var relayCache []string
 	if len(f.relays) > 0 {
 		if relayCache, err = relay.ParseKinds(*f.relayCache); err != nil {
@@ -147,7 +148,7 @@ func (f *serveFlags) runConfig(fl *flag.FlagSet) (node.RunConfig, error) {
 			ResumeWindow: *f.resumeWindow, Etcd: etcdCfg, MetricsListen: *f.metricsListen,
 		},
 		Total: o.total, Shards: o.shards,
-		Listen: f.listenAddrs(), TLS: f.tlsFiles(), MaxConns: *f.maxConns, IdleTimeout: f.idle(),
+		Listen: listen, ListenOptional: optional, TLS: f.tlsFiles(), MaxConns: *f.maxConns, IdleTimeout: f.idle(),
 		SessionsDir: *f.sessions, Relay: f.relays,
 	}, nil
 }
@@ -168,12 +169,27 @@ func (f *serveFlags) idle() time.Duration {
 	return *f.idleTimeout
 }
 
-// listenAddrs are the --listen addresses, or serve's defaults.
-func (f *serveFlags) listenAddrs() []string {
+// listenAddrs are the --listen addresses; without any, serve's
+// defaults, the loopback TCP one optional: another local user may hold
+// its port, and that must not stop the node (the unix socket serves the
+// operator). A listener given with --listen that cannot open fails the
+// start.
+func (f *serveFlags) listenAddrs() (listen, optional []string) {
 	if len(f.listens) == 0 {
-		return serveListeners()
+		d := serveListeners()
+		return d[:1], d[1:]
 	}
-	return f.listens
+	return f.listens, nil
+}
+
+// hasTLSListener reports whether the listeners include a tls! one.
+func (f *serveFlags) hasTLSListener() bool {
+	for _, a := range f.listens {
+		if la, err := fsrv.ParseListenAddr(a); err == nil && la.TLS {
+			return true
+		}
+	}
+	return false
 }
 
 // serveOpts are the checked values of serveFlags.
@@ -200,6 +216,11 @@ func (f *serveFlags) check(fl *flag.FlagSet) (serveOpts, error) {
 	}
 	if *f.idleTimeout < 0 {
 		return o, flagErr(fl, "--idle-timeout %v: want 0 (never) or more", *f.idleTimeout)
+	}
+	if *f.tlsDeny != "" && !f.hasTLSListener() {
+		// It would be read by nothing: an operator who believes a
+		// certificate is revoked must hear that it is not.
+		return o, flagErr(fl, "--tls-deny %s: no tls! listener to apply it to (give --listen tls!HOST!PORT)", *f.tlsDeny)
 	}
 	if *f.resumeWindow < 0 {
 		return o, flagErr(fl, "--resume-window %v: want 0 (the flavor's) or more", *f.resumeWindow)

@@ -86,12 +86,13 @@ func runSupervise(ctx context.Context, args []string, stderr io.Writer) error {
 	case pol.Watchdog != 0 && pol.Watchdog < 2*time.Second:
 		return flagErr(fl, "--watchdog %v: want 0 (off) or at least 2s (a child reports every second)", pol.Watchdog)
 	}
+	listen, optional := f.listenAddrs()
 	rc := supervisor.RunConfig{
 		Pacing: gateway.Pacing{Flavor: o.flavor, MaxConcurrency: *f.maxConc, IdentifyTotal: *f.idTotal,
 			IdentifyReserve: *f.idReserve, Fixed: *f.gatewayURL != ""},
 		API: *f.api, Total: o.total,
 		Processes: *processes, ShardsPerProcess: *perProcess, Assign: *assign, Policy: pol,
-		Listen: f.listenAddrs(), TLS: f.tlsFiles(), MaxConns: *f.maxConns, IdleTimeout: f.idle(),
+		Listen: listen, ListenOptional: optional, TLS: f.tlsFiles(), MaxConns: *f.maxConns, IdleTimeout: f.idle(),
 		SessionsDir: *f.sessions, Env: childEnv(),
 	}
 	if o.total != 0 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -118,24 +119,40 @@ func notDumpable() error {
 	return nil
 }
 
-// readTokenFile reads --token-file, refusing a file that other users may
-// read or write: the mode is checked on the descriptor that is read, so
-// that a chmod between the check and the read changes nothing.
+// readTokenFile reads --token-file (see readSecretFile).
 func readTokenFile(file string) ([]byte, error) {
+	return readSecretFile("--token-file", file, os.Getuid())
+}
+
+// readSecretFile reads a file holding a secret (--token-file,
+// --etcd-password-file), refusing one that other users may read or
+// write, or that belongs to another user than me or root (its owner can
+// change its mode, and it replaces the secret: a token of its own bot,
+// an etcd password of its choosing). The owner and the mode are checked
+// on the descriptor that is read, so that a chmod or a rename between
+// the check and the read changes nothing.
+func readSecretFile(flag, file string, me int) ([]byte, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, fmt.Errorf("--token-file: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("--token-file: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("--token-file %s: not a regular file", file)
+		return nil, fmt.Errorf("%s %s: not a regular file", flag, file)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int64(st.Uid) != int64(me) && st.Uid != 0 {
+		return nil, fmt.Errorf("%s %s: owned by uid %d, not by uid %d (this process) or root; chown it", flag, file, st.Uid, me)
 	}
 	if m := fi.Mode().Perm(); m&0o077 != 0 {
-		return nil, fmt.Errorf("--token-file %s: mode %04o lets other users read or change the token; chmod 600 it", file, m)
+		return nil, fmt.Errorf("%s %s: mode %04o lets other users read or change it; chmod 600 it", flag, file, m)
 	}
-	return io.ReadAll(io.LimitReader(f, maxToken+1))
+	b, err := io.ReadAll(io.LimitReader(f, maxToken+1))
+	if err == nil && len(bytes.TrimSpace(b)) > maxToken {
+		return nil, fmt.Errorf("%s %s: longer than %d bytes", flag, file, maxToken)
+	}
+	return b, err
 }

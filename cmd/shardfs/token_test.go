@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,42 @@ func TestTokenFileModeAndDumpable(t *testing.T) {
 		}
 		if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
 			t.Errorf("after readToken(file mode %04o) PR_GET_DUMPABLE = %d, %v; want 0", tc.mode, d, err)
+		}
+	}
+}
+
+// A secret file (--token-file, --etcd-password-file) of another user is
+// refused even at mode 0600: its owner may chmod it, and chose what it
+// holds. One of root's is accepted.
+func TestSecretFileOwner(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(f, []byte("SECRET-1234\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other, me := os.Getuid()+1, os.Getuid()
+	if me == 0 {
+		// Root owns every file it writes: give this one away.
+		other = 65534
+		if err := os.Chown(f, other, other); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		// The file is ours; read it as if we were someone else.
+		me, other = other, me
+	}
+	for _, flag := range []string{"--token-file", "--etcd-password-file"} {
+		_, err := readSecretFile(flag, f, me)
+		want := fmt.Sprintf("%s %s: owned by uid %d", flag, f, other)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("readSecretFile(%s, a file of uid %d, as uid %d) = %v; want an error containing %q", flag, other, me, err, want)
+		}
+	}
+	if os.Getuid() == 0 {
+		if err := os.Chown(f, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := readSecretFile("--token-file", f, 1000); err != nil || string(b) != "SECRET-1234\n" {
+			t.Errorf("readSecretFile(a file of root, as uid 1000) = %q, %v; want its content", b, err)
 		}
 	}
 }
