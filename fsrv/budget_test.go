@@ -166,7 +166,7 @@ func TestFloodDoesNotLockOut(t *testing.T) {
 		}
 	}
 	srv.mu.Lock()
-	held, fromFlood := srv.handshaking, srv.handshakesFrom["127.0.0.2"]
+	held, fromFlood := srv.handshaking, srv.budgets[tlsL].handshakesFrom["127.0.0.2"]
 	srv.mu.Unlock()
 	if fromFlood != DefaultMaxHandshakesPerAddr {
 		t.Errorf("handshakes held from the flooding address = %d (of %d in all); want %d", fromFlood, held, DefaultMaxHandshakesPerAddr)
@@ -319,6 +319,106 @@ func TestBudgets(t *testing.T) {
 	}
 	if _, err := session("unix", unixAddr); !errors.Is(err, linux.ENFILE) {
 		t.Errorf("a unix session past MaxConns = %v; want ENFILE", err)
+	}
+}
+
+// TestHandshakesPerListener: attack report finding 1. A flood that
+// fills one listener's handshake slots (the read-only TCP listener every
+// local user reaches) leaves another listener's to its own clients; the
+// budgets were one pool for all listeners.
+func TestHandshakesPerListener(t *testing.T) {
+	fx := newFixture()
+	srv := &Server{Root: fx.root, Clock: fx.clock, Logger: testLogger(t), MaxHandshakes: 2, MaxHandshakesPerAddr: 1}
+	roL, err := Listen("tcp!127.0.0.1!0,ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rwL, err := Listen("tcp!127.0.0.1!0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roAddr, rwAddr := serveOn(t, srv, roL), serveOn(t, srv, rwL)
+	dial := func(from, addr string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dial("127.0.0.2", roAddr)
+	dial("127.0.0.3", roAddr)
+	for deadline := time.Now().Add(time.Minute); ; runtime.Gosched() {
+		srv.mu.Lock()
+		got := srv.budgets[roL].handshaking
+		srv.mu.Unlock()
+		if got == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the read-only listener's connections in their handshake = %d; want 2", got)
+		}
+	}
+	c := dial("127.0.0.4", roAddr)
+	c.Write(versionFrame(msgTversion, noTag, 8192, "9P2000.L"))
+	if got, want := replyAndHangup(t, c), rlerror(noTag, linux.ENFILE); !bytes.Equal(got, want) {
+		t.Errorf("a third handshake on the flooded listener: reply %x; want %x (ENFILE, server full)", got, want)
+	}
+	// The other listener serves, even the flooding addresses.
+	for _, from := range []string{"127.0.0.5", "127.0.0.2"} {
+		c := dial(from, rwAddr)
+		c.SetDeadline(time.Now().Add(time.Minute))
+		if s, err := readStatusOver(c); err != nil || s != "READY\n" {
+			t.Errorf("a session from %s on the other listener during the flood: status = %q, %v; want READY", from, s, err)
+		}
+	}
+}
+
+// fromAddr is a connection that only names its peer, for admit.
+type fromAddr struct {
+	net.Conn
+	ip string
+}
+
+func (c fromAddr) RemoteAddr() net.Addr { return &net.TCPAddr{IP: net.ParseIP(c.ip), Port: 40000} }
+
+// TestHandshakesPerPrefix: attack report finding 1. The per-address
+// handshake limit counts a remote IPv4 address's /24 and an IPv6
+// address's /64 as one source, so that a host cycling through its
+// addresses is held to one share; on loopback it counts each address,
+// which local users share.
+func TestHandshakesPerPrefix(t *testing.T) {
+	for _, tc := range []struct{ ip, key string }{
+		{"192.0.2.7", "192.0.2.0/24"},
+		{"::ffff:192.0.2.7", "192.0.2.0/24"},
+		{"2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"},
+		{"127.0.0.1", "127.0.0.1"},
+		{"127.0.3.9", "127.0.3.9"},
+		{"::1", "::1"},
+	} {
+		if got := addrKey(&net.TCPAddr{IP: net.ParseIP(tc.ip)}); got != tc.key {
+			t.Errorf("addrKey(%s) = %q; want %q", tc.ip, got, tc.key)
+		}
+	}
+	srv := &Server{Root: newFixture().root, Logger: testLogger(t), MaxHandshakes: 100, MaxHandshakesPerAddr: 1}
+	lb := &listenerBudget{max: 100}
+	for _, tc := range []struct {
+		ip string
+		ok bool
+	}{
+		{"192.0.2.1", true},
+		{"192.0.2.200", false}, // the same /24
+		{"192.0.3.1", true},
+		{"2001:db8::1", true},
+		{"2001:db8::ffff:2", false}, // the same /64
+		{"2001:db8:0:1::1", true},
+		{"127.0.0.2", true},
+		{"127.0.0.3", true}, // loopback: each address its own
+	} {
+		if _, ok := srv.admit(fromAddr{ip: tc.ip}, lb); ok != tc.ok {
+			t.Errorf("admit from %s with one handshake per source = %v; want %v", tc.ip, ok, tc.ok)
+		}
 	}
 }
 
