@@ -95,7 +95,8 @@
 // absent from listings, walks and attaches. A write refused because the
 // listener is read-only is logged at Warn ("fsrv: write refused on a
 // read-only listener", with the remote address, the client certificate's
-// name and the file), at most once a minute for the whole server; the next
+// name, the file and why: the listener's ",ro" or its rules file naming
+// the certificate ro, which the 9P2000 error says too), at most once a minute for the whole server; the next
 // line counts those left out (more_refused). The refusal changes nothing
 // shared, so the other connections are not slowed or affected. Plain TCP
 // on an address that is

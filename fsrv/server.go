@@ -235,15 +235,13 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer s.release(a)
-			connRO := ro
+			var roCert bool
 			if p, ok := c.(*pendingTLS); ok {
-				var roCert bool
 				if c, roCert = s.handshake(ctx, p); c == nil {
 					return
 				}
-				connRO = ro || roCert
 			}
-			if err := s.serveConnFrom(ctx, c, connRO, a, lname); err != nil {
+			if err := s.serveConnFrom(ctx, c, ro, roCert && !ro, a, lname); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		})
@@ -302,17 +300,18 @@ func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 // serveConn serves rwc; a is its share of Serve's budgets (nil for
 // ServeConn's).
 func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission) error {
-	return s.serveConnFrom(ctx, rwc, ro, a, "-")
+	return s.serveConnFrom(ctx, rwc, ro, false, a, "-")
 }
 
 // serveConnFrom is serveConn for a connection of the listener named
-// listener.
-func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission, listener string) error {
+// listener; roCert: the connection is read-only because the listener's
+// rules make its client certificate so (ro is the listener's ",ro").
+func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, roCert bool, a *admission, listener string) error {
 	if s.Root == nil {
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
 	}
-	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
+	c := &conn{s: s, sess: &session{Server: s, ro: ro || roCert, roCert: roCert}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
 	c.t.now = clock.Or(s.testIdleClock).Now
 	c.sess.conn = c
 	if s.testTracker != nil {
