@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -464,6 +465,12 @@ func (n *Scheduler) Send(id int, payload []byte) error {
 
 func (n *Scheduler) checkAndSend(s *shard, payload []byte) error {
 	if len(payload) > MaxPayload {
+		// N/send passes an overlong line as written: the limit counts
+		// white space there too, which a writer who measured the JSON
+		// alone must be told.
+		if ws := len(payload) - len(bytes.TrimSpace(payload)); ws > 0 {
+			return fmt.Errorf("%w: %d bytes as written, white space included (%d here); the gateway takes at most %d", ErrTooLarge, len(payload), ws, MaxPayload)
+		}
 		return fmt.Errorf("%w: %d bytes; the gateway takes at most %d", ErrTooLarge, len(payload), MaxPayload)
 	}
 	// The gateway client's own reader: a check that read the op

@@ -64,6 +64,7 @@ func TestSendRefusals(t *testing.T) {
 	}{
 		{`{"op":3,"d":{}}`, core.ErrBusy, "STARTING"},
 		{`{"op":3,"d":"` + strings.Repeat("x", 4100) + `"}`, core.ErrTooLarge, "4096"},
+		{" " + `{"op":3,"d":"` + strings.Repeat("x", core.MaxPayload-15) + `"}`, core.ErrTooLarge, "4097 bytes as written, white space included (1 here)"},
 		{`not json`, core.ErrUsage, "JSON"},
 		{`{"d":{}}`, core.ErrUsage, "no op"},
 		{`{"op":2,"d":{}}`, core.ErrUsage, "op 2"},

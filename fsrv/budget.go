@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -18,15 +19,18 @@ import (
 // Serve only when it fits every budget below; one that does not is told
 // that the server is full and closed.
 const (
-	// DefaultMaxHandshakes caps the TCP and TLS connections still in
-	// their handshake (a TLS handshake, then the 9P Tversion), over all
-	// listeners, when Server.MaxHandshakes is zero. A stalled handshake
-	// costs a goroutine and a TLS state; at this cap a flood of them
-	// holds a few megabytes, not hundreds.
+	// DefaultMaxHandshakes caps the connections of one TCP or TLS
+	// listener still in their handshake (a TLS handshake, then the 9P
+	// Tversion) when Server.MaxHandshakes is zero. Each listener has its
+	// own, so that a flood of one (the read-only 127.0.0.1:5640, open to
+	// every local user) does not lock out the others. A stalled
+	// handshake costs a goroutine and a TLS state; at this cap a flood of
+	// them holds a few megabytes per listener, not hundreds.
 	DefaultMaxHandshakes = 128
 
-	// DefaultMaxHandshakesPerAddr caps those from one IP address when
-	// Server.MaxHandshakesPerAddr is zero.
+	// DefaultMaxHandshakesPerAddr caps those of one listener from one
+	// source (see addrKey: an address on loopback, else its /24 or /64)
+	// when Server.MaxHandshakesPerAddr is zero.
 	DefaultMaxHandshakesPerAddr = 16
 
 	// DefaultListenerConns is a TCP or TLS listener's own cap when its
@@ -69,12 +73,16 @@ type listenerBudget struct {
 	max  int
 	n    int
 	unix bool
+	// handshaking and handshakesFrom (by addrKey) count the listener's
+	// connections before their Tversion (TCP and TLS only).
+	handshaking    int
+	handshakesFrom map[string]int
 }
 
 // admission is one admitted connection's share of the budgets.
 type admission struct {
 	l    *listenerBudget
-	ip   string // "" for a unix socket: not counted in the handshakes
+	from string // addrKey; "" for a unix socket: not counted in the handshakes
 	hand bool   // still counted in the handshakes
 }
 
@@ -131,7 +139,7 @@ func (s *Server) admit(c net.Conn, lb *listenerBudget) (*admission, bool) {
 	s.testSeen++
 	a := &admission{l: lb}
 	if !lb.unix {
-		a.ip = hostOf(c.RemoteAddr())
+		a.from = addrKey(c.RemoteAddr())
 	}
 	limit := ""
 	switch {
@@ -141,20 +149,21 @@ func (s *Server) admit(c net.Conn, lb *listenerBudget) (*admission, bool) {
 		limit = fmt.Sprintf("max_conns (%d)", s.maxConns())
 	case !lb.unix && s.accepted >= s.maxConns()-s.unixReserve():
 		limit = fmt.Sprintf("max_conns (%d, of which %d kept for the unix socket)", s.maxConns(), s.unixReserve())
-	case !lb.unix && s.handshaking >= s.maxHandshakes():
-		limit = fmt.Sprintf("connections in their handshake (%d)", s.maxHandshakes())
-	case !lb.unix && s.handshakesFrom[a.ip] >= s.maxHandshakesPerAddr():
-		limit = fmt.Sprintf("connections in their handshake from one address (%d)", s.maxHandshakesPerAddr())
+	case !lb.unix && lb.handshaking >= s.maxHandshakes():
+		limit = fmt.Sprintf("the listener's connections in their handshake (%d)", s.maxHandshakes())
+	case !lb.unix && lb.handshakesFrom[a.from] >= s.maxHandshakesPerAddr():
+		limit = fmt.Sprintf("the listener's connections in their handshake from %s (%d)", a.from, s.maxHandshakesPerAddr())
 	}
 	if limit == "" {
 		s.accepted++
 		lb.n++
 		if !lb.unix {
-			if s.handshakesFrom == nil {
-				s.handshakesFrom = make(map[string]int)
+			if lb.handshakesFrom == nil {
+				lb.handshakesFrom = make(map[string]int)
 			}
 			s.handshaking++
-			s.handshakesFrom[a.ip]++
+			lb.handshaking++
+			lb.handshakesFrom[a.from]++
 			a.hand = true
 		}
 		return a, true
@@ -181,8 +190,9 @@ func (s *Server) handshakeDone(a *admission) {
 	}
 	a.hand = false
 	s.handshaking--
-	if s.handshakesFrom[a.ip]--; s.handshakesFrom[a.ip] <= 0 {
-		delete(s.handshakesFrom, a.ip)
+	a.l.handshaking--
+	if a.l.handshakesFrom[a.from]--; a.l.handshakesFrom[a.from] <= 0 {
+		delete(a.l.handshakesFrom, a.from)
 	}
 }
 
@@ -197,15 +207,37 @@ func (s *Server) release(a *admission) {
 	}
 }
 
-func hostOf(a net.Addr) string {
+// addrKey is the source that the per-address handshake limit counts a
+// remote address in. On loopback it is the address itself: every local
+// user connects from 127.0.0.1, and a user who floods from 127.0.0.2 and
+// on takes none of its share. Elsewhere it is the address's /24 (IPv4)
+// or /64 (IPv6), the least one holder of addresses usually has, so
+// that one host cycling through its addresses counts as one source.
+func addrKey(a net.Addr) string {
+	var ip netip.Addr
 	if ta, ok := a.(*net.TCPAddr); ok {
-		return ta.IP.String()
+		ip, _ = netip.AddrFromSlice(ta.IP)
+	} else {
+		host, _, err := net.SplitHostPort(a.String())
+		if err != nil {
+			return a.String()
+		}
+		if ip, err = netip.ParseAddr(host); err != nil {
+			return host
+		}
 	}
-	host, _, err := net.SplitHostPort(a.String())
-	if err != nil {
+	ip = ip.Unmap().WithZone("")
+	bits := 64
+	switch {
+	case !ip.IsValid():
 		return a.String()
+	case ip.IsLoopback():
+		return ip.String()
+	case ip.Is4():
+		bits = 24
 	}
-	return host
+	p, _ := ip.Prefix(bits)
+	return p.String()
 }
 
 // tellFull tells a refused connection that the server is full, in its

@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -20,6 +22,7 @@ import (
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
+	"github.com/shardfs/shardfs/internal/poll"
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -166,7 +169,7 @@ func TestFloodDoesNotLockOut(t *testing.T) {
 		}
 	}
 	srv.mu.Lock()
-	held, fromFlood := srv.handshaking, srv.handshakesFrom["127.0.0.2"]
+	held, fromFlood := srv.handshaking, srv.budgets[tlsL].handshakesFrom["127.0.0.2"]
 	srv.mu.Unlock()
 	if fromFlood != DefaultMaxHandshakesPerAddr {
 		t.Errorf("handshakes held from the flooding address = %d (of %d in all); want %d", fromFlood, held, DefaultMaxHandshakesPerAddr)
@@ -322,6 +325,106 @@ func TestBudgets(t *testing.T) {
 	}
 }
 
+// TestHandshakesPerListener: attack report finding 1. A flood that
+// fills one listener's handshake slots (the read-only TCP listener every
+// local user reaches) leaves another listener's to its own clients; the
+// budgets were one pool for all listeners.
+func TestHandshakesPerListener(t *testing.T) {
+	fx := newFixture()
+	srv := &Server{Root: fx.root, Clock: fx.clock, Logger: testLogger(t), MaxHandshakes: 2, MaxHandshakesPerAddr: 1}
+	roL, err := Listen("tcp!127.0.0.1!0,ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rwL, err := Listen("tcp!127.0.0.1!0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roAddr, rwAddr := serveOn(t, srv, roL), serveOn(t, srv, rwL)
+	dial := func(from, addr string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dial("127.0.0.2", roAddr)
+	dial("127.0.0.3", roAddr)
+	for deadline := time.Now().Add(time.Minute); ; runtime.Gosched() {
+		srv.mu.Lock()
+		got := srv.budgets[roL].handshaking
+		srv.mu.Unlock()
+		if got == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the read-only listener's connections in their handshake = %d; want 2", got)
+		}
+	}
+	c := dial("127.0.0.4", roAddr)
+	c.Write(versionFrame(msgTversion, noTag, 8192, "9P2000.L"))
+	if got, want := replyAndHangup(t, c), rlerror(noTag, linux.ENFILE); !bytes.Equal(got, want) {
+		t.Errorf("a third handshake on the flooded listener: reply %x; want %x (ENFILE, server full)", got, want)
+	}
+	// The other listener serves, even the flooding addresses.
+	for _, from := range []string{"127.0.0.5", "127.0.0.2"} {
+		c := dial(from, rwAddr)
+		c.SetDeadline(time.Now().Add(time.Minute))
+		if s, err := readStatusOver(c); err != nil || s != "READY\n" {
+			t.Errorf("a session from %s on the other listener during the flood: status = %q, %v; want READY", from, s, err)
+		}
+	}
+}
+
+// fromAddr is a connection that only names its peer, for admit.
+type fromAddr struct {
+	net.Conn
+	ip string
+}
+
+func (c fromAddr) RemoteAddr() net.Addr { return &net.TCPAddr{IP: net.ParseIP(c.ip), Port: 40000} }
+
+// TestHandshakesPerPrefix: attack report finding 1. The per-address
+// handshake limit counts a remote IPv4 address's /24 and an IPv6
+// address's /64 as one source, so that a host cycling through its
+// addresses is held to one share; on loopback it counts each address,
+// which local users share.
+func TestHandshakesPerPrefix(t *testing.T) {
+	for _, tc := range []struct{ ip, key string }{
+		{"192.0.2.7", "192.0.2.0/24"},
+		{"::ffff:192.0.2.7", "192.0.2.0/24"},
+		{"2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"},
+		{"127.0.0.1", "127.0.0.1"},
+		{"127.0.3.9", "127.0.3.9"},
+		{"::1", "::1"},
+	} {
+		if got := addrKey(&net.TCPAddr{IP: net.ParseIP(tc.ip)}); got != tc.key {
+			t.Errorf("addrKey(%s) = %q; want %q", tc.ip, got, tc.key)
+		}
+	}
+	srv := &Server{Root: newFixture().root, Logger: testLogger(t), MaxHandshakes: 100, MaxHandshakesPerAddr: 1}
+	lb := &listenerBudget{max: 100}
+	for _, tc := range []struct {
+		ip string
+		ok bool
+	}{
+		{"192.0.2.1", true},
+		{"192.0.2.200", false}, // the same /24
+		{"192.0.3.1", true},
+		{"2001:db8::1", true},
+		{"2001:db8::ffff:2", false}, // the same /64
+		{"2001:db8:0:1::1", true},
+		{"127.0.0.2", true},
+		{"127.0.0.3", true}, // loopback: each address its own
+	} {
+		if _, ok := srv.admit(fromAddr{ip: tc.ip}, lb); ok != tc.ok {
+			t.Errorf("admit from %s with one handshake per source = %v; want %v", tc.ip, ok, tc.ok)
+		}
+	}
+}
+
 // TestIdleTimeout: a TCP connection with no request for IdleTimeout is
 // closed; one that keeps asking is not, nor is a unix socket's.
 func TestIdleTimeout(t *testing.T) {
@@ -468,4 +571,136 @@ type nopConn struct{ net.Conn }
 
 func (nopConn) RemoteAddr() net.Addr {
 	return &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 51234}
+}
+
+// TestFitConns: attack report finding 2. A connection cap that does not
+// fit the open-file limit (beside the caller's files and FileMargin) is
+// lowered to what fits, so that accept never meets EMFILE before the
+// budgets refuse; one that fits is kept.
+func TestFitConns(t *testing.T) {
+	for _, tc := range []struct {
+		max, others int
+		nofile      uint64
+		want        int
+		ok          bool
+	}{
+		{4096, 8, 1 << 20, 4096, true},
+		{0, 8, 1 << 20, DefaultMaxConns, true},
+		{4096, 8, ^uint64(0), 4096, true}, // RLIM_INFINITY
+		{4096, 8, 1024, 1024 - 8 - FileMargin, false},
+		{0, 8, 4096, 4096 - 8 - FileMargin, false},
+		{100, 8, 1024, 100, true},
+		{4096, 100, 64, 4, false},
+	} {
+		got, ok := fitConns(tc.max, tc.others, tc.nofile)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("fitConns(%d, %d, nofile %d) = %d, %v; want %d, %v", tc.max, tc.others, tc.nofile, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestNofileKeepsUnixServed: attack report finding 2, across a process
+// boundary. A server whose open-file limit is 256 (and whose cap,
+// 4,096 by default, FitMaxConns lowers to fit it) takes 300 TCP sessions,
+// and its unix socket is still served: before, accept met EMFILE on
+// every listener and the unix socket's reserve was starved.
+func TestNofileKeepsUnixServed(t *testing.T) {
+	if dir := os.Getenv("FSRV_TEST_NOFILE_DIR"); dir != "" {
+		nofileServer(t, dir)
+		return
+	}
+	if testing.Short() {
+		t.Skip("starts a server process and opens 300 connections")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNofileKeepsUnixServed$")
+	cmd.Env = append(os.Environ(), "FSRV_TEST_NOFILE_DIR="+dir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close() // the server's signal to stop
+		cmd.Wait()
+	})
+	ready := filepath.Join(dir, "tcp")
+	var tcpAddr []byte
+	err = poll.Until(context.Background(), "the server process's address", time.Minute, 20*time.Millisecond, func() error {
+		var err error
+		tcpAddr, err = os.ReadFile(ready)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	sessions, refused := 0, 0
+	deadline := time.Now().Add(time.Minute) // the whole flood's: a server out of files answers nothing
+	for i := range 300 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(1+i/10))}, Deadline: deadline}
+		c, err := d.Dial("tcp", string(tcpAddr))
+		if err != nil {
+			t.Errorf("TCP connection %d: %v", i, err)
+			break
+		}
+		c.SetDeadline(deadline)
+		cl, err := p9.NewClient(c, p9.WithMessageSize(8192))
+		if err != nil {
+			c.Close()
+			if time.Now().After(deadline) {
+				t.Errorf("TCP connection %d: no answer within a minute: %v", i, err)
+				break
+			}
+			refused++
+			continue
+		}
+		c.SetDeadline(time.Time{})
+		t.Cleanup(func() { cl.Close() })
+		sessions++
+	}
+	t.Logf("300 TCP connections: %d sessions, %d refused", sessions, refused)
+	c, err := net.Dial("unix", filepath.Join(dir, "s.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if s, err := readStatusOver(c); err != nil || s != "READY\n" {
+		t.Errorf("the unix socket with TCP at its cap: status = %q, %v; want READY\nserver:\n%s", s, err, out.String())
+	}
+	if !strings.Contains(out.String(), "cap lowered to fit the open-file limit") {
+		t.Errorf("the server did not log that it lowered its cap:\n%s", out.String())
+	}
+}
+
+// nofileServer is TestNofileKeepsUnixServed's server process: an
+// open-file limit of 256, a unix socket and a TCP listener in dir, until
+// its stdin closes.
+func nofileServer(t *testing.T, dir string) {
+	lim := syscall.Rlimit{Cur: 256, Max: 256}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	srv := &Server{Root: newFixture().root, Logger: log, MaxConns: FitMaxConns(log, 0, 0)}
+	unixL, err := Listen("unix!" + filepath.Join(dir, "s.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpL, err := Listen("tcp!127.0.0.1!0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOn(t, srv, unixL)
+	addr := serveOn(t, srv, tcpL)
+	if err := os.WriteFile(filepath.Join(dir, "tcp.tmp"), []byte(addr), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "tcp.tmp"), filepath.Join(dir, "tcp")); err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, os.Stdin)
 }

@@ -71,9 +71,10 @@
 // replies could no longer be counted. Serve admits a connection only
 // within its budgets (budget.go): Server.MaxConns over all listeners
 // (DefaultMaxConns, 4,096) less the slots kept for unix sockets
-// (UnixReserve), each listener's own cap (",max=N"), and for TCP and TLS
-// the connections still in their handshake, in all (MaxHandshakes) and
-// from one address (MaxHandshakesPerAddr). A refused connection is told
+// (UnixReserve), each listener's own cap (",max=N"), and for each TCP or
+// TLS listener its connections still in their handshake, in all
+// (MaxHandshakes) and from one source (MaxHandshakesPerAddr: an address
+// on loopback, else its /24 or /64). A refused connection is told
 // that the server is full (ENFILE, "server full: ...", or a TLS
 // user_canceled alert) and closed; refusals are logged at most once a
 // minute. The wait for Tversion is bounded (VersionTimeout), and so is
@@ -94,7 +95,8 @@
 // absent from listings, walks and attaches. A write refused because the
 // listener is read-only is logged at Warn ("fsrv: write refused on a
 // read-only listener", with the remote address, the client certificate's
-// name and the file), at most once a minute for the whole server; the next
+// name, the file and why: the listener's ",ro" or its rules file naming
+// the certificate ro, which the 9P2000 error says too), at most once a minute for the whole server; the next
 // line counts those left out (more_refused). The refusal changes nothing
 // shared, so the other connections are not slowed or affected. Plain TCP
 // on an address that is
@@ -115,8 +117,8 @@
 // name, serial and role are logged at Info for every connection, and
 // every accepted Ctl write is audited (AuditRecord). The handshake runs in
 // the connection's goroutine within Server.HandshakeTimeout (10 s), so a
-// client that stalls it holds one of MaxHandshakes and a goroutine for
-// that long and nothing else. Before the handshake the server looks at the
+// client that stalls it holds one of its listener's MaxHandshakes and a
+// goroutine for that long and nothing else. Before the handshake the server looks at the
 // first five bytes itself: crypto/tls takes a 21-byte 9P Tversion
 // ("9P2000.L") for an alert record and would wait for 100 bytes more, so a
 // plain 9P client would hang until the timeout instead of being told. Each

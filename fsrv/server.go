@@ -60,11 +60,12 @@ type Server struct {
 	// the accept. Zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 
-	// MaxHandshakes caps the TCP and TLS connections Serve holds that
-	// are still in their handshake (TLS, then the 9P Tversion), over all
-	// listeners, and MaxHandshakesPerAddr those from one IP address.
-	// Zero means DefaultMaxHandshakes and DefaultMaxHandshakesPerAddr.
-	// Unix socket connections are not counted.
+	// MaxHandshakes caps the connections of each TCP or TLS listener
+	// that are still in their handshake (TLS, then the 9P Tversion), and
+	// MaxHandshakesPerAddr those of each listener from one source (an
+	// address on loopback, else its /24 or /64). Zero means
+	// DefaultMaxHandshakes and DefaultMaxHandshakesPerAddr. Unix socket
+	// connections are not counted.
 	MaxHandshakes, MaxHandshakesPerAddr int
 
 	// UnixReserve is how many of MaxConns only unix socket connections
@@ -100,15 +101,15 @@ type Server struct {
 	conns     map[*conn]struct{}
 	active    sync.WaitGroup // ServeConn calls in progress
 	accepted  int            // connections Serve is serving, for MaxConns
-	// handshaking and handshakesFrom (by IP address) count the TCP and
-	// TLS connections before their Tversion; telling, the refused ones
-	// being told that the server is full.
-	handshaking    int
-	handshakesFrom map[string]int
-	telling        int
-	testSeen       int       // connections admit looked at, for measurements
-	refused        int       // connections refused since the last log line
-	refusedAt      time.Time // when that line was logged
+	// handshaking counts the TCP and TLS connections before their
+	// Tversion over all listeners (their budgets count each listener's);
+	// telling, the refused ones being told that the server is full.
+	handshaking int
+	budgets     map[net.Listener]*listenerBudget
+	telling     int
+	testSeen    int       // connections admit looked at, for measurements
+	refused     int       // connections refused since the last log line
+	refusedAt   time.Time // when that line was logged
 	// refusals rate-limits the log lines of refused TLS clients and of
 	// writes on read-only listeners, by reason.
 	refusals map[string]*refusalCount
@@ -184,6 +185,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 
 	ro := isReadOnly(l)
 	lb := s.newListenerBudget(l)
+	s.mu.Lock()
+	if s.budgets == nil {
+		s.budgets = make(map[net.Listener]*listenerBudget)
+	}
+	s.budgets[l] = lb
+	s.mu.Unlock()
 	lname := AddrString(l)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -192,6 +199,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		wg.Wait()
 		s.mu.Lock()
 		delete(s.listeners, l)
+		delete(s.budgets, l)
 		s.mu.Unlock()
 	}()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
@@ -227,15 +235,13 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer s.release(a)
-			connRO := ro
+			var roCert bool
 			if p, ok := c.(*pendingTLS); ok {
-				var roCert bool
 				if c, roCert = s.handshake(ctx, p); c == nil {
 					return
 				}
-				connRO = ro || roCert
 			}
-			if err := s.serveConnFrom(ctx, c, connRO, a, lname); err != nil {
+			if err := s.serveConnFrom(ctx, c, ro, roCert && !ro, a, lname); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		})
@@ -294,17 +300,18 @@ func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 // serveConn serves rwc; a is its share of Serve's budgets (nil for
 // ServeConn's).
 func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission) error {
-	return s.serveConnFrom(ctx, rwc, ro, a, "-")
+	return s.serveConnFrom(ctx, rwc, ro, false, a, "-")
 }
 
 // serveConnFrom is serveConn for a connection of the listener named
-// listener.
-func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission, listener string) error {
+// listener; roCert: the connection is read-only because the listener's
+// rules make its client certificate so (ro is the listener's ",ro").
+func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, roCert bool, a *admission, listener string) error {
 	if s.Root == nil {
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
 	}
-	c := &conn{s: s, sess: &session{Server: s, ro: ro}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
+	c := &conn{s: s, sess: &session{Server: s, ro: ro || roCert, roCert: roCert}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
 	c.t.now = clock.Or(s.testIdleClock).Now
 	c.sess.conn = c
 	if s.testTracker != nil {

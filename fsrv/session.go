@@ -12,6 +12,9 @@ import (
 type session struct {
 	*Server
 	ro bool
+	// roCert: ro because the listener's rules file names the client
+	// certificate ro, not because the listener is ",ro".
+	roCert bool
 	// conn is the connection, named in the log line of a write refused
 	// on a read-only listener.
 	conn *conn
@@ -68,7 +71,10 @@ func (s *session) perm(n File) uint32 {
 func (s *session) refuseWrite(n File) error {
 	if s.ro && perm(n)&permWrite != 0 {
 		if skipped, ok := s.rateLimit(refusedReadOnly); ok {
-			args := []any{"remote", "-", "client", "-", "file", FileName(n)}
+			args := []any{"remote", "-", "client", "-", "file", FileName(n), "why", "the listener is ,ro"}
+			if s.roCert {
+				args[7] = "the listener's rules file names the certificate ro"
+			}
 			if s.conn != nil {
 				args[1], args[3] = s.conn.remote(), s.conn.client()
 			}
@@ -87,7 +93,10 @@ const refusedReadOnly = "write on a read-only listener"
 
 // readOnly names why a write is refused.
 func (s *session) readOnly(n File) string {
-	if s.ro && perm(n)&permWrite != 0 {
+	switch {
+	case s.roCert && perm(n)&permWrite != 0:
+		return FileName(n) + " is read-only for this certificate (the listener's rules file names it ro)"
+	case s.ro && perm(n)&permWrite != 0:
 		return FileName(n) + " is read-only on this listener"
 	}
 	return FileName(n) + " is read-only"

@@ -319,3 +319,26 @@ func TestCommandWord(t *testing.T) {
 		}
 	}
 }
+
+// TestReadOnlyWhy: attack report finding 11. A write refused on a
+// connection made read-only by the listener's rules file names the
+// certificate, not a ",ro" the listener does not have; a file that takes
+// no writes is named read-only on any connection.
+func TestReadOnlyWhy(t *testing.T) {
+	srv := &Server{Root: newFixture().root, Logger: testLogger(t)}
+	ctl, state := &Ctl{Name: "ctl", Path: "ctl", Handle: func(string) error { return nil }}, &Text{Name: "state"}
+	for _, tc := range []struct {
+		sess *session
+		n    File
+		want string
+	}{
+		{&session{Server: srv, ro: true, roCert: true}, ctl, "permission denied: ctl is read-only for this certificate (the listener's rules file names it ro)"},
+		{&session{Server: srv, ro: true}, ctl, "permission denied: ctl is read-only on this listener"},
+		{&session{Server: srv}, state, "permission denied: state is read-only"},
+		{&session{Server: srv, ro: true, roCert: true}, state, "permission denied: state is read-only"},
+	} {
+		if got := tc.sess.refuseWrite(tc.n).Error(); got != tc.want {
+			t.Errorf("refuseWrite(%s), ro %v, roCert %v = %q; want %q", FileName(tc.n), tc.sess.ro, tc.sess.roCert, got, tc.want)
+		}
+	}
+}

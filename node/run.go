@@ -123,7 +123,9 @@ func Run(ctx context.Context, rc RunConfig) error {
 		ls.Close()
 		return err
 	}
-	n.Server.MaxConns, n.Server.IdleTimeout = rc.MaxConns, rc.IdleTimeout
+	// One gateway socket a shard, any of the plan's for a fleet member.
+	n.Server.MaxConns = fsrv.FitMaxConns(log, rc.MaxConns, n.Scheduler.Plan().Total)
+	n.Server.IdleTimeout = rc.IdleTimeout
 	switch {
 	case rc.Flavor != core.Discord:
 	case limit != nil && n.Fleet != nil && n.Fleet.Identify != nil:

@@ -147,7 +147,9 @@ func Run(ctx context.Context, rc RunConfig) error {
 		// pacer: it lowers what remains, never raises it.
 		ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
 	}
-	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), MaxConns: rc.MaxConns, IdleTimeout: rc.IdleTimeout}
+	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), IdleTimeout: rc.IdleTimeout}
+	// A child holds a few pipes and its channel's socket here.
+	srv.MaxConns = fsrv.FitMaxConns(log, rc.MaxConns, 8*len(a.Blocks))
 	ls.Log(log)
 	if ls.HasTLS() {
 		defer ls.ReloadOnHangup(log)()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/hugelgupf/p9/linux"
 
@@ -64,11 +65,8 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 			return err
 		}
 		err := c.WriteFile(path, text)
-		if errors.Is(err, linux.EACCES) && conf != nil {
-			return fmt.Errorf("%w (a read-only listener: %s is served with ,ro; ask the node's operator for a read-write tls! listener)", err, c.Addr())
-		}
 		if errors.Is(err, linux.EACCES) {
-			return fmt.Errorf("%w (a read-only listener: serve's %s is ,ro by default; write through its unix socket, --addr unix!%s)", err, fsrv.DefaultAddr, fsrv.DefaultSocket())
+			return fmt.Errorf("%w (%s)", err, whyReadOnly(c, path, conf != nil))
 		}
 		return err
 	}
@@ -81,6 +79,27 @@ func runClient(ctx context.Context, cmd string, args []string, stdin io.Reader, 
 		return err
 	}
 	return c.Tail(ctx, path, *lines, stdout)
+}
+
+// whyReadOnly says why a write to path was refused with EACCES, which
+// is all 9P2000.L tells. On a read-write connection the root's ctl
+// shows its write bits: then the file itself takes no writes. Else the
+// connection is read-only: by its listener's ,ro, or, over TLS, by the
+// listener's rules file naming this certificate ro, which the server
+// does not tell apart to a 9P2000.L client (its log and a 9P2000 error
+// do).
+func whyReadOnly(c *client.Client, path string, tls bool) string {
+	if fi, err := c.Stat("ctl"); err == nil && fi.Mode().Perm()&0o222 != 0 {
+		return path + " is read-only: no listener takes writes to it"
+	}
+	network, _, _ := fsrv.ParseAddr(c.Addr())
+	switch {
+	case tls:
+		return fmt.Sprintf("a read-only listener or certificate: %s is served with ,ro, or its rules file (,clients=FILE) names this certificate ro; ask the node's operator for read-write", c.Addr())
+	case strings.HasPrefix(network, "tcp"):
+		return fmt.Sprintf("a read-only listener: %s is served with ,ro (serve's %s is by default); write through its unix socket, --addr unix!%s", c.Addr(), fsrv.DefaultAddr, fsrv.DefaultSocket())
+	}
+	return fmt.Sprintf("a read-only listener: %s is served with ,ro", c.Addr())
 }
 
 // ls prints a directory's names, a directory's with a slash after it, or

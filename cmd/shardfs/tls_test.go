@@ -438,3 +438,16 @@ func TestServeDenyOnSIGHUP(t *testing.T) {
 		t.Fatal("serve exited on SIGHUP")
 	}
 }
+
+// Attack report finding 11: a write refused because the file takes no
+// writes, on a read-write listener, blames the file, not a read-only
+// listener.
+func TestClientReadOnlyFile(t *testing.T) {
+	pki := testPKI(t)
+	addr := serveDemoTLS(t, pki, "")
+	var out, errb strings.Builder
+	err := run(context.Background(), append(append([]string{"write", "--addr", addr}, clientArgs(pki, "client")...), "0/state", "READY"), strings.NewReader(""), &out, &errb)
+	if !errors.Is(err, linux.EACCES) || !strings.Contains(err.Error(), "0/state is read-only: no listener takes writes to it") || strings.Contains(err.Error(), ",ro") {
+		t.Errorf("shardfs write of 0/state over a read-write TLS listener = %v; want EACCES naming the read-only file", err)
+	}
+}
