@@ -31,7 +31,9 @@ var childMoves = map[State][]State{
 	// closes it when the supervisor is closing.
 	Hung:   {Restarting, Failed, Closed},
 	Closed: nil,
-	Failed: nil,
+	// The operator's restart ID: a fresh restart budget (its shards ran
+	// nowhere meanwhile).
+	Failed: {Starting},
 }
 
 // moveLocked moves c to state to; staying in its state does nothing. A

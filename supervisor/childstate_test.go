@@ -61,8 +61,10 @@ func TestChildTable(t *testing.T) {
 		switch {
 		case !ok:
 			t.Errorf("%s has no row in childMoves", from)
-		case (from == Closed || from == Failed) && len(moves) != 0:
+		case from == Closed && len(moves) != 0:
 			t.Errorf("%s moves to %v; want nowhere", from, moves)
+		case from == Failed && !slices.Equal(moves, []State{Starting}):
+			t.Errorf("%s moves to %v; want only starting (the operator's restart)", from, moves)
 		case slices.Contains(moves, Idle), slices.Contains(moves, from):
 			t.Errorf("%s moves to %v; nothing goes back to idle, and staying is no move", from, moves)
 		case slices.Contains(moves, Failed) && !slices.Contains(hasProc, from):
@@ -137,6 +139,25 @@ func TestChildMovesReached(t *testing.T) {
 	h.clk.Advance(DefaultPolicy.Delay(3))
 	c().reports.Exited(exit1) // starting → failed: the budget is used up
 	h.wantState("c0", Failed)
+
+	// One of two children fails alone, and the operator's restart brings
+	// it back with a fresh budget.
+	pol0 := DefaultPolicy
+	pol0.MaxAttempts = 0
+	h = newHarness(t, twoChildren(t), pol0)
+	log.watch(h.s)
+	h.s.Start()
+	h.last("a").reports.Ready("")
+	h.last("b").reports.Ready("")
+	h.last("a").reports.Exited(exit1) // running → failed
+	h.wantState("a", Failed)
+	h.wantState("b", Running)
+	if err := h.s.Restart("a"); err != nil { // failed → starting: the operator's restart
+		t.Fatalf("restart of a failed child: %v", err)
+	}
+	h.wantState("a", Starting)
+	h.last("a").reports.Ready("")
+	h.wantState("a", Running)
 
 	// No restarts allowed: a running child fails, and Close stops the
 	// other.
@@ -215,4 +236,26 @@ func TestChildMovesReached(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The parent itself stalled (SIGSTOP, a frozen cgroup): its watchdog
+// fires late, and the children's pushes still wait unread. That silence
+// is the parent's: no child is killed for it; one silent for a whole
+// watchdog after that still is. (The attack on issue 23 saw every healthy
+// child SIGKILLed within 10 ms of the parent's SIGCONT.) The fake clock's
+// wall jump stands in for the time the stalled parent did not see pass.
+func TestWatchdogAfterParentStall(t *testing.T) {
+	h := newWatchdogHarness(t, twoChildren(t), DefaultPolicy)
+	h.s.Start()
+	h.last("a").reports.Ready("")
+	h.last("b").reports.Ready("")
+	h.clk.JumpWall(3 * DefaultPolicy.Watchdog) // the parent stopped
+	h.clk.Advance(DefaultPolicy.Watchdog)      // its timer fires, late
+	h.wantState("a", Running)
+	h.wantState("b", Running)
+	h.clk.Advance(DefaultPolicy.Watchdog / 2)
+	h.last("b").reports.Alive() // b's pushes are read; a stays silent
+	h.clk.Advance(DefaultPolicy.Watchdog / 2)
+	h.wantState("a", Hung)
+	h.wantState("b", Running)
 }

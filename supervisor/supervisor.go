@@ -378,8 +378,15 @@ func (s *Supervisor) restartLocked(c *child) error {
 	switch c.state {
 	case Stopping, Hung:
 		return fmt.Errorf("%w: child %q is %s", ErrBusy, c.ID, c.state)
-	case Failed, Closed:
+	case Closed:
 		return fmt.Errorf("%w: child %q is %s", ErrBusy, c.ID, c.state)
+	case Failed:
+		// What the log line of its failure told the operator to do: a
+		// new restart budget, the shards back on a child.
+		s.log.Info("restarting a failed child: its restart budget starts again", "child", c.ID, "last_exit", c.lastExit)
+		c.attempts = 0
+		s.startLocked(c, 0)
+		return nil
 	case Restarting, Idle:
 		s.log.Info("restarting child now", "child", c.ID, "state", c.state)
 		s.stopTimerLocked(c)
@@ -455,6 +462,10 @@ func (s *Supervisor) readyLocked(c *child, socket string) {
 	}
 }
 
+// watchdogLate is how late the watchdog's timer may fire before the
+// silence it sees is taken for the parent's own stall, not the child's.
+const watchdogLate = time.Second
+
 // watchLocked arms c's watchdog to look in d: a running child silent on
 // its control stream for the watchdog's time is hung, killed, and goes to
 // the restart policy. A child that reports pushes at least every second.
@@ -465,13 +476,24 @@ func (s *Supervisor) watchLocked(c *child, gen int, d time.Duration) {
 	if c.watch != nil {
 		c.watch.Stop()
 	}
+	due := s.clock.Now().Add(d)
 	c.watch = s.clock.AfterFunc(d, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if c.gen != gen || c.state != Running {
 			return
 		}
-		silent := s.clock.Now().Sub(c.heard)
+		now := s.clock.Now()
+		if late := now.Sub(due); late > watchdogLate {
+			// The parent itself was stopped (SIGSTOP, a frozen cgroup, a
+			// paused VM): the children's pushes wait unread in their
+			// sockets, and their silence is the parent's. Judge again a
+			// whole watchdog from now, once the readers have caught up.
+			s.log.Warn("watchdog fired late: the parent itself was stalled; judging the child again later", "child", c.ID, "late", late)
+			s.watchLocked(c, gen, s.pol.Watchdog)
+			return
+		}
+		silent := now.Sub(c.heard)
 		if silent < s.pol.Watchdog {
 			s.watchLocked(c, gen, s.pol.Watchdog-silent)
 			return
