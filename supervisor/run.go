@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/shardfs/shardfs/core"
@@ -82,6 +84,10 @@ func (rc RunConfig) AssignmentFor(total int) (Assignment, error) {
 // parent reaches its tree. The children identify as one node would,
 // through one shared pacer.
 func Run(ctx context.Context, rc RunConfig) error {
+	// A dead reader of the parent's own stderr (`supervise | tee` with tee
+	// gone) must not kill the parent, and with it every child's shard: a
+	// log line to a broken pipe is lost, nothing else.
+	signal.Ignore(syscall.SIGPIPE)
 	log := rc.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

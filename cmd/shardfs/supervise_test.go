@@ -770,3 +770,50 @@ func procMem(t *testing.T, pid int) string {
 	}
 	return fmt.Sprintf("RSS %s (peak %s)", rss, hwm)
 }
+
+// The parent's stderr is a pipe whose reader is gone (`supervise | tee`,
+// tee killed): the parent keeps running and keeps its children, and ends
+// on SIGTERM by its own exit, not by SIGPIPE (the attack on issue 23 saw
+// it die with status 141).
+func TestSuperviseDeadStderrReader(t *testing.T) {
+	const token = "SIGPIPE-TOKEN-1234"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 2, MaxConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	sock := filepath.Join(t.TempDir(), "sup.sock")
+	cmd := command(t, binDir(t), "supervise", "--flavor", "discord", "--api", sim.APIURL(), "--total", "auto",
+		"--max-concurrency", "2", "--listen", "unix!"+sock, "--backoff", "fixed:100ms", "--processes", "2")
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN="+token)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // the reader is gone before the first line
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	eventually(t, "both shards READY through the parent", func() (bool, string) {
+		select {
+		case err := <-exited:
+			t.Fatalf("supervise exited with its stderr's reader gone: %v", err)
+		default:
+		}
+		c, err := sfclient.Dial(t.Context(), "unix!"+sock)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer c.Close()
+		s, err := c.ReadFile("status")
+		return err == nil && strings.Count(string(s), " READY ") == 2, string(s)
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-exited; err != nil {
+		t.Errorf("supervise with a dead stderr reader ended with %v; want a clean exit", err)
+	}
+}
