@@ -214,6 +214,24 @@ func assemble(ctx context.Context, rc RunConfig, store *dir.Store, log *slog.Log
 			total = d.Shards
 		}
 	}
+	if cfg.Etcd != nil && total != 0 && !fluxerResume {
+		// A fleet node checks the bot's token before it joins: one that
+		// joined with a wrong token took shards from healthy nodes (they
+		// stopped good sessions to hand them over) and kept them FATAL
+		// (the attack on issue 22). Any other discovery failure is not
+		// the token's, and the node joins as before.
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		d, derr := gateway.Discover(dctx, nil, cfg.Flavor, cfg.API, cfg.Token)
+		cancel()
+		switch {
+		case errors.Is(derr, gateway.ErrUnauthorized):
+			return nil, nil, fmt.Errorf("discovery before joining the fleet: %w; not joining, so that no shard is taken from a node whose token works", derr)
+		case derr == nil:
+			cfg.Gateway, limit = d.URL, &d.StartLimit
+		default:
+			log.Warn("discovery before joining the fleet failed; joining anyway", "err", derr)
+		}
+	}
 	if cfg.Plan, err = Plan(total, rc.Shards); err != nil {
 		return nil, nil, err
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"os/exec"
 	"strings"
 	"syscall"
@@ -93,4 +95,49 @@ func asExit(err error, ee **exec.ExitError) bool {
 	e, ok := err.(*exec.ExitError)
 	*ee = e
 	return ok
+}
+
+// A fleet node with a wrong token and a fixed --total checks the token
+// before it joins, and exits: one that joined took shards from healthy
+// nodes and kept them FATAL (the attack on issue 22).
+func TestServeFleetWrongTokenDoesNotJoin(t *testing.T) {
+	srv := etcdtest.Start(t)
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: 4, MaxConcurrency: 4, Token: "right-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	cmd := command(t, binDir(t), "serve", "--api", sim.APIURL(), "--listen", "tcp!127.0.0.1!0", "--flavor", "discord",
+		"--total", "4", "--etcd", srv.Endpoint, "--bot", "b", "--node", "w", "--etcd-ttl", "3s")
+	cmd.Env = append(cmd.Env, "SHARDFS_TOKEN=wrong-token")
+	var output syncBuffer
+	cmd.Stdout, cmd.Stderr = &output, &output
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err = <-exited:
+	case <-time.After(2 * time.Minute): // a bound on a hang: a node that joined runs on
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("serve --etcd with a wrong token still ran after 2 min; want it to exit before joining:\n%s", output.String())
+	}
+	out := output.String()
+	if err == nil || !strings.Contains(out, "not joining") {
+		t.Fatalf("serve --etcd with a wrong token = %v:\n%s\nwant it to exit before joining", err, out)
+	}
+	if strings.Contains(out, "wrong-token") {
+		t.Error("the token is in serve's output")
+	}
+	r, err := srv.Client().Get(etcdtest.Ctx(t, 5*time.Second), "/shardfs/b/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range r.Kvs {
+		if k := string(kv.Key); strings.Contains(k, "/members/") || strings.Contains(k, "/shards/") {
+			t.Errorf("etcd holds %s after a node with a wrong token ran", k)
+		}
+	}
 }
