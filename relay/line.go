@@ -6,8 +6,10 @@ import (
 )
 
 // event is one line of a shard's dispatch journal:
-// {"shard":N,"s":SEQ,"t":"TYPE","d":...}, as shardfs.Tree.Dispatch writes
-// it. t and d alias the line.
+// {"shard":N,"s":SEQ,"t":"TYPE","session":KEY,"d":...}, as
+// shardfs.Tree.Dispatch writes it (KEY a string or null; a line without
+// the session key, as written before it existed, parses too). t and d
+// alias the line.
 type event struct {
 	seq int64 // -1 for null
 	t   []byte
@@ -15,8 +17,8 @@ type event struct {
 }
 
 // parseLine takes the line apart without decoding d: the tree writes the
-// keys in a fixed order, and d runs to the closing brace before the
-// newline.
+// keys in a fixed order, a type is a plain word, and d runs to the
+// closing brace before the newline.
 func parseLine(line []byte) (event, bool) {
 	var e event
 	line = bytes.TrimSuffix(line, []byte("\n"))
@@ -39,12 +41,24 @@ func parseLine(line []byte) (event, bool) {
 		e.seq = n
 	}
 	rest = rest[j+6:]
-	k := bytes.Index(rest, []byte(`","d":`))
-	if k < 0 || len(rest) < k+6+1 || rest[len(rest)-1] != '}' {
+	k := bytes.IndexByte(rest, '"')
+	if k < 0 {
 		return e, false
 	}
-	e.t = rest[:k]
-	e.d = rest[k+6 : len(rest)-1]
+	e.t, rest = rest[:k], rest[k+1:]
+	if after, ok := bytes.CutPrefix(rest, []byte(`,"session":`)); ok {
+		// null or a quoted hex digest: no comma inside either.
+		c := bytes.IndexByte(after, ',')
+		if c < 0 {
+			return e, false
+		}
+		rest = after[c:]
+	}
+	d, ok := bytes.CutPrefix(rest, []byte(`,"d":`))
+	if !ok || len(d) < 2 || d[len(d)-1] != '}' {
+		return e, false
+	}
+	e.d = d[:len(d)-1]
 	return e, true
 }
 

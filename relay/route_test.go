@@ -277,3 +277,21 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("cache bytes of channels = 0; want the cached channel's")
 	}
 }
+
+// The tree's dispatch lines, with and without the session key (issue 22
+// added it between t and d), parse to the same event.
+func TestParseLineSessionKey(t *testing.T) {
+	for _, line := range []string{
+		`{"shard":1,"s":7,"t":"MESSAGE_CREATE","session":"0123456789ab","d":{"id":"1","content":"a,b"}}` + "\n",
+		`{"shard":1,"s":7,"t":"MESSAGE_CREATE","session":null,"d":{"id":"1","content":"a,b"}}` + "\n",
+		`{"shard":1,"s":7,"t":"MESSAGE_CREATE","d":{"id":"1","content":"a,b"}}` + "\n",
+	} {
+		e, ok := parseLine([]byte(line))
+		if !ok || e.seq != 7 || string(e.t) != "MESSAGE_CREATE" || string(e.d) != `{"id":"1","content":"a,b"}` {
+			t.Errorf("parseLine(%q) = seq %d t %q d %q, %v; want 7, MESSAGE_CREATE and the payload", line, e.seq, e.t, e.d, ok)
+		}
+	}
+	if e, ok := parseLine([]byte(`{"shard":1,"s":null,"t":"RESUMED","session":"0123456789ab","d":null}` + "\n")); !ok || e.seq != -1 || string(e.d) != "null" {
+		t.Errorf("a RESUMED line = %+v, %v; want seq -1 and d null", e, ok)
+	}
+}
