@@ -306,7 +306,11 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 				e.Sessions(p.id, m.Shard, core.Session{ID: m.SID, ResumeURL: m.URL}, m.Seq)
 			}
 		case "limit":
-			if m.Total <= 0 || m.Remaining < 0 || m.Remaining > m.Total || m.MaxConc < 0 || m.ResetAfterMs < 0 {
+			// A reset past a day cannot be (the platforms' budget is a
+			// day's), and would hold every child's identifies back that
+			// long (the attack on issue 23 forged one of 1e15 ms).
+			if m.Total <= 0 || m.Remaining < 0 || m.Remaining > m.Total || m.MaxConc < 0 || m.ResetAfterMs < 0 ||
+				m.ResetAfterMs > (core.DiscordStartPeriod+time.Hour).Milliseconds() {
 				e.refuse(p, m, fmt.Sprintf("a limit that cannot be: total %d remaining %d max_concurrency %d reset_after_ms %d", m.Total, m.Remaining, m.MaxConc, m.ResetAfterMs))
 				continue
 			}

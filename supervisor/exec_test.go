@@ -89,6 +89,7 @@ func testChild(mode string) int {
 		l.w.send(msg{T: "identify", ID: 1, Shard: 1})
 		l.w.send(msg{T: "written", Shard: 1, At: time.Now().UnixNano()})
 		l.w.send(msg{T: "limit", Total: 10, Remaining: 20, MaxConc: 1})
+		l.w.send(msg{T: "limit", Total: 1000, Remaining: 0, ResetAfterMs: 1e15, MaxConc: 1})
 		l.w.send(msg{T: "shard", Shard: 1, State: "READY"})
 		l.w.send(ShardState{State: "READY", Seq: 7}.msg(0))
 		fmt.Fprintln(os.Stderr, "forged")
