@@ -188,6 +188,15 @@ func (t *Tree) Line(child, kind string, line []byte) {
 			t.mu.Unlock()
 		}
 	case "event":
+		// A line about a shard outside the child's block is no line of
+		// the child's to write (the attack on issue 23 forged a FATAL
+		// 4004 for another child's shard into /events).
+		if shard, ok := eventShard(line); ok {
+			if sl := t.shards[shard]; sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child {
+				t.log.Warn("dropped an events line for a shard the child does not own", "child", child, "shard", shard)
+				return
+			}
+		}
 		t.events.AppendLine(line, now)
 		if isGap(line) {
 			t.mu.Lock()

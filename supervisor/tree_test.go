@@ -116,3 +116,27 @@ func TestDispatchShardSeq(t *testing.T) {
 		t.Errorf("eventShard = %d %v", n, ok)
 	}
 }
+
+// A child's events line about a shard outside its block is dropped, and
+// never reaches the parent's /events (the attack on issue 23 forged a
+// FATAL 4004 for another child's shard); its own shard's line and a node
+// line (no shard) go through.
+func TestEventLineOutsideBlock(t *testing.T) {
+	_, tree := treeHarness(t)
+	var other int
+	for id, sl := range tree.shards {
+		if tree.cfg.Assignment.Blocks[sl.owner].ID == "b" {
+			other = id
+		}
+	}
+	forged := []byte("ts=2026-11-30T07:00:00.000Z shard=" + strconv.Itoa(other) + " event=fatal code=4004 FORGED=1\n")
+	tree.Line("a", "event", forged)
+	tree.Line("a", "event", []byte("ts=2026-11-30T07:00:00.000Z shard=0 event=ready own=1\n"))
+	tree.Line("a", "event", []byte("ts=2026-11-30T07:00:00.000Z event=startup node=1\n"))
+	buf := make([]byte, tree.events.Size())
+	n, _ := tree.events.ReadAt(buf, 0)
+	ev := string(buf[:n])
+	if strings.Contains(ev, "FORGED") || !strings.Contains(ev, "own=1") || !strings.Contains(ev, "node=1") {
+		t.Errorf("/events after a forged line for shard %d:\n%s\nwant it dropped, the child's own lines kept", other, ev)
+	}
+}
