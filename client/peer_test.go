@@ -134,9 +134,10 @@ func servePeerTCP() {
 	}
 }
 
-// runAsNobody runs this test binary as uid 65534 with env, and returns
-// its stdout, once it printed a line.
-func runAsNobody(t *testing.T, env string) (dir string, out io.Reader) {
+// runAsNobody runs this test binary as uid 65534, from a folder it can
+// reach, with the environment env gives for that folder, and returns the
+// folder and the binary's stdout.
+func runAsNobody(t *testing.T, env func(dir string) string) (dir string, out io.Reader) {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("needs root to run a server as another user")
@@ -162,7 +163,7 @@ func runAsNobody(t *testing.T, env string) (dir string, out io.Reader) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin)
-	cmd.Env = []string{env}
+	cmd.Env = []string{env(dir)}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -180,7 +181,7 @@ func runAsNobody(t *testing.T, env string) (dir string, out io.Reader) {
 // the node) is refused by DialConn, naming the uid; one served by this
 // user is not.
 func TestLoopbackPeerOtherUID(t *testing.T) {
-	_, out := runAsNobody(t, "SHARDFS_TEST_PEER_SERVE_TCP=1")
+	_, out := runAsNobody(t, func(string) string { return "SHARDFS_TEST_PEER_SERVE_TCP=1" })
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {
 		t.Fatalf("the server as uid 65534 did not start: %v", err)
@@ -266,47 +267,13 @@ func TestServerUID(t *testing.T) {
 // TestPeerOtherUID: a socket served by another user (this test binary,
 // run as nobody) is refused by DialConn, naming the uid.
 func TestPeerOtherUID(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run a server as another user")
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A folder nobody can reach: the test binary and the socket.
-	dir, err := os.MkdirTemp("", "peer-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "client.test")
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, out := runAsNobody(t, func(dir string) string { return "SHARDFS_TEST_PEER_SERVE=" + filepath.Join(dir, "s.sock") })
 	sock := filepath.Join(dir, "s.sock")
-	cmd := exec.Command(bin)
-	cmd.Env = []string{"SHARDFS_TEST_PEER_SERVE=" + sock}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	line := make([]byte, len("listening\n"))
 	if _, err := io.ReadFull(out, line); err != nil {
 		t.Fatalf("the server as uid 65534 did not start: %v", err)
 	}
-	_, err = DialConn(context.Background(), "unix!"+sock, nil)
+	_, err := DialConn(context.Background(), "unix!"+sock, nil)
 	if !errors.Is(err, ErrPeerUID) || !strings.Contains(err.Error(), "uid 65534") {
 		t.Errorf("DialConn(a socket of uid 65534) = %v; want ErrPeerUID naming uid 65534", err)
 	}
