@@ -3,13 +3,8 @@ package node
 import (
 	"context"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
@@ -26,23 +21,7 @@ import (
 // each shard identified again (the soak counted 16 per etcd kill).
 func TestFleetEtcdOutageNoIdentify(t *testing.T) {
 	const total, ttl = 16, 3 * time.Second
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := soak.NewEtcd(exe, filepath.Join(t.TempDir(), "etcd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Kill)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	e, cli := soak.StartEtcd(t)
 	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: total})
 	if err != nil {
 		t.Fatal(err)

@@ -9,12 +9,16 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 )
@@ -213,4 +217,30 @@ func (e *Etcd) Pid() int {
 	}
 	cmd, _ := e.proc()
 	return cmd.Process.Pid
+}
+
+// StartEtcd starts an etcd member as a child process of this test binary
+// (whose TestMain calls MaybeRunEtcd) on a folder of t's, killed when t
+// ends, and a client of it, closed then: for a test that kills and
+// restarts etcd (Etcd.Kill, Etcd.Start).
+func StartEtcd(t testing.TB) (*Etcd, *clientv3.Client) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewEtcd(exe, filepath.Join(t.TempDir(), "etcd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Kill)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return e, cli
 }

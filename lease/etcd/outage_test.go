@@ -2,13 +2,8 @@ package etcd
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 	"github.com/shardfs/shardfs/soak"
@@ -86,23 +81,7 @@ func TestSoleOwner(t *testing.T) {
 // marked Continues (TestSoleOwner); either way, none is granted a new
 // generation without it.
 func TestOwnershipEtcdOutageContinues(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := soak.NewEtcd(exe, filepath.Join(t.TempDir(), "etcd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Kill)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	e, cli := soak.StartEtcd(t)
 	const total, ttl = 16, 3 * time.Second
 	var rigs []rig
 	for _, node := range []string{"a", "b"} {
