@@ -267,7 +267,9 @@ func runMatrixRow(t *testing.T, flavor core.Flavor, compress Compression, row ma
 	}
 	if ec.shards > 1 && row.fault.Kind == gatewaysim.FaultClose && row.fault.Code == 4004 {
 		// A refused token is the bot's, not the shard's (issue 22, item
-		// 11): the bystander goes FATAL with it, spending nothing.
+		// 11): the bystander goes FATAL with it, spending nothing. The
+		// sweep runs after shard 0's own fatal line, outside its lock.
+		e.waitEvent(1, 0, "fatal")
 		b := e.diag(1)
 		bs := e.sim.Stats(1)
 		if b.State != core.Fatal || b.LastCode != 4004 || bs.Identifies != bystanderStats.Identifies || bs.Resumes != bystanderStats.Resumes {
