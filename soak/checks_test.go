@@ -69,7 +69,7 @@ func (c *gwClient) identify(shard, total int) {
 // The sender here is this process, standing for a node.
 func TestChecksCatch(t *testing.T) {
 	ctx := context.Background()
-	_, cli := startEtcdChild(t)
+	_, cli := StartEtcd(t)
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()

@@ -7,16 +7,12 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 )
 
 func TestMain(m *testing.M) {
@@ -130,7 +126,7 @@ func TestSocketOwner(t *testing.T) {
 // stopped, and answers again after SIGCONT.
 func TestEtcdChild(t *testing.T) {
 	ctx := context.Background()
-	e, cli := startEtcdChild(t)
+	e, cli := StartEtcd(t)
 	bounded := func(d time.Duration) (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, d) }
 	c1, cancel := bounded(10 * time.Second)
 	defer cancel()
@@ -229,28 +225,4 @@ func TestOwnedCloseSlack(t *testing.T) {
 			t.Errorf("owned(%v) = %v; want %v", tc.f, got, tc.want)
 		}
 	}
-}
-
-// startEtcdChild starts this test binary as an etcd child process and a
-// client of it; both end with the test.
-func startEtcdChild(t *testing.T) (*Etcd, *clientv3.Client) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := NewEtcd(exe, filepath.Join(t.TempDir(), "etcd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Kill)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return e, cli
 }
