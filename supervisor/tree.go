@@ -249,8 +249,13 @@ func (t *Tree) State(child string, gen, shard int, st ShardState) {
 		return
 	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sl.pushedGen == gen && st.Reconnects < sl.pushed.Reconnects {
+		// A process's count only grows.
+		t.log.Warn("dropped a state whose reconnects went down", "child", child, "shard", shard, "reconnects", st.Reconnects, "before", sl.pushed.Reconnects)
+		return
+	}
 	sl.pushed, sl.pushedGen = st, gen
-	t.mu.Unlock()
 }
 
 // shardState is what the parent shows of sl: what its child pushed while
