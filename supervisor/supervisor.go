@@ -256,11 +256,25 @@ type ChildInfo struct {
 	LastExitWord string
 	// Hangs counts the watchdog's kills of it.
 	Hangs int
+	// Silent is how long ago its process last spoke on its control
+	// stream (it pushes its shards' states at least every second), so
+	// that what the parent shows of its shards has an age; -1 without a
+	// process.
+	Silent time.Duration
 }
 
 // String is the /children line: id state pid restarts generation shards
-// last_exit.
+// last_exit silent (seconds since its last push, "s" after them, or none
+// without a process).
 func (c ChildInfo) String() string {
+	silent := "none"
+	if c.Silent >= 0 {
+		silent = strconv.FormatFloat(c.Silent.Seconds(), 'f', 1, 64) + "s"
+	}
+	return c.fields() + " " + silent
+}
+
+func (c ChildInfo) fields() string {
 	pid := "none"
 	if c.Pid != 0 {
 		pid = strconv.Itoa(c.Pid)
@@ -315,9 +329,10 @@ func (s *Supervisor) Child(i int) ChildInfo {
 }
 
 func (s *Supervisor) infoLocked(c *child) ChildInfo {
-	info := ChildInfo{ID: c.ID, State: c.state, Restarts: c.restarts, Generation: c.gen, Shards: c.Shards, Socket: c.socket, LastExit: c.lastExit, LastExitWord: c.lastExitWord, Hangs: c.hangs}
+	info := ChildInfo{ID: c.ID, State: c.state, Restarts: c.restarts, Generation: c.gen, Shards: c.Shards, Socket: c.socket, LastExit: c.lastExit, LastExitWord: c.lastExitWord, Hangs: c.hangs, Silent: -1}
 	if c.proc != nil {
 		info.Pid = c.proc.Pid()
+		info.Silent = max(s.clock.Now().Sub(c.heard), 0)
 	}
 	return info
 }

@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/internal/poll"
+	"github.com/shardfs/shardfs/sessions/dir"
 )
 
 // answersWithin is the bound on a read of a file of a child that
@@ -226,5 +228,88 @@ func TestSuperviseParentKilled(t *testing.T) {
 	q.cmd.Process.Signal(syscall.SIGTERM)
 	if err := q.cmd.Wait(); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		t.Fatalf("the second supervise exited with %v", err)
+	}
+}
+
+// TestSuperviseKilledParentSpacing: while a supervise runs, a second one
+// on the same --sessions is refused at once, naming the first; then the
+// first is killed (SIGKILL) just after its shards identified, its
+// children save and exit, their snapshots are removed, and a new
+// supervise on the same --sessions identifies every shard again: each
+// bucket's first identify comes no sooner than 5 s after the
+// predecessor's last (identify-times.json), and the gateway refuses none.
+func TestSuperviseKilledParentSpacing(t *testing.T) {
+	const token = "SPACING-TOKEN-never-print-5555"
+	// One shard a bucket: the new supervise's write in each bucket is its
+	// first there.
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 2, MaxConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	sess := t.TempDir()
+	p := startSupervise(t, sim, token, "--processes", "2", "--sessions", sess)
+	p.waitReady(t, 2)
+
+	second := command(t, binDir(t), "supervise", "--flavor", "discord", "--api", sim.APIURL(), "--total", "2", "--processes", "2",
+		"--listen", "tcp!127.0.0.1!0,insecure", "--sessions", sess)
+	second.Env = append(second.Env, "SHARDFS_TOKEN="+token)
+	out, err := second.CombinedOutput() // refused before it listens or starts a child
+	if want := fmt.Sprintf("in use by another supervise (process %d)", p.cmd.Process.Pid); err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("a second supervise on the same --sessions: %v, output:\n%s\nwant a failure saying %q", err, out, want)
+	}
+
+	before, err := dir.LoadIdentifyTimes(sess)
+	if err != nil || len(before.Written) != 2 {
+		t.Fatalf("identify-times.json after the first start = %+v, %v; want both buckets", before, err)
+	}
+	var pids []int
+	for _, c := range p.children(t) {
+		pid, _ := strconv.Atoi(c[1])
+		pids = append(pids, pid)
+	}
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Wait()
+	err = poll.Until(t.Context(), "every orphaned child exited", time.Minute, 50*time.Millisecond, func() error {
+		for _, pid := range pids {
+			if !gone(pid) {
+				return fmt.Errorf("child %d still runs", pid)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps, _ := filepath.Glob(filepath.Join(sess, "*", "shard-*.json"))
+	for _, f := range snaps {
+		os.Remove(f) // the new supervise must identify
+	}
+	totals := sim.Totals()
+	q := startSupervise(t, sim, token, "--processes", "2", "--sessions", sess)
+	q.waitReady(t, 2)
+	after := sim.Totals()
+	if n := after.Identifies - totals.Identifies; n != 2 {
+		t.Errorf("the new supervise identified %d times; want 2 (its snapshots were removed)", n)
+	}
+	if n := after.RefusedIdentifies - totals.RefusedIdentifies; n != 0 {
+		t.Errorf("the gateway refused %d of the new supervise's identifies (too close to the predecessor's); want 0", n)
+	}
+	now, err := dir.LoadIdentifyTimes(sess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for bucket, prev := range before.Written {
+		if gap := now.Written[bucket].Sub(prev); gap < core.DiscordWindow {
+			t.Errorf("bucket %d: the new supervise identified %v after its predecessor; want at least %v", bucket, gap, core.DiscordWindow)
+		} else {
+			t.Logf("bucket %d: the new supervise identified %v after its predecessor", bucket, gap)
+		}
+	}
+	q.cmd.Process.Signal(syscall.SIGTERM)
+	if err := q.cmd.Wait(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("the new supervise exited with %v", err)
 	}
 }

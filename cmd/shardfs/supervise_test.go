@@ -49,8 +49,8 @@ func (p *superviseProc) children(t *testing.T) map[string][]string {
 	out := map[string][]string{}
 	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
 		f := strings.Fields(l)
-		if len(f) != 7 {
-			t.Fatalf("children line %q: want id state pid restarts generation shards last_exit", l)
+		if len(f) != 8 {
+			t.Fatalf("children line %q: want id state pid restarts generation shards last_exit silent", l)
 		}
 		out[f[0]] = f[1:]
 	}
