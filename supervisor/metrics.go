@@ -73,7 +73,7 @@ func (t *Tree) metrics() []byte {
 		restarts.Metric = append(restarts.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(c.Restarts))}})
 		hangs.Metric = append(hangs.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(c.Hangs))}})
 		gaps.Metric = append(gaps.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(gapsBy[c.ID]))}})
-		if c.Silent >= 0 {
+		if c.Pid != 0 {
 			silent.Metric = append(silent.Metric, &dto.Metric{Label: label, Gauge: &dto.Gauge{Value: proto.Float64(c.Silent.Seconds())}})
 		}
 	}

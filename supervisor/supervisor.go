@@ -256,10 +256,9 @@ type ChildInfo struct {
 	LastExitWord string
 	// Hangs counts the watchdog's kills of it.
 	Hangs int
-	// Silent is how long ago its process last spoke on its control
-	// stream (it pushes its shards' states at least every second), so
-	// that what the parent shows of its shards has an age; -1 without a
-	// process.
+	// Silent is how long ago its process (Pid) last spoke on its
+	// control stream, or started: it pushes its shards' states at least
+	// every second, so this is the age of what the parent shows of them.
 	Silent time.Duration
 }
 
@@ -268,7 +267,7 @@ type ChildInfo struct {
 // without a process).
 func (c ChildInfo) String() string {
 	silent := "none"
-	if c.Silent >= 0 {
+	if c.Pid != 0 {
 		silent = strconv.FormatFloat(c.Silent.Seconds(), 'f', 1, 64) + "s"
 	}
 	return c.fields() + " " + silent
@@ -329,7 +328,7 @@ func (s *Supervisor) Child(i int) ChildInfo {
 }
 
 func (s *Supervisor) infoLocked(c *child) ChildInfo {
-	info := ChildInfo{ID: c.ID, State: c.state, Restarts: c.restarts, Generation: c.gen, Shards: c.Shards, Socket: c.socket, LastExit: c.lastExit, LastExitWord: c.lastExitWord, Hangs: c.hangs, Silent: -1}
+	info := ChildInfo{ID: c.ID, State: c.state, Restarts: c.restarts, Generation: c.gen, Shards: c.Shards, Socket: c.socket, LastExit: c.lastExit, LastExitWord: c.lastExitWord, Hangs: c.hangs}
 	if c.proc != nil {
 		info.Pid = c.proc.Pid()
 		info.Silent = max(s.clock.Now().Sub(c.heard), 0)
@@ -428,7 +427,7 @@ func (s *Supervisor) startLocked(c *child, attempt int) {
 		s.failureLocked(c)
 		return
 	}
-	c.proc = p
+	c.proc, c.heard = p, s.clock.Now()
 	s.log.Info("child started", "child", c.ID, "pid", p.Pid(), "generation", c.gen, "attempt", attempt)
 	gen := c.gen
 	s.setTimerLocked(c, s.pol.StartupTimeout, func() {
