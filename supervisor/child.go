@@ -421,6 +421,16 @@ const (
 	TransitShardDispatch = 1
 )
 
+// TransitEvents and TransitShardEvents are the same for a child's events
+// logs: the node's, whose copy's gap lines name no shard (the core adds a
+// few lines at a time, so 256 KiB seldom overflows), and each shard's,
+// which the parent reads only for the reason of a refusal it forwarded
+// (its newest lines: see forward).
+const (
+	TransitEvents      = 256 << 10
+	TransitShardEvents = 4 << 10
+)
+
 // shardLoss counts what one shard lost in a copy.
 type shardLoss struct{ lines, bytes int64 }
 

@@ -60,6 +60,7 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 // alone hold their history (DESIGN 7.4).
 func (c *childLink) Configure(cfg *node.Config) {
 	cfg.DispatchRetention, cfg.NodeDispatchRetention = supervisor.TransitShardDispatch, supervisor.TransitDispatch
+	cfg.EventRetention, cfg.NodeEventRetention = supervisor.TransitShardEvents, supervisor.TransitEvents
 	cfg.IdentifyPacer = c.Pacer()
 	cfg.OnSession = c.Session
 	cfg.IdentifyNotBefore, cfg.IdentifyWritten = c.IdentifyNotBefore, c.IdentifyWritten
