@@ -224,16 +224,6 @@ func TestCopyDispatchGapNamesShards(t *testing.T) {
 		defer close(copied)
 		l.CopyDispatch(ctx, src)
 	}()
-	add(0, 1, "READY")
-	add(1, 1, "READY")
-	// 20 MB while the parent reads nothing: far past the socket's buffer
-	// and the transit's 64 KiB.
-	for seq := 2; seq < 2+80000; seq++ {
-		add(1, seq, "MESSAGE_CREATE")
-	}
-	add(0, 2, "MESSAGE_CREATE")
-	add(0, 3, "MESSAGE_CREATE")
-
 	_, tree := treeHarness(t)
 	tree.Session("a", 0, core.Session{ID: "A"}, 1)
 	tree.Session("a", 1, core.Session{ID: "B"}, 1)
@@ -241,9 +231,28 @@ func TestCopyDispatchGapNamesShards(t *testing.T) {
 	gotBytes := map[int]int64{}
 	lost := map[int]int{}
 	lostBytes := map[int]int64{}
+	r := newMsgReader(parent)
+	add(0, 1, "READY")
+	// Once the parent has it, the copy follows the log.
+	if m, err := r.next(); err != nil || m.T != "dispatch" {
+		t.Fatalf("parent read %q, %v; want shard 0's READY", m.Raw, err)
+	} else {
+		tree.Line("a", m.T, m.Raw)
+		got[0]++
+		gotBytes[0] += int64(len(m.Raw))
+	}
+	add(1, 1, "READY")
+	// 5 MB while the parent reads nothing: far past the socket's buffer
+	// and the transit's 64 KiB.
+	for seq := 2; seq < 2+20000; seq++ {
+		add(1, seq, "MESSAGE_CREATE")
+	}
+	add(0, 2, "MESSAGE_CREATE")
+	add(0, 3, "MESSAGE_CREATE")
+
 	read := make(chan error, 1)
 	go func() {
-		r := newMsgReader(parent)
+		defer io.Copy(io.Discard, parent) // after a failure too: the copy must not block
 		for {
 			m, err := r.next()
 			if err != nil {
