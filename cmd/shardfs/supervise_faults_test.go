@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	sfclient "github.com/shardfs/shardfs/client"
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/gateway/gatewaysim"
 	"github.com/shardfs/shardfs/internal/poll"
@@ -312,4 +314,123 @@ func TestSuperviseKilledParentSpacing(t *testing.T) {
 	if err := q.cmd.Wait(); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		t.Fatalf("the new supervise exited with %v", err)
 	}
+}
+
+// TestSuperviseGapCrash: the parent is stopped (SIGSTOP) while shard 0
+// gets 6 MB of dispatch: its child's 1 MiB transit buffer drops lines.
+// Once the parent runs again, every line of shard 0 is either in its
+// /dispatch or counted in a gap line that names shard 0; the child is
+// then killed, and after its restart shard 0 identifies (its copy has a
+// hole) while shard 1, of the same child, resumes.
+func TestSuperviseGapCrash(t *testing.T) {
+	const token = "GAP-TOKEN-never-print-5555"
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 4, MaxConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	p := startSupervise(t, sim, token, "--processes", "2")
+	p.waitReady(t, 4)
+	c0, _ := strconv.Atoi(p.children(t)["c0"][1])
+	// The child's own tree, to see it took every line while its parent
+	// stood still.
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var socket string
+	for _, arg := range strings.Split(string(cmdline), "\x00") {
+		if s, ok := strings.CutPrefix(arg, "unix!"); ok {
+			socket = s
+		}
+	}
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatalf("dial child c0's tree at %q: %v", socket, err)
+	}
+	child, err := sfclient.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer child.Close()
+
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			p.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	publishSized(t, sim, 1, 3000, "g", 2000)
+	last := sim.Sessions(0)[0].Seq
+	err = poll.Until(t.Context(), "child c0 took every line of shard 0", 2*time.Minute, 100*time.Millisecond, func() error {
+		if s, err := dotlRead(child, "0/sequence"); err != nil || s != strconv.FormatInt(last, 10)+"\n" {
+			return fmt.Errorf("0/sequence %q, %v; want %d", s, err, last)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	stopped = false
+
+	// Every sequence 1..last of shard 0 is in the parent's /dispatch or
+	// counted in a gap line of shard 0.
+	var have, lost int64
+	eventually(t, "every line of shard 0 in /dispatch or in a gap line", func() (bool, string) {
+		seqs := map[int64]bool{}
+		for _, l := range readDispatch(t, p.root, "dispatch") {
+			if l.Shard == 0 && l.S != nil {
+				seqs[*l.S] = true
+			}
+		}
+		events, _ := dotlRead(p.root, "events")
+		lost = 0
+		for _, l := range strings.Split(events, "\n") {
+			if !strings.Contains(l, " event=gap ") {
+				continue
+			}
+			if !strings.Contains(l, " shard=0 event=gap log=dispatch ") {
+				return false, "a gap line of another shard or of no shard: " + l
+			}
+			n, _ := strconv.ParseInt(logfmtField(l, "lost_lines"), 10, 64)
+			lost += n
+		}
+		have = int64(len(seqs))
+		return have+lost == last, fmt.Sprintf("%d lines + %d lost of %d", have, lost, last)
+	})
+	if lost == 0 {
+		t.Fatalf("no line of shard 0 lost (%d of %d in /dispatch): the test wants the transit buffer to overflow", have, last)
+	}
+	t.Logf("shard 0: %d lines in the parent's /dispatch, %d counted in gap lines, of %d", have, lost, last)
+
+	before0, before1 := sim.Stats(0), sim.Stats(1)
+	if err := syscall.Kill(c0, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "c0 running again", func() (bool, string) {
+		c := p.children(t)["c0"]
+		return c[0] == "running" && c[1] != strconv.Itoa(c0), strings.Join(c, " ")
+	})
+	p.waitReady(t, 4)
+	after0, after1 := sim.Stats(0), sim.Stats(1)
+	if after0.Identifies != before0.Identifies+1 || after0.Resumes != before0.Resumes {
+		t.Errorf("shard 0 (a hole in its copy): %d identifies and %d resumes after the crash; want 1 and 0", after0.Identifies-before0.Identifies, after0.Resumes-before0.Resumes)
+	}
+	if after1.Identifies != before1.Identifies || after1.Resumes != before1.Resumes+1 {
+		t.Errorf("shard 1 (no hole): %d identifies and %d resumes after the crash; want 0 and 1", after1.Identifies-before1.Identifies, after1.Resumes-before1.Resumes)
+	}
+}
+
+// logfmtField is the value of key in a logfmt line.
+func logfmtField(line, key string) string {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
