@@ -40,7 +40,8 @@ type Exec struct {
 	// Output receives the children's output, labelled.
 	Output *Output
 	// Lines receives the dispatch and event lines the children copy
-	// (Tree.Line); nil drops them.
+	// (Tree.Line); nil drops them. A line's bytes are valid only until
+	// Lines returns: copy what is kept.
 	Lines func(child, kind string, line []byte)
 	// Sessions receives each new session a child reports (Tree.Session).
 	Sessions func(child string, shard int, s core.Session, seq int64)

@@ -160,12 +160,12 @@ func (t *Tree) Root() *fsrv.Dir { return t.root }
 // Dispatches returns the parent's /dispatch log.
 func (t *Tree) Dispatches() *journal.Merged { return t.dispatch }
 
-// Line takes a dispatch or event line a child copied (Exec calls it).
+// Line takes a dispatch or event line a child copied (Exec calls it);
+// the logs copy what they keep, so line may be reused once Line returns.
 // A line for a shard the child does not own is dropped and logged: a
 // child speaks for its own block only.
 func (t *Tree) Line(child, kind string, line []byte) {
 	now := t.clk.Now()
-	line = bytes.Clone(line)
 	switch kind {
 	case "dispatch":
 		shard, seq, ok := dispatchShardSeq(line)
