@@ -99,7 +99,9 @@ type msgReader struct {
 // one huge GUILD_CREATE does not pin its size for good.
 const keepLine = 256 << 10
 
-func newMsgReader(r io.Reader) *msgReader { return &msgReader{r: bufio.NewReaderSize(r, 4096), max: maxMsg} }
+func newMsgReader(r io.Reader) *msgReader {
+	return &msgReader{r: bufio.NewReaderSize(r, 4096), max: maxMsg}
+}
 
 // newControlReader reads a control stream, whose lines are short.
 func newControlReader(r io.Reader) *msgReader {
