@@ -693,6 +693,13 @@ func TestSuperviseOverhead(t *testing.T) {
 		mem += fmt.Sprintf(", child %s %s", id, procMem(t, pid))
 	}
 	t.Log("resident memory " + mem)
+	pss, anon := procPss(t, parent), procAnon(t, parent)
+	for _, id := range []string{"c0", "c1", "c2", "c3"} {
+		pid, _ := strconv.Atoi(ch[id][1])
+		pss, anon = pss+procPss(t, pid), anon+procAnon(t, pid)
+	}
+	t.Logf("parent and children together: Pss %d kB, anonymous %d kB; the node: Pss %d kB, anonymous %d kB (%.2fx and %.2fx)",
+		pss, anon, procPss(t, node), procAnon(t, node), float64(pss)/float64(procPss(t, node)), float64(anon)/float64(procAnon(t, node)))
 
 	// CPU per read: the parent's and c0's (which owns shard 0) through
 	// the parent, the node's straight; each less the same process's CPU
@@ -801,7 +808,36 @@ func procMem(t *testing.T, pid int) string {
 			hwm = strings.TrimSpace(v)
 		}
 	}
-	return fmt.Sprintf("RSS %s (peak %s)", rss, hwm)
+	return fmt.Sprintf("RSS %s (peak %s, Pss %d kB, anonymous %d kB)", rss, hwm, procPss(t, pid), procAnon(t, pid))
+}
+
+// procPss is a process's proportional set size in kB, from
+// /proc/PID/smaps_rollup: the pages it shares with others (the binary's
+// text, which the parent and its children all map) counted in part, so
+// that the figures of several processes add up to what they hold.
+func procPss(t *testing.T, pid int) int {
+	return smapsRollup(t, pid, "Pss:")
+}
+
+// procAnon is a process's anonymous resident memory in kB (its heap and
+// stacks: what it holds of its own).
+func procAnon(t *testing.T, pid int) int {
+	return smapsRollup(t, pid, "Anonymous:")
+}
+
+func smapsRollup(t *testing.T, pid int, key string) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
 }
 
 // The parent's stderr is a pipe whose reader is gone (`supervise | tee`,
