@@ -307,3 +307,46 @@ func TestCopyDispatchGapNamesShards(t *testing.T) {
 		t.Error("the gap line is not in the parent's /1/events")
 	}
 }
+
+// TestCopyDispatchHugeLine: a dispatch line longer than the channel takes
+// is not sent (the parent would stop the child for it): it is counted in
+// its shard's gap line, and the lines around it go on.
+func TestCopyDispatchHugeLine(t *testing.T) {
+	parent, l := linkPair(t)
+	src := journal.NewMerged(64 << 20) // keeps all three: the copy starts after them
+	huge := fmt.Appendf(nil, `{"shard":1,"s":2,"t":"GUILD_CREATE","d":{"x":"%s"}}`+"\n", strings.Repeat("x", maxMsg))
+	for _, line := range [][]byte{dispatchLine(0, "1", "READY"), huge, dispatchLine(0, "2", "MESSAGE_CREATE")} {
+		_, stored := journal.New(1).AppendLine(line, time.Now())
+		src.Add(stored, time.Now())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // copy what is there, then return
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		l.CopyDispatch(ctx, src)
+		l.Close()
+	}()
+	r := newMsgReader(parent)
+	var got []string
+	for {
+		m, err := r.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("parent's reader: %v", err)
+		}
+		if m.T == "event" {
+			_, rest, _ := strings.Cut(string(m.Raw), " ") // past ts=
+			got = append(got, "event "+rest)
+		} else {
+			got = append(got, m.T)
+		}
+	}
+	<-copied
+	want := fmt.Sprintf("shard=1 event=gap log=dispatch lost_lines=1 lost_bytes=%d\n", len(huge))
+	if len(got) != 3 || got[0] != "dispatch" || got[1] != "event "+want || got[2] != "dispatch" {
+		t.Errorf("parent read %q; want shard 0's READY, the gap line %q, shard 0's next line", got, want)
+	}
+}
