@@ -1,8 +1,10 @@
 package journal
 
 import (
+	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +30,7 @@ type Merged struct {
 	size    int64 // absolute offset of the next line
 	modTime time.Time
 	notify  chan struct{}
+	cursors []*Cursor
 }
 
 type mergedLine struct {
@@ -52,7 +55,13 @@ func (m *Merged) Add(line []byte, now time.Time) int64 {
 	m.size += int64(len(line))
 	m.modTime = now
 	for len(m.lines)-m.head > 1 && m.held-len(m.lines[m.head].b) >= m.retention {
-		m.held -= len(m.lines[m.head].b)
+		dropped := m.lines[m.head]
+		for _, c := range m.cursors {
+			if c.off.Load() <= dropped.start {
+				c.lost(dropped.b)
+			}
+		}
+		m.held -= len(dropped.b)
 		m.lines[m.head] = mergedLine{}
 		m.head++
 	}
@@ -129,4 +138,73 @@ func (m *Merged) Notify() <-chan struct{} {
 		m.notify = make(chan struct{})
 	}
 	return m.notify
+}
+
+// A Cursor reads a Merged log in order for one reader that must know what
+// retention took from it before it read it: a supervised child's copy of
+// its dispatch log, whose parent names the shards whose lines were lost.
+type Cursor struct {
+	m      *Merged
+	off    atomic.Int64 // the next line to read; only Next moves it
+	missed int64
+	lost   func(line []byte)
+}
+
+// Follow returns a cursor at offset from (a line's start). lost gets each
+// line that retention drops before the cursor read it, before Next returns
+// any line after it; it runs under the log's lock, so it must be quick
+// and must not use the log. Close the cursor when done.
+func (m *Merged) Follow(from int64, lost func(line []byte)) *Cursor {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := &Cursor{m: m, lost: lost}
+	oldest := m.size
+	if m.head < len(m.lines) {
+		oldest = m.lines[m.head].start
+	}
+	c.missed = max(oldest-from, 0)
+	c.off.Store(max(from, oldest))
+	m.cursors = append(m.cursors, c)
+	return c
+}
+
+// Missed returns how many bytes after from the log had already dropped
+// when the cursor was made: lost unseen by the lost function.
+func (c *Cursor) Missed() int64 { return c.missed }
+
+// Next copies whole lines from the cursor into p and moves past them. When
+// the next line alone is longer than p it copies nothing and returns the
+// line's length as need.
+func (c *Cursor) Next(p []byte) (n, need int) {
+	m := c.m
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	live := m.lines[m.head:]
+	off := c.off.Load()
+	// Lines below the oldest were handed to lost by Add.
+	i := sort.Search(len(live), func(i int) bool { return live[i].start >= off })
+	for ; i < len(live); i++ {
+		b := live[i].b
+		if n+len(b) > len(p) {
+			if n == 0 {
+				need = len(b)
+			}
+			break
+		}
+		n += copy(p[n:], b)
+		off = live[i].start + int64(len(b))
+	}
+	c.off.Store(off)
+	return n, need
+}
+
+// Offset returns the offset of the next line the cursor reads.
+func (c *Cursor) Offset() int64 { return c.off.Load() }
+
+// Close detaches the cursor from its log.
+func (c *Cursor) Close() {
+	m := c.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cursors = slices.DeleteFunc(m.cursors, func(x *Cursor) bool { return x == c })
 }

@@ -122,3 +122,84 @@ func BenchmarkMergedAdd(b *testing.B) {
 		m.Add(stored, t0)
 	}
 }
+
+// A cursor that reads slower than lines are added gets every line once:
+// either from Next, in order, or handed to its lost function, never both,
+// never neither.
+func TestCursorSeesEveryLineOnce(t *testing.T) {
+	m := NewMerged(200)
+	shard := New(1)
+	var lost [][]byte
+	c := m.Follow(0, func(line []byte) { lost = append(lost, bytes.Clone(line)) })
+	defer c.Close()
+	var read, added [][]byte
+	buf := make([]byte, 50)
+	for i := range 500 {
+		line := fmt.Appendf(nil, "line %04d\n", i)
+		_, stored := shard.AppendLine(line, t0)
+		m.Add(stored, t0)
+		added = append(added, line)
+		if i%7 != 0 {
+			continue // the reader falls behind
+		}
+		n, need := c.Next(buf)
+		if need != 0 {
+			t.Fatalf("Next(%d bytes) needs %d for a %d-byte line", len(buf), need, len(line))
+		}
+		for _, l := range bytes.SplitAfter(buf[:n], []byte("\n")) {
+			if len(l) > 0 {
+				read = append(read, bytes.Clone(l))
+			}
+		}
+	}
+	for {
+		n, _ := c.Next(buf)
+		if n == 0 {
+			break
+		}
+		for _, l := range bytes.SplitAfter(buf[:n], []byte("\n")) {
+			if len(l) > 0 {
+				read = append(read, bytes.Clone(l))
+			}
+		}
+	}
+	if len(lost) == 0 {
+		t.Fatal("no line lost; the test wants a reader that falls behind retention")
+	}
+	seen := map[string]int{}
+	for _, l := range append(read, lost...) {
+		seen[string(l)]++
+	}
+	for _, l := range added {
+		if seen[string(l)] != 1 {
+			t.Errorf("line %q read or lost %d times; want 1", l, seen[string(l)])
+		}
+	}
+	for i := 1; i < len(read); i++ {
+		if bytes.Compare(read[i-1], read[i]) >= 0 {
+			t.Fatalf("lines read out of order: %q then %q", read[i-1], read[i])
+		}
+	}
+	if c.Offset() != m.Size() {
+		t.Errorf("Offset() = %d after reading to the end; want %d", c.Offset(), m.Size())
+	}
+}
+
+// Next copies whole lines only, and says how long a line is that does not
+// fit; a cursor made past what retention dropped says how much it missed.
+func TestCursorWholeLinesAndMissed(t *testing.T) {
+	m, all := mergedOf(64, 64, 20)
+	c := m.Follow(0, func([]byte) {})
+	defer c.Close()
+	if c.Missed() != m.Oldest() || m.Oldest() == 0 {
+		t.Fatalf("Missed() = %d; want Oldest() = %d, above 0", c.Missed(), m.Oldest())
+	}
+	if n, need := c.Next(make([]byte, 5)); n != 0 || need != len("shard 0 line 0000\n") {
+		t.Errorf("Next(5 bytes) = %d, %d; want 0, %d", n, need, len("shard 0 line 0000\n"))
+	}
+	buf := make([]byte, 30)
+	n, _ := c.Next(buf)
+	if want := all[m.Oldest() : m.Oldest()+18]; !bytes.Equal(buf[:n], want) {
+		t.Errorf("Next(30 bytes) = %q; want the oldest whole line %q", buf[:n], want)
+	}
+}

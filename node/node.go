@@ -8,6 +8,7 @@ package node
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,6 +69,9 @@ type Config struct {
 	Logger                                   *slog.Logger
 	// Registry receives the tree's metrics; nil makes a private one.
 	Registry *prometheus.Registry
+	// EventRetention and NodeEventRetention bound each shard's events
+	// log and the node's (see core.Config; defaults 16 KiB and 1 MiB).
+	EventRetention, NodeEventRetention int
 	// ObserveEvent, when set, also receives the core's event-handling
 	// times (see core.Config.ObserveEvent), which /metrics always shows.
 	ObserveEvent func(kind string, d time.Duration)
@@ -188,7 +192,7 @@ func New(cfg Config) (_ *Node, err error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	clk := clock.Or(cfg.Clock)
-	s := &Node{cfg: cfg, log: log, clock: clk, events: journal.New(1 << 20)}
+	s := &Node{cfg: cfg, log: log, clock: clk, events: journal.New(cmp.Or(max(cfg.NodeEventRetention, 0), 1<<20))}
 	s.Pacer = gateway.NewPacer(clk, gateway.Pacing{Flavor: cfg.Flavor, MaxConcurrency: cfg.MaxConcurrency,
 		IdentifyTotal: cfg.IdentifyTotal, IdentifyReserve: cfg.IdentifyReserve,
 		Fixed: cfg.GatewayURL != "", Fluxer: fluxerPacing(cfg)})

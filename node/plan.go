@@ -152,7 +152,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: s.log.With("component", "core", "total", plan.Total),
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),
-		OnFatal: s.move.OnFatal(p), Events: s.events,
+		OnFatal: s.move.OnFatal(p), Events: s.events, EventRetention: cfg.EventRetention,
 	})
 	if err != nil {
 		tr.Close()

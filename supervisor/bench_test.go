@@ -1,11 +1,16 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hugelgupf/p9/p9"
 
@@ -100,3 +105,44 @@ type benchProc struct{}
 
 func (benchProc) Pid() int               { return 1 }
 func (benchProc) Signal(os.Signal) error { return nil }
+
+// BenchmarkCopiedLine is the parent's work for one dispatch line a child
+// copies, apart from the read system call: the data stream's reader
+// finds the line, and the tree appends it to the shard's log and
+// /dispatch and counts its sequence. Lines of about 4 KB, 1,024 shards.
+func BenchmarkCopiedLine(b *testing.B) {
+	a, err := ByProcesses(1024, 4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := New(Config{Assignment: a, Policy: DefaultPolicy, Launch: func(Launch, *Reports) (Process, error) { return nil, os.ErrInvalid }})
+	tree := NewTree(TreeConfig{Supervisor: s, Assignment: a, Flavor: core.Discord})
+	b.Cleanup(tree.Close)
+	const perRound = 1024
+	var stream []byte
+	for i := range perRound {
+		stream = fmt.Appendf(stream, `{"shard":%d,"s":%d,"t":"MESSAGE_CREATE","d":{"content":"%s"}}`+"\n", i%256, i+1, strings.Repeat("x", 4000))
+	}
+	b.ReportAllocs()
+	// The machine is shared: the process's CPU time, not the wall
+	// time, is the parent's cost (GC included).
+	var before, after syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+	rounds := 0
+	for b.Loop() {
+		r := newMsgReader(bytes.NewReader(stream))
+		for range perRound {
+			m, err := r.next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			tree.Line("c0", m.T, m.Raw)
+		}
+		rounds++
+	}
+	syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+	cpu := time.Duration(after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano())
+	lines := float64(rounds * perRound)
+	b.ReportMetric(float64(cpu.Nanoseconds())/lines, "cpu-ns/line")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/lines, "wall-ns/line")
+}

@@ -92,19 +92,33 @@ var (
 type msgReader struct {
 	r   *bufio.Reader
 	max int
+	buf []byte // the last line, reused: a line is valid until the next
 }
 
-func newMsgReader(r io.Reader) *msgReader { return &msgReader{bufio.NewReaderSize(r, 4096), maxMsg} }
+// keepLine bounds the line buffer a reader keeps between lines, so that
+// one huge GUILD_CREATE does not pin its size for good.
+const keepLine = 256 << 10
+
+func newMsgReader(r io.Reader) *msgReader {
+	return &msgReader{r: bufio.NewReaderSize(r, 4096), max: maxMsg}
+}
 
 // newControlReader reads a control stream, whose lines are short.
 func newControlReader(r io.Reader) *msgReader {
-	return &msgReader{bufio.NewReaderSize(r, 4096), maxControl}
+	return &msgReader{r: bufio.NewReaderSize(r, 4096), max: maxControl}
 }
 
 // next returns the next message, io.EOF at a clean end, or an error
 // wrapping ErrGarbage.
 func (m *msgReader) next() (msg, error) {
-	var line []byte
+	line := m.buf[:0]
+	defer func() {
+		if cap(line) <= keepLine {
+			m.buf = line[:0]
+		} else {
+			m.buf = nil
+		}
+	}()
 	for {
 		part, err := m.r.ReadSlice('\n')
 		if len(line)+len(part) > m.max {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,3 +196,157 @@ func TestCopyGap(t *testing.T) {
 }
 
 func must(n int, _ int64) int { return n }
+
+// TestCopyDispatchGapNamesShards: a child's transit buffer that drops
+// lines while the parent does not read names each shard that lost some,
+// with the lines and bytes lost; every line the child wrote reaches the
+// parent or is counted in a gap line, once; the parent's tree stops that
+// shard alone from resuming after a crash, and the others still do.
+func TestCopyDispatchGapNamesShards(t *testing.T) {
+	parent, l := linkPair(t)
+	src := journal.NewMerged(64 << 10)
+	logs := map[int]*journal.Log{0: journal.New(TransitShardDispatch), 1: journal.New(TransitShardDispatch)}
+	wrote := map[int]int{}
+	wroteBytes := map[int]int64{}
+	add := func(shard, seq int, typ string) {
+		line := dispatchLine(shard, strconv.Itoa(seq), typ)
+		if typ == "MESSAGE_CREATE" {
+			line = fmt.Appendf(nil, `{"shard":%d,"s":%d,"t":"MESSAGE_CREATE","d":{"content":%q}}`+"\n", shard, seq, strings.Repeat("x", 200))
+		}
+		_, stored := logs[shard].AppendLine(line, time.Now())
+		src.Add(stored, time.Now())
+		wrote[shard]++
+		wroteBytes[shard] += int64(len(line))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		l.CopyDispatch(ctx, src)
+	}()
+	_, tree := treeHarness(t)
+	tree.Session("a", 0, core.Session{ID: "A"}, 1)
+	tree.Session("a", 1, core.Session{ID: "B"}, 1)
+	got := map[int]int{}
+	gotBytes := map[int]int64{}
+	lost := map[int]int{}
+	lostBytes := map[int]int64{}
+	r := newMsgReader(parent)
+	add(0, 1, "READY")
+	// Once the parent has it, the copy follows the log.
+	if m, err := r.next(); err != nil || m.T != "dispatch" {
+		t.Fatalf("parent read %q, %v; want shard 0's READY", m.Raw, err)
+	} else {
+		tree.Line("a", m.T, m.Raw)
+		got[0]++
+		gotBytes[0] += int64(len(m.Raw))
+	}
+	add(1, 1, "READY")
+	// 5 MB while the parent reads nothing: far past the socket's buffer
+	// and the transit's 64 KiB.
+	for seq := 2; seq < 2+20000; seq++ {
+		add(1, seq, "MESSAGE_CREATE")
+	}
+	add(0, 2, "MESSAGE_CREATE")
+	add(0, 3, "MESSAGE_CREATE")
+
+	read := make(chan error, 1)
+	go func() {
+		defer io.Copy(io.Discard, parent) // after a failure too: the copy must not block
+		for {
+			m, err := r.next()
+			if err != nil {
+				read <- err
+				return
+			}
+			tree.Line("a", m.T, m.Raw)
+			switch m.T {
+			case "dispatch":
+				shard, _, _ := dispatchShardSeq(m.Raw)
+				got[shard]++
+				gotBytes[shard] += int64(len(m.Raw))
+			case "event":
+				shard, ok := eventShard(m.Raw)
+				if !ok || !bytes.Contains(m.Raw, []byte(" event=gap log=dispatch ")) {
+					read <- fmt.Errorf("an event line that is not a shard's gap: %q", m.Raw)
+					return
+				}
+				var lines int
+				var b int64
+				if _, err := fmt.Sscanf(string(m.Raw[bytes.Index(m.Raw, []byte("lost_lines=")):]), "lost_lines=%d lost_bytes=%d", &lines, &b); err != nil {
+					read <- fmt.Errorf("gap line %q: %v", m.Raw, err)
+					return
+				}
+				lost[shard] += lines
+				lostBytes[shard] += b
+			}
+		}
+	}()
+	cancel()
+	<-copied
+	l.Close() // the parent's reader sees the end
+	if err := <-read; err != io.EOF {
+		t.Fatalf("parent's reader: %v", err)
+	}
+	if lost[1] == 0 {
+		t.Fatalf("shard 1 lost no line; the test wants a transit buffer that overflows (got %d of %d)", got[1], wrote[1])
+	}
+	for _, shard := range []int{0, 1} {
+		if got[shard]+lost[shard] != wrote[shard] || gotBytes[shard]+lostBytes[shard] != wroteBytes[shard] {
+			t.Errorf("shard %d: %d lines (%d bytes) copied + %d (%d bytes) in gap lines; want the %d (%d bytes) written", shard, got[shard], gotBytes[shard], lost[shard], lostBytes[shard], wrote[shard], wroteBytes[shard])
+		}
+	}
+	if lost[0] != 0 {
+		t.Errorf("shard 0 lost %d lines; want none", lost[0])
+	}
+	points := tree.ResumePoints("a")
+	if len(points) != 1 || points[0].Shard != 0 || points[0].Sequence != 3 {
+		t.Errorf("ResumePoints = %v; want shard 0 alone, at 3 (shard 1 has a hole)", points)
+	}
+	if b := make([]byte, 64<<10); !bytes.Contains(b[:must(tree.shards[1].events.ReadAt(b, 0))], []byte("shard=1 event=gap")) {
+		t.Error("the gap line is not in the parent's /1/events")
+	}
+}
+
+// TestCopyDispatchHugeLine: a dispatch line longer than the channel takes
+// is not sent (the parent would stop the child for it): it is counted in
+// its shard's gap line, and the lines around it go on.
+func TestCopyDispatchHugeLine(t *testing.T) {
+	parent, l := linkPair(t)
+	src := journal.NewMerged(64 << 20) // keeps all three: the copy starts after them
+	huge := fmt.Appendf(nil, `{"shard":1,"s":2,"t":"GUILD_CREATE","d":{"x":"%s"}}`+"\n", strings.Repeat("x", maxMsg))
+	for _, line := range [][]byte{dispatchLine(0, "1", "READY"), huge, dispatchLine(0, "2", "MESSAGE_CREATE")} {
+		_, stored := journal.New(1).AppendLine(line, time.Now())
+		src.Add(stored, time.Now())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // copy what is there, then return
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		l.CopyDispatch(ctx, src)
+		l.Close()
+	}()
+	r := newMsgReader(parent)
+	var got []string
+	for {
+		m, err := r.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("parent's reader: %v", err)
+		}
+		if m.T == "event" {
+			_, rest, _ := strings.Cut(string(m.Raw), " ") // past ts=
+			got = append(got, "event "+rest)
+		} else {
+			got = append(got, m.T)
+		}
+	}
+	<-copied
+	want := fmt.Sprintf("shard=1 event=gap log=dispatch lost_lines=1 lost_bytes=%d\n", len(huge))
+	if len(got) != 3 || got[0] != "dispatch" || got[1] != "event "+want || got[2] != "dispatch" {
+		t.Errorf("parent read %q; want shard 0's READY, the gap line %q, shard 0's next line", got, want)
+	}
+}

@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/shardfs/shardfs/core"
+	"github.com/shardfs/shardfs/journal"
 )
 
 // ChannelFDVar tells a child which descriptor is its private channel to
@@ -405,4 +408,138 @@ func (l *Link) CopyNamed(ctx context.Context, name string, src Log) {
 		case <-ch:
 		}
 	}
+}
+
+// TransitDispatch is what a supervised child keeps of its dispatch lines
+// on their way to the parent, which alone keeps their history (DESIGN
+// 7.4): the node's dispatch log is this transit buffer, and each shard's
+// own log keeps its newest line (TransitShardDispatch). A line that the
+// buffer drops before it was copied (the parent read slower than the
+// child appended) is named, shard by shard, in a gap line.
+const (
+	TransitDispatch      = 1 << 20
+	TransitShardDispatch = 1
+)
+
+// TransitEvents and TransitShardEvents are the same for a child's events
+// logs: the node's, whose copy's gap lines name no shard (the core adds a
+// few lines at a time, so 256 KiB seldom overflows), and each shard's,
+// which the parent reads only for the reason of a refusal it forwarded
+// (its newest lines: see forward).
+const (
+	TransitEvents      = 256 << 10
+	TransitShardEvents = 4 << 10
+)
+
+// shardLoss counts what one shard lost in a copy.
+type shardLoss struct{ lines, bytes int64 }
+
+// CopyDispatch sends the node's dispatch lines (src, its merged log) to
+// the parent as they are appended, from the start of the log, until ctx
+// ends; then it sends what is left and returns. End ctx only after the
+// node closed, so that the parent has every line the child wrote before
+// its sessions were saved.
+//
+// Each line that src dropped before it was copied is counted for its
+// shard, and before the next lines go out, one gap line per shard that
+// lost some (shard=N event=gap log=dispatch lost_lines=K lost_bytes=B)
+// tells the parent that its copy of that shard has a hole: that shard,
+// and only that one, does not resume from the parent's points after a
+// crash. A line longer than the channel takes is lost the same way.
+func (l *Link) CopyDispatch(ctx context.Context, src *journal.Merged) {
+	var (
+		mu   sync.Mutex
+		lost = map[int]*shardLoss{}
+	)
+	count := func(line []byte) {
+		shard, _, ok := dispatchShardSeq(line)
+		if !ok {
+			shard = -1
+		}
+		mu.Lock()
+		lo := lost[shard]
+		if lo == nil {
+			lo = &shardLoss{}
+			lost[shard] = lo
+		}
+		lo.lines++
+		lo.bytes += int64(len(line))
+		mu.Unlock()
+	}
+	c := src.Follow(0, count)
+	defer c.Close()
+	if missed := c.Missed(); missed > 0 {
+		// Dropped before the copy began: which shards, nobody knows.
+		if l.data.raw(gapLine(time.Now(), "dispatch", missed)) != nil {
+			return
+		}
+	}
+	flush := func() error {
+		mu.Lock()
+		if len(lost) == 0 {
+			mu.Unlock()
+			return nil
+		}
+		was := lost
+		lost = map[int]*shardLoss{}
+		mu.Unlock()
+		shards := slices.Sorted(maps.Keys(was))
+		var b []byte
+		for _, shard := range shards {
+			b = append(b, shardGapLine(time.Now(), shard, was[shard])...)
+		}
+		return l.data.raw(b)
+	}
+	buf := make([]byte, 256<<10)
+	for {
+		ch := src.Notify()
+		for {
+			n, need := c.Next(buf)
+			if flush() != nil {
+				return
+			}
+			if need > maxMsg {
+				// The parent would refuse it as garbage and stop the
+				// child: it is lost, and said so.
+				big := make([]byte, need)
+				n, _ := c.Next(big) // retention may have taken it meanwhile
+				var keep []byte
+				for line := range bytes.Lines(big[:n]) {
+					if len(line) > maxMsg {
+						count(line)
+					} else {
+						keep = append(keep, line...)
+					}
+				}
+				if flush() != nil || len(keep) > 0 && l.data.raw(keep) != nil {
+					return
+				}
+				continue
+			}
+			if need > 0 {
+				buf = make([]byte, need)
+				continue
+			}
+			if n == 0 {
+				break
+			}
+			if l.data.raw(buf[:n]) != nil {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if c.Offset() >= src.Size() {
+				flush()
+				return
+			}
+		case <-ch:
+		}
+	}
+}
+
+// shardGapLine is the events line that says a shard's copied dispatch
+// lines were lost (shard -1: lines that named no shard).
+func shardGapLine(now time.Time, shard int, lo *shardLoss) []byte {
+	return eventLine(now, shard, "gap", "log", "dispatch", "lost_lines", strconv.FormatInt(lo.lines, 10), "lost_bytes", strconv.FormatInt(lo.bytes, 10))
 }

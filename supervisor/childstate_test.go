@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -258,4 +259,31 @@ func TestWatchdogAfterParentStall(t *testing.T) {
 	h.clk.Advance(DefaultPolicy.Watchdog / 2)
 	h.wantState("a", Hung)
 	h.wantState("b", Running)
+}
+
+// TestChildrenShowSilence: /children ends each line with how long ago the
+// child last spoke on its control stream, so that the states the parent
+// shows of its shards have an age and a child that hangs shows it before
+// the watchdog kills it; "none" without a process.
+func TestChildrenShowSilence(t *testing.T) {
+	h := newWatchdogHarness(t, twoChildren(t), DefaultPolicy)
+	if got := h.s.Children()[0].String(); !strings.HasSuffix(got, " none") {
+		t.Errorf("before the start: %q; want it to end in none", got)
+	}
+	h.s.Start()
+	h.last("a").reports.Ready("")
+	h.last("b").reports.Ready("")
+	h.clk.Advance(3 * time.Second)
+	h.last("b").reports.Alive()
+	h.clk.Advance(1500 * time.Millisecond)
+	children := h.s.Children()
+	if got := children[0].String(); !strings.HasSuffix(got, " 4.5s") {
+		t.Errorf("a, silent 4.5 s: %q; want it to end in 4.5s", got)
+	}
+	if got := children[1].String(); !strings.HasSuffix(got, " 1.5s") {
+		t.Errorf("b, heard 1.5 s ago: %q; want it to end in 1.5s", got)
+	}
+	if m := string(NewTree(TreeConfig{Supervisor: h.s, Assignment: h.s.cfg.Assignment}).metrics()); !strings.Contains(m, `shardfs_supervisor_silent_seconds{child="a"} 4.5`) {
+		t.Errorf("/metrics does not show a's silence:\n%s", m)
+	}
 }

@@ -114,13 +114,23 @@
 // one the parent saw. /dispatch, /events
 // and each /N/dispatch and /N/events are the parent's own logs, built from
 // the lines the children copy, so they outlive the children's restarts
-// and their offsets go on. /status joins the children's; /identify is the
+// and their offsets go on: the parent alone keeps the history, a child
+// keeps its lines in transit only (TransitDispatch, TransitEvents). A
+// line the transit buffer dropped before it was copied is counted for
+// its shard, and a gap line per shard (Link.CopyDispatch) stops that
+// shard alone from resuming from the parent's points after a crash.
+// /status joins the children's; /identify is the
 // shared pacer's; /children has one line per child (id state pid
-// restarts generation shards last_exit, pid "none" without a process); /ctl takes
-// restart ID|all and the node commands, each sent to the children that
-// own its shards. /metrics merges the children's families, each sample
-// labelled child=ID, with the parent's children by state, and restarts
-// and hangs by child. Not combined yet: /lease.
+// restarts generation shards last_exit silent, pid and silent "none"
+// without a process; silent is the age of the child's last push); /ctl
+// takes restart ID|all and the node commands, each sent to the children
+// that own its shards. /metrics merges the children's families, each
+// sample labelled child=ID, with the parent's children by state, and
+// restarts, hangs, gaps and silence by child. Not combined yet: /lease.
+//
+// One supervise holds its --sessions folder (supervise.lock, flock): a
+// second one is refused before it starts anything, and a child's folder
+// still held by a killed predecessor's child is waited for, bounded.
 //
 // # Resuming a crashed child (beyond the SDK)
 //

@@ -40,7 +40,8 @@ type Exec struct {
 	// Output receives the children's output, labelled.
 	Output *Output
 	// Lines receives the dispatch and event lines the children copy
-	// (Tree.Line); nil drops them.
+	// (Tree.Line); nil drops them. A line's bytes are valid only until
+	// Lines returns: copy what is kept.
 	Lines func(child, kind string, line []byte)
 	// Sessions receives each new session a child reports (Tree.Session).
 	Sessions func(child string, shard int, s core.Session, seq int64)
@@ -88,6 +89,7 @@ type execProc struct {
 
 	mu      sync.Mutex
 	cancels map[uint64]func()
+	asking  map[int]uint64 // shard → its one outstanding identify request
 	gone    bool
 }
 
@@ -163,7 +165,7 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 	for _, id := range l.Shards {
 		owns[id] = true
 	}
-	p := &execProc{id: l.ID, gen: l.Generation, owns: owns, cmd: cmd, conn: conn, data: dataConn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}}
+	p := &execProc{id: l.ID, gen: l.Generation, owns: owns, cmd: cmd, conn: conn, data: dataConn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}, asking: map[int]uint64{}}
 	e.outs.Go(func() { e.Output.copy(l.ID, outR); outR.Close() })
 	e.outs.Go(func() { e.Output.copy(l.ID, errR); errR.Close() })
 	var readers sync.WaitGroup
@@ -298,6 +300,8 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 				e.refuse(p, m, "not in its block")
 			case !slices.Contains(shardStates, m.State):
 				e.refuse(p, m, "no such state")
+			case impossibleFigures(m) != "":
+				e.refuse(p, m, impossibleFigures(m))
 			case e.States != nil:
 				e.States(p.id, p.gen, m.Shard, ShardState{State: m.State, Seq: m.Seq, NoSeq: m.NoSeq, Reconnects: m.Reconnects, LatencyMs: m.LatencyMs})
 			}
@@ -335,6 +339,11 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 			p.mu.Lock()
 			cancel := p.cancels[m.ID]
 			delete(p.cancels, m.ID)
+			for shard, id := range p.asking {
+				if id == m.ID {
+					delete(p.asking, shard)
+				}
+			}
 			p.mu.Unlock()
 			if cancel != nil {
 				cancel()
@@ -346,14 +355,44 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 	}
 }
 
+// impossibleFigures says what in a shard message cannot be (the attack
+// on issue 23 had /status show sequence -5, 2^64-1 reconnects and a
+// latency of -1), or "".
+func impossibleFigures(m msg) string {
+	switch {
+	case !m.NoSeq && m.Seq < 0:
+		return fmt.Sprintf("a negative sequence %d", m.Seq)
+	case m.Reconnects > maxReconnects:
+		return fmt.Sprintf("%d reconnects: more than one a microsecond for 8 years", m.Reconnects)
+	case m.LatencyMs < 0 || m.LatencyMs > maxLatency.Milliseconds():
+		// A heartbeat unanswered that long closed the connection long
+		// before (Discord's interval is about 41 s).
+		return fmt.Sprintf("a latency of %d ms", m.LatencyMs)
+	}
+	return ""
+}
+
+const (
+	maxReconnects = 1 << 48
+	maxLatency    = time.Hour
+)
+
 // shardStates are the words a shard's state may be.
 var shardStates = []string{"ASSIGNED", "STARTING", "READY", "BACKOFF", "FATAL", "STOPPED"}
 
+// identify asks the shared pacer for child p's request m. A shard has one
+// outstanding request at most: a child's core asks again only after its
+// grant or cancel, so a second request cancels the first (logged), and a
+// child that repeats its requests cannot drain the shared budget (the
+// attack on issue 23 queued 50 for one shard, granted one every 5 s).
 func (e *Exec) identify(p *execProc, m msg) {
 	id := m.ID
 	grant := func(notBefore time.Time) {
 		p.mu.Lock()
 		delete(p.cancels, id)
+		if p.asking[m.Shard] == id {
+			delete(p.asking, m.Shard)
+		}
 		p.mu.Unlock()
 		g := msg{T: "grant", ID: id}
 		if !notBefore.IsZero() {
@@ -366,7 +405,19 @@ func (e *Exec) identify(p *execProc, m msg) {
 		p.mu.Unlock()
 		return
 	}
+	prev, asked := p.asking[m.Shard]
+	earlier := p.cancels[prev]
+	if asked {
+		delete(p.cancels, prev)
+	}
+	p.asking[m.Shard] = id
 	p.mu.Unlock()
+	if asked {
+		e.refuse(p, m, fmt.Sprintf("a second identify request for the shard while request %d waits: that one is cancelled", prev))
+		if earlier != nil {
+			earlier()
+		}
+	}
 	var (
 		now       bool
 		notBefore time.Time

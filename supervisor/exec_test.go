@@ -91,8 +91,21 @@ func testChild(mode string) int {
 		l.w.send(msg{T: "limit", Total: 10, Remaining: 20, MaxConc: 1})
 		l.w.send(msg{T: "limit", Total: 1000, Remaining: 0, ResetAfterMs: 1e15, MaxConc: 1})
 		l.w.send(msg{T: "shard", Shard: 1, State: "READY"})
+		l.w.send(ShardState{State: "READY", Seq: -5}.msg(0))
+		l.w.send(ShardState{State: "READY", Seq: 7, Reconnects: 1<<64 - 1}.msg(0))
+		l.w.send(ShardState{State: "READY", Seq: 7, LatencyMs: -1}.msg(0))
 		l.w.send(ShardState{State: "READY", Seq: 7}.msg(0))
 		fmt.Fprintln(os.Stderr, "forged")
+		<-l.Done()
+		return 0
+	case "repeat":
+		// A child asks 50 times for an identify of its own shard 0,
+		// then pushes its state (which the parent reads after them).
+		l.Ready("")
+		for id := range uint64(50) {
+			l.w.send(msg{T: "identify", ID: id + 1, Shard: 0})
+		}
+		l.w.send(ShardState{State: "STARTING", NoSeq: true}.msg(0))
 		<-l.Done()
 		return 0
 	case "fork":
@@ -409,6 +422,11 @@ func TestExecForgedMessages(t *testing.T) {
 			t.Errorf("the forged %s message was not refused and logged", typ)
 		}
 	}
+	for _, why := range []string{"a negative sequence -5", "18446744073709551615 reconnects", "a latency of -1 ms"} {
+		if j.index(0, "refused a message on a child's private channel", "type=shard", why) < 0 {
+			t.Errorf("its own shard's state with %s was not refused and logged", why)
+		}
+	}
 	if n, _ := pacer.Waiting(); n != 0 || pacer.Budget().Total != 0 {
 		t.Errorf("the pacer: %d waiting, budget %+v; want nothing asked or learnt", n, pacer.Budget())
 	}
@@ -423,6 +441,35 @@ func TestExecForgedMessages(t *testing.T) {
 	if limits != 0 || len(states) != 1 || states[0] != "forge 1 0 READY 7" {
 		t.Errorf("limits %d, states %q; want none and [forge 1 0 READY 7]", limits, states)
 	}
+}
+
+// TestExecOneRequestPerShard: a child that asks again and again for its
+// own shard's identify has one request outstanding at most (each new one
+// cancels the one before, logged), so it cannot drain the shared budget.
+func TestExecOneRequestPerShard(t *testing.T) {
+	out := &blockedWriter{release: make(chan struct{})}
+	close(out.release)
+	output := NewOutput(out)
+	pacer := core.NewDiscordPacer(nil, 1)
+	ex, a, launch := testExec(t, 1, "repeat=0", output, pacer)
+	j := &record{t: t}
+	ex.Logger = slog.New(journalHandler{j: j})
+	pushed := make(chan struct{})
+	var once sync.Once
+	ex.States = func(string, int, int, ShardState) { once.Do(func() { close(pushed) }) }
+	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: 20 * time.Second, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	<-pushed // after the 50 requests on the same stream
+	if n, _ := pacer.Waiting(); n > 1 {
+		t.Errorf("the pacer has %d requests waiting for the child's one shard; want at most 1", n)
+	}
+	if j.index(0, "refused a message on a child's private channel", "type=identify", "a second identify request") < 0 {
+		t.Error("the repeated requests were not logged")
+	}
+	s.Close()
+	ex.Wait()
+	output.Close()
 }
 
 // TestExecReapsPastGrandchild: a child that starts a long-lived

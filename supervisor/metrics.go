@@ -18,7 +18,8 @@ import (
 // children's texts cannot just be joined), and the parent's own:
 // shardfs_supervisor_children by state, shardfs_supervisor_restarts_total
 // shardfs_supervisor_hangs_total and shardfs_supervisor_gaps_total by
-// child. A child that does not answer is left out of that read.
+// child, and shardfs_supervisor_silent_seconds of each child that has a
+// process. A child that does not answer is left out of that read.
 func (t *Tree) metrics() []byte {
 	all := map[string]*dto.MetricFamily{}
 	// Every child at once: a hung one costs the timeout once, not the
@@ -65,12 +66,16 @@ func (t *Tree) metrics() []byte {
 	t.mu.Unlock()
 	gaps := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_gaps_total"), Help: proto.String("Gap lines: lines a child's log dropped before they were copied to the parent."), Type: &counter}
 	hangs := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_hangs_total"), Help: proto.String("Kills of a child by the watchdog."), Type: &counter}
+	silent := &dto.MetricFamily{Name: proto.String("shardfs_supervisor_silent_seconds"), Help: proto.String("Seconds since a child's process last spoke on its control stream (it pushes at least every second)."), Type: &gauge}
 	for _, c := range children {
 		byState[c.State]++
 		label := []*dto.LabelPair{{Name: proto.String("child"), Value: proto.String(c.ID)}}
 		restarts.Metric = append(restarts.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(c.Restarts))}})
 		hangs.Metric = append(hangs.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(c.Hangs))}})
 		gaps.Metric = append(gaps.Metric, &dto.Metric{Label: label, Counter: &dto.Counter{Value: proto.Float64(float64(gapsBy[c.ID]))}})
+		if c.Pid != 0 {
+			silent.Metric = append(silent.Metric, &dto.Metric{Label: label, Gauge: &dto.Gauge{Value: proto.Float64(c.Silent.Seconds())}})
+		}
 	}
 	for _, st := range childStates {
 		states.Metric = append(states.Metric, &dto.Metric{
@@ -79,6 +84,9 @@ func (t *Tree) metrics() []byte {
 		})
 	}
 	all[states.GetName()], all[restarts.GetName()], all[hangs.GetName()], all[gaps.GetName()] = states, restarts, hangs, gaps
+	if len(silent.Metric) > 0 {
+		all[silent.GetName()] = silent
+	}
 	var out bytes.Buffer
 	for _, name := range slices.Sorted(maps.Keys(all)) {
 		if _, err := expfmt.MetricFamilyToText(&out, all[name]); err != nil {

@@ -92,6 +92,13 @@ func Run(ctx context.Context, rc RunConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if rc.SessionsDir != "" {
+		release, err := lockSessions(rc.SessionsDir)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	ls, err := fsrv.Open(rc.Listen, rc.TLS)
 	if err != nil {
 		return err
@@ -109,6 +116,15 @@ func Run(ctx context.Context, rc RunConfig) error {
 	}
 	if len(a.Unowned) > 0 {
 		log.Warn("some shards of the total are in no child's block: they run nowhere here", "unowned", FormatShards(a.Unowned))
+	}
+	if rc.SessionsDir != "" {
+		bound := rc.Policy.ShutdownTimeout
+		if bound <= 0 {
+			bound = DefaultPolicy.ShutdownTimeout
+		}
+		if err := waitChildFolders(ctx, rc.SessionsDir, a, bound, log); err != nil {
+			return err
+		}
 	}
 	pacer := gateway.NewPacer(nil, rc.Pacing)
 	if limit != nil && flavor == core.Discord {

@@ -1,7 +1,13 @@
 package supervisor
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,5 +40,62 @@ func TestDropSnapshots(t *testing.T) {
 		if _, ok, err := store.Load(t.Context(), shard); ok || err != nil {
 			t.Errorf("shard %d: snapshot still there (%v)", shard, err)
 		}
+	}
+}
+
+// TestSessionsInUse: a second supervise on a --sessions folder that one
+// holds is refused at once, naming the holder, before it starts anything;
+// the folder is free again once the first lets it go.
+func TestSessionsInUse(t *testing.T) {
+	folder := t.TempDir()
+	release, err := lockSessions(folder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Run(t.Context(), RunConfig{SessionsDir: folder})
+	if !errors.Is(err, ErrSessionsInUse) || !strings.Contains(err.Error(), fmt.Sprintf("(process %d)", os.Getpid())) {
+		t.Errorf("Run on a held folder = %v; want ErrSessionsInUse naming process %d", err, os.Getpid())
+	}
+	release()
+	release, err = lockSessions(folder)
+	if err != nil {
+		t.Fatalf("lockSessions after the release = %v", err)
+	}
+	release()
+}
+
+// warnings sends each warning's message on a channel.
+type warnings chan string
+
+func (w warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w warnings) Handle(_ context.Context, r slog.Record) error {
+	w <- r.Message
+	return nil
+}
+func (w warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w warnings) WithGroup(string) slog.Handler      { return w }
+
+// TestWaitChildFolders: a child's sessions folder that a process holds
+// (a killed supervise's child, saving) is waited for, and the start goes
+// on once it is released; one held past the bound is an error that says
+// so, rather than a child that fails on it seconds later.
+func TestWaitChildFolders(t *testing.T) {
+	folder := t.TempDir()
+	a := twoChildren(t)
+	store, err := dir.Open(filepath.Join(folder, "b"), dir.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	if err := waitChildFolders(t.Context(), folder, a, 100*time.Millisecond, quiet); !errors.Is(err, ErrSessionsInUse) || !strings.Contains(err.Error(), "child b's sessions folder") {
+		t.Errorf("waitChildFolders while b's folder is held = %v; want ErrSessionsInUse naming child b", err)
+	}
+	warned := make(warnings, 1)
+	done := make(chan error, 1)
+	go func() { done <- waitChildFolders(t.Context(), folder, a, time.Minute, slog.New(warned)) }()
+	<-warned // it waits
+	store.Close()
+	if err := <-done; err != nil {
+		t.Errorf("waitChildFolders once b's folder was released = %v; want nil", err)
 	}
 }

@@ -256,11 +256,24 @@ type ChildInfo struct {
 	LastExitWord string
 	// Hangs counts the watchdog's kills of it.
 	Hangs int
+	// Silent is how long ago its process (Pid) last spoke on its
+	// control stream, or started: it pushes its shards' states at least
+	// every second, so this is the age of what the parent shows of them.
+	Silent time.Duration
 }
 
 // String is the /children line: id state pid restarts generation shards
-// last_exit.
+// last_exit silent (seconds since its last push, "s" after them, or none
+// without a process).
 func (c ChildInfo) String() string {
+	silent := "none"
+	if c.Pid != 0 {
+		silent = strconv.FormatFloat(c.Silent.Seconds(), 'f', 1, 64) + "s"
+	}
+	return c.fields() + " " + silent
+}
+
+func (c ChildInfo) fields() string {
 	pid := "none"
 	if c.Pid != 0 {
 		pid = strconv.Itoa(c.Pid)
@@ -318,6 +331,7 @@ func (s *Supervisor) infoLocked(c *child) ChildInfo {
 	info := ChildInfo{ID: c.ID, State: c.state, Restarts: c.restarts, Generation: c.gen, Shards: c.Shards, Socket: c.socket, LastExit: c.lastExit, LastExitWord: c.lastExitWord, Hangs: c.hangs}
 	if c.proc != nil {
 		info.Pid = c.proc.Pid()
+		info.Silent = max(s.clock.Now().Sub(c.heard), 0)
 	}
 	return info
 }
@@ -413,7 +427,7 @@ func (s *Supervisor) startLocked(c *child, attempt int) {
 		s.failureLocked(c)
 		return
 	}
-	c.proc = p
+	c.proc, c.heard = p, s.clock.Now()
 	s.log.Info("child started", "child", c.ID, "pid", p.Pid(), "generation", c.gen, "attempt", attempt)
 	gen := c.gen
 	s.setTimerLocked(c, s.pol.StartupTimeout, func() {

@@ -525,12 +525,12 @@ func TestLaunchFails(t *testing.T) {
 }
 
 func TestChildrenLine(t *testing.T) {
-	c := ChildInfo{ID: "a", State: Running, Pid: 42, Restarts: 2, Generation: 3, Shards: []int{0, 1, 2, 3, 7}}
-	if got, want := c.String(), "a running 42 2 3 0-3,7 none"; got != want {
+	c := ChildInfo{ID: "a", State: Running, Pid: 42, Restarts: 2, Generation: 3, Shards: []int{0, 1, 2, 3, 7}, Silent: 1250 * time.Millisecond}
+	if got, want := c.String(), "a running 42 2 3 0-3,7 none 1.2s"; got != want {
 		t.Errorf("String() = %q; want %q", got, want)
 	}
 	c.Pid, c.LastExitWord = 0, "watchdog:SIGKILL"
-	if got, want := c.String(), "a running none 2 3 0-3,7 watchdog:SIGKILL"; got != want {
+	if got, want := c.String(), "a running none 2 3 0-3,7 watchdog:SIGKILL none"; got != want {
 		t.Errorf("String() = %q; want %q", got, want)
 	}
 }

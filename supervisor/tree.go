@@ -160,12 +160,12 @@ func (t *Tree) Root() *fsrv.Dir { return t.root }
 // Dispatches returns the parent's /dispatch log.
 func (t *Tree) Dispatches() *journal.Merged { return t.dispatch }
 
-// Line takes a dispatch or event line a child copied (Exec calls it).
+// Line takes a dispatch or event line a child copied (Exec calls it);
+// the logs copy what they keep, so line may be reused once Line returns.
 // A line for a shard the child does not own is dropped and logged: a
 // child speaks for its own block only.
 func (t *Tree) Line(child, kind string, line []byte) {
 	now := t.clk.Now()
-	line = bytes.Clone(line)
 	switch kind {
 	case "dispatch":
 		shard, seq, ok := dispatchShardSeq(line)
@@ -198,6 +198,7 @@ func (t *Tree) Line(child, kind string, line []byte) {
 			}
 		}
 		t.events.AppendLine(line, now)
+		shard, hasShard := eventShard(line)
 		if isGap(line) {
 			t.mu.Lock()
 			if t.gaps == nil {
@@ -206,11 +207,14 @@ func (t *Tree) Line(child, kind string, line []byte) {
 			t.gaps[child]++
 			t.mu.Unlock()
 			if bytes.Contains(line, []byte(" log=dispatch ")) {
-				t.gap(child, line)
+				if hasShard {
+					t.shardGap(t.shards[shard], line)
+				} else {
+					t.gap(child, line)
+				}
 			}
-			return
 		}
-		if shard, ok := eventShard(line); ok {
+		if hasShard {
 			if sl := t.shards[shard]; sl != nil && t.cfg.Assignment.Blocks[sl.owner].ID == child {
 				sl.events.AppendLine(line, now)
 			}
@@ -245,8 +249,13 @@ func (t *Tree) State(child string, gen, shard int, st ShardState) {
 		return
 	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sl.pushedGen == gen && st.Reconnects < sl.pushed.Reconnects {
+		// A process's count only grows.
+		t.log.Warn("dropped a state whose reconnects went down", "child", child, "shard", shard, "reconnects", st.Reconnects, "before", sl.pushed.Reconnects)
+		return
+	}
 	sl.pushed, sl.pushedGen = st, gen
-	t.mu.Unlock()
 }
 
 // shardState is what the parent shows of sl: what its child pushed while
@@ -297,15 +306,28 @@ func (t *Tree) ResumePoints(child string) []ResumePoint {
 	return out
 }
 
-// isGap: a child's gap line (see Link.Copy), node-level, no shard.
+// isGap: a child's gap line (see Link.CopyDispatch and Link.Copy), of
+// one shard's dispatch lines or, without a shard, of any.
 func isGap(line []byte) bool {
-	return bytes.Contains(line, []byte(" event=gap ")) && !bytes.Contains(line, []byte(" shard="))
+	return bytes.Contains(line, []byte(" event=gap "))
 }
 
-// gap takes a child's gap line: its copy of a log lost lines, so the
-// parent's /dispatch may have a hole in any of its shards; none of them
-// resumes from the parent's points after a crash (they would resume past
-// the hole, which the gateway would then never replay).
+// shardGap takes a child's gap line for one shard: the parent's /dispatch
+// has a hole in that shard's lines, so it does not resume from the
+// parent's points after a crash (it would resume past the hole, which the
+// gateway would then never replay) until its next session; the child's
+// other shards still do.
+func (t *Tree) shardGap(sl *shardLogs, line []byte) {
+	t.log.Warn("a child's copy of a shard's dispatch lines lost some: that shard will not resume from the parent's points after a crash", "shard", sl.id, "line", string(bytes.TrimSpace(line)))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sl.current, sl.pending, sl.readyWaits = core.Session{}, core.Session{}, false
+}
+
+// gap takes a child's gap line that names no shard: its copy of its
+// dispatch log lost lines before it knew whose, so the parent's /dispatch
+// may have a hole in any of its shards; none of them resumes from the
+// parent's points after a crash.
 func (t *Tree) gap(child string, line []byte) {
 	t.log.Warn("a child's copy of its log lost lines: its shards will not resume from the parent's points after a crash", "child", child, "line", string(bytes.TrimSpace(line)))
 	t.mu.Lock()

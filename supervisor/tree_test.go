@@ -90,7 +90,7 @@ func TestTreeCtl(t *testing.T) {
 	h.wantState("a", Stopping)
 	h.last("a").reports.Exited(nil)
 	h.wantState("a", Starting)
-	if got := string(tree.children()); got != "a starting 103 1 2 0-3 exit:0\nb starting 102 0 1 4-7 none\n" {
+	if got := string(tree.children()); got != "a starting 103 1 2 0-3 exit:0 0.0s\nb starting 102 0 1 4-7 none 0.0s\n" {
 		t.Errorf("children = %q", got)
 	}
 	closeHarness(h)

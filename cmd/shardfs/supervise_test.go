@@ -49,8 +49,8 @@ func (p *superviseProc) children(t *testing.T) map[string][]string {
 	out := map[string][]string{}
 	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
 		f := strings.Fields(l)
-		if len(f) != 7 {
-			t.Fatalf("children line %q: want id state pid restarts generation shards last_exit", l)
+		if len(f) != 8 {
+			t.Fatalf("children line %q: want id state pid restarts generation shards last_exit silent", l)
 		}
 		out[f[0]] = f[1:]
 	}
@@ -653,6 +653,9 @@ func TestSuperviseOverhead(t *testing.T) {
 	// (the node-wide /dispatch keeps 16 MiB only, and reading every
 	// shard's is slow).
 	perShard, size := *overheadMsgs, *overheadSize
+	// The parent's CPU over the traffic: every line a child copies costs
+	// it a read on the data stream and the appends to its logs.
+	parentBefore, trafficStart := procCPU(t, parent), time.Now()
 	publishSized(t, simP, shards, perShard, "p", size)
 	publishSized(t, simN, shards, perShard, "n", size)
 	var lastShards []int
@@ -669,7 +672,9 @@ func TestSuperviseOverhead(t *testing.T) {
 			prefix string
 		}{{p.root, "p"}, {n.root, "n"}} {
 			last := fmt.Sprintf(`"%s-%d-%d"`, side.prefix, sh, perShard-1)
-			err := poll.Until(t.Context(), fmt.Sprintf("%s in %d/dispatch", last, sh), 5*time.Minute, 100*time.Millisecond, func() error {
+			// Once a second: each look reads the shard's 256 KiB through
+			// the parent, which the CPU figure of the traffic counts.
+			err := poll.Until(t.Context(), fmt.Sprintf("%s in %d/dispatch", last, sh), 10*time.Minute, time.Second, func() error {
 				d, err := dotlRead(side.root, strconv.Itoa(sh)+"/dispatch")
 				if !strings.Contains(d, last) {
 					return fmt.Errorf("%d bytes, %v", len(d), err)
@@ -681,12 +686,20 @@ func TestSuperviseOverhead(t *testing.T) {
 			}
 		}
 	}
+	trafficCPU, trafficTook := procCPU(t, parent)-parentBefore, time.Since(trafficStart)
 	mem := fmt.Sprintf("after %d messages of %d bytes: parent %s, node %s", perShard*shards, size, procMem(t, parent), procMem(t, node))
 	for _, id := range []string{"c0", "c1", "c2", "c3"} {
 		pid, _ := strconv.Atoi(ch[id][1])
 		mem += fmt.Sprintf(", child %s %s", id, procMem(t, pid))
 	}
 	t.Log("resident memory " + mem)
+	pss, anon := procPss(t, parent), procAnon(t, parent)
+	for _, id := range []string{"c0", "c1", "c2", "c3"} {
+		pid, _ := strconv.Atoi(ch[id][1])
+		pss, anon = pss+procPss(t, pid), anon+procAnon(t, pid)
+	}
+	t.Logf("parent and children together: Pss %d kB, anonymous %d kB; the node: Pss %d kB, anonymous %d kB (%.2fx and %.2fx)",
+		pss, anon, procPss(t, node), procAnon(t, node), float64(pss)/float64(procPss(t, node)), float64(anon)/float64(procAnon(t, node)))
 
 	// CPU per read: the parent's and c0's (which owns shard 0) through
 	// the parent, the node's straight; each less the same process's CPU
@@ -731,10 +744,37 @@ func TestSuperviseOverhead(t *testing.T) {
 	t.Logf("CPU per read of 0/state (%d reads, 10 ms ticks): through the parent: parent %v + child %v (idle parent %v, child %v over %v); straight to the node: %v (idle %v over %v)",
 		reads, per(viaParent[0], idleP[0]), per(viaParent[1], idleP[1]), idleP[0], idleP[1], tookP.Round(time.Millisecond), per(direct[0], idleN[0]), idleN[0], tookN.Round(time.Millisecond))
 	t.Logf("wall time per read: through the parent %v, straight %v", tookP/reads, tookN/reads)
+	idleRate := float64(idleP[0]) / float64(tookP)
+	lines := shards * perShard
+	t.Logf("parent CPU over the traffic (%d dispatch lines of about %d bytes copied in %v, 10 ms ticks): %v, less %v idle: %v per line",
+		lines, size, trafficTook.Round(time.Millisecond), trafficCPU, time.Duration(idleRate*float64(trafficTook)).Round(time.Millisecond),
+		(trafficCPU-time.Duration(idleRate*float64(trafficTook)))/time.Duration(lines))
 
 	took, identifies := p.restartAll(t, simP)
 	t.Logf("restart all of 4 children, %d shards: %v, %d identifies; parent after it %s", shards, took.Round(10*time.Millisecond), identifies, procMem(t, parent))
 	p.waitReady(t, shards)
+
+	// A hung child: SIGSTOP of c1, detected by the watchdog (the default
+	// 10 s), killed and started again; its shards READY again.
+	ch = p.children(t)
+	hung, _ := strconv.Atoi(ch["c1"][1])
+	stopped := time.Now()
+	if err := syscall.Kill(hung, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	err := poll.Until(t.Context(), "c1 hung, killed and running again", 5*time.Minute, 100*time.Millisecond, func() error {
+		c := p.children(t)["c1"]
+		if c[0] != "running" || c[1] == strconv.Itoa(hung) {
+			return fmt.Errorf("c1: %v", c)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := time.Since(stopped)
+	p.waitReadyWithin(t, shards, 5*time.Minute)
+	t.Logf("hung child (SIGSTOP of c1, --watchdog 10s): running again after %v, every shard READY after %v", running.Round(10*time.Millisecond), time.Since(stopped).Round(10*time.Millisecond))
 }
 
 // procCPU is a process's user and system CPU time so far, from
@@ -768,7 +808,36 @@ func procMem(t *testing.T, pid int) string {
 			hwm = strings.TrimSpace(v)
 		}
 	}
-	return fmt.Sprintf("RSS %s (peak %s)", rss, hwm)
+	return fmt.Sprintf("RSS %s (peak %s, Pss %d kB, anonymous %d kB)", rss, hwm, procPss(t, pid), procAnon(t, pid))
+}
+
+// procPss is a process's proportional set size in kB, from
+// /proc/PID/smaps_rollup: the pages it shares with others (the binary's
+// text, which the parent and its children all map) counted in part, so
+// that the figures of several processes add up to what they hold.
+func procPss(t *testing.T, pid int) int {
+	return smapsRollup(t, pid, "Pss:")
+}
+
+// procAnon is a process's anonymous resident memory in kB (its heap and
+// stacks: what it holds of its own).
+func procAnon(t *testing.T, pid int) int {
+	return smapsRollup(t, pid, "Anonymous:")
+}
+
+func smapsRollup(t *testing.T, pid int, key string) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
 }
 
 // The parent's stderr is a pipe whose reader is gone (`supervise | tee`,

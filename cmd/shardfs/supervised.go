@@ -55,8 +55,12 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 
 // Configure makes the node ask the parent for identify slots, write each
 // identify no sooner than its grant's floor and report each write (the
-// parent spaces a bucket's identifies across children from the writes).
+// parent spaces a bucket's identifies across children from the writes),
+// and keep its dispatch lines only in transit to the parent, whose logs
+// alone hold their history (DESIGN 7.4).
 func (c *childLink) Configure(cfg *node.Config) {
+	cfg.DispatchRetention, cfg.NodeDispatchRetention = supervisor.TransitShardDispatch, supervisor.TransitDispatch
+	cfg.EventRetention, cfg.NodeEventRetention = supervisor.TransitShardEvents, supervisor.TransitEvents
 	cfg.IdentifyPacer = c.Pacer()
 	cfg.OnSession = c.Session
 	cfg.IdentifyNotBefore, cfg.IdentifyWritten = c.IdentifyNotBefore, c.IdentifyWritten
@@ -94,7 +98,7 @@ func (c *childLink) Serving(ctx context.Context, n *node.Node, socket string) {
 		c.log.Error("telling the supervisor this child is ready", "err", err)
 	}
 	c.wg.Go(func() { c.Watch(ctx, n.Scheduler) })
-	c.wg.Go(func() { c.CopyNamed(c.copying, "dispatch", n.Tree.NodeDispatchLog()) })
+	c.wg.Go(func() { c.CopyDispatch(c.copying, n.Tree.NodeDispatchLog()) })
 	c.wg.Go(func() { c.CopyNamed(c.copying, "events", n.Scheduler.Events()) })
 }
 
