@@ -202,18 +202,23 @@ func (l *Link) confirm(c Confirmer) bool {
 			l.unconfirmed(err)
 			return false
 		}
-		if !l.lockCurrent() {
-			return false // replaced or stopped: what it read is not delivered anyway
-		}
 		s := l.s
-		if errors.Is(err, ErrConfirmationsClosed) || !s.fence.Open(s.node.clock) {
+		s.mu.Lock()
+		switch {
+		case s.transport.link != l:
+			// Replaced or stopped while it waited (the ownership layer
+			// may have seen the loss first): not delivered either way.
+			s.dropReadLocked("the connection ended while its read waited for a confirmation", err)
+		case errors.Is(err, ErrConfirmationsClosed) || !s.fence.Open(s.node.clock):
 			s.dropReadLocked("not confirmed before the fence closed", err)
+		default:
 			s.mu.Unlock()
-			return false
+			// Could not tell (etcd unreachable): hold the event and ask
+			// again while the fence is open.
+			continue
 		}
 		s.mu.Unlock()
-		// Could not tell (etcd unreachable): hold the event and ask
-		// again while the fence is open.
+		return false
 	}
 }
 
@@ -224,12 +229,13 @@ func (l *Link) confirm(c Confirmer) bool {
 // started after l's event was read, so after l's grant: the grant it
 // refutes is this one or one already lost.
 func (l *Link) unconfirmed(err error) {
-	if !l.lockCurrent() {
-		return
-	}
 	s := l.s
+	s.mu.Lock()
 	defer s.unlock()
 	s.dropReadLocked("the lease is gone", err)
+	if s.transport.link != l {
+		return // replaced or stopped meanwhile: whoever did it decided
+	}
 	now := s.node.clock.Now()
 	if s.fence != nil {
 		s.fence.set(clock.Mono(s.node.clock), now)

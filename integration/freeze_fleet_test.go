@@ -18,12 +18,15 @@ import (
 // TestFrozenFleetGuestDelivers is TestFrozenGuestDelivers in a fleet
 // (issue 22 item 1): the guest runs serve --etcd against an etcd on the
 // host (through a guestfwd; QEMU user networking with restrict=on) with
-// a 3 s TTL and owns shard 0. QEMU's monitor stops the VM (its clocks
+// a 5 s TTL and owns shard 0. QEMU's monitor stops the VM (its clocks
 // stand still); a host member joins and acquires shard 0 once etcd has
 // expired the guest's lease; the simulator sends 20 events to the guest's
 // session; the VM is continued. With confirmed delivery (the default) the
 // guest must deliver none of them; with --confirm-delivery=false the
-// count is logged (the gap that confirmation closes).
+// count is logged (the gap that confirmation closes). The fenced-read
+// lines are logged, not asserted: the guest's watch of the shard keys
+// may stop the shard before its reader reads the events, which is no
+// delivery either.
 func TestFrozenFleetGuestDelivers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a guest and freezes it twice past its etcd lease")
@@ -105,13 +108,10 @@ func TestFrozenFleetGuestDelivers(t *testing.T) {
 			t.Fatal(err)
 		}
 		fenced := strings.Count(string(ev), "event=fenced-read")
-		t.Logf("%s: frozen %v past a 3 s etcd lease (the host took shard 0); events sent during the freeze, delivered after the thaw: %d of %d; fenced-read lines: %d",
+		t.Logf("%s: frozen %v (etcd lease TTL 5 s; the host took shard 0 meanwhile); events sent during the freeze, delivered after the thaw: %d of %d; fenced-read lines: %d",
 			phase.name, frozen.Round(100*time.Millisecond), delivered, len(during), fenced)
 		if phase.mustHold && delivered != 0 {
 			t.Errorf("%s: the thawed guest delivered %d events sent after etcd expired its lease; want 0", phase.name, delivered)
-		}
-		if phase.mustHold && fenced == 0 {
-			t.Errorf("%s: no fenced-read line in the guest's 0/events:\n%s", phase.name, ev)
 		}
 		if err := host.Close(); err != nil {
 			t.Fatal(err)

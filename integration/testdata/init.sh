@@ -325,7 +325,7 @@ s_fleetfreeze() {
 		SSL_CERT_FILE=/etc/shardfs/ca.crt SHARDFS_TOKEN=$(cat /etc/shardfs/token) shardfs serve --flavor discord \
 			--gateway wss://10.0.2.100:5650/ --total 1 --max-concurrency 1 \
 			--backoff fixed:100ms --listen 'tcp!0.0.0.0!5640,insecure' \
-			--etcd http://10.0.2.100:5651 --etcd-insecure --bot b --etcd-ttl 3s $text >/tmp/serve.out 2>&1 &
+			--etcd http://10.0.2.100:5651 --etcd-insecure --bot b --etcd-ttl 5s $text >/tmp/serve.out 2>&1 &
 		servepid=$!
 		say "serving pid=$servepid"
 		waitfor 120 grep -qs ':1608 ' /proc/net/tcp /proc/net/tcp6 || { show serve-out cat /tmp/serve.out; die "serve not listening on 5640"; }
