@@ -22,8 +22,9 @@ import (
 // stand still); a host member joins and acquires shard 0 once etcd has
 // expired the guest's lease; the simulator sends 20 events to the guest's
 // session; the VM is continued. With confirmed delivery (the default) the
-// guest must deliver none of them; with --confirm-delivery=false the
-// count is logged (the gap that confirmation closes). The fenced-read
+// guest must deliver none of them; with SHARDFS_FREEZE_UNCONFIRMED=1 a
+// second round runs with --confirm-delivery=false and logs its count
+// (the gap that confirmation closes). The fenced-read
 // lines are logged, not asserted: the guest's watch of the shard keys
 // may stop the shard before its reader reads the events, which is no
 // delivery either.
@@ -41,13 +42,17 @@ func TestFrozenFleetGuestDelivers(t *testing.T) {
 	defer cancel()
 	etcdFwd := fmt.Sprintf(",guestfwd=tcp:%s:5651-cmd:%s %s %s", guestAddr, self, relayArg, strings.TrimPrefix(srv.Endpoint, "http://"))
 	r := bootFreezeGuest(t, ctx, etcdFwd, "fleetfreeze")
-	for i, phase := range []struct {
+	type phase struct {
 		name, flags string
 		mustHold    bool
-	}{
-		{"confirmed delivery (the default)", "--node guest1", true},
-		{"--confirm-delivery=false", "--node guest2 --confirm-delivery=false", false},
-	} {
+	}
+	phases := []phase{{"confirmed delivery (the default)", "--node guest1", true}}
+	if os.Getenv("SHARDFS_FREEZE_UNCONFIRMED") == "1" {
+		// The comparison, a few minutes more: not in every run, so that
+		// the package stays within go test's 10 minutes.
+		phases = append(phases, phase{"--confirm-delivery=false", "--node guest2 --confirm-delivery=false", false})
+	}
+	for i, phase := range phases {
 		if _, err := r.g.expect(ctx, "at serve"); err != nil {
 			t.Fatal(err)
 		}
