@@ -11,3 +11,7 @@ func MoveListed(from, to State) bool { return stateMoves[from].Has(to) }
 
 // NumStates is how many lifecycle states there are.
 const NumStates = numStates
+
+// SetOnWait makes every Confirm call f once it has joined its check;
+// set it before the first Confirm.
+func (c *Confirmations) SetOnWait(f func()) { c.onWait = f }

@@ -28,6 +28,10 @@ type Config struct {
 	// Lease grants the right to connect; nil refuses lease commands and
 	// never gates.
 	Lease Lease
+	// Confirm, when set, holds every received event until a confirmation
+	// that started after it was read shows the node's lease alive (see
+	// Link.Confirmed); nil delivers at once (no fleet).
+	Confirm Confirmer
 	// Backoff is the reconnect policy; nil means DefaultBackoff.
 	Backoff BackoffPolicy
 	// Send is the command budget; zero means the flavor's.
@@ -87,6 +91,7 @@ type Scheduler struct {
 	transport Transport
 	pacer     IdentifyPacer
 	lease     Lease
+	confirm   Confirmer
 	backoff   BackoffPolicy
 	send      SendPolicy
 	clock     clock.Clock
@@ -140,6 +145,7 @@ func New(cfg Config) (*Scheduler, error) {
 		transport: cfg.Transport,
 		pacer:     cfg.Pacer,
 		lease:     cfg.Lease,
+		confirm:   cfg.Confirm,
 		backoff:   cfg.Backoff,
 		send:      cfg.Send,
 		clock:     clock.Or(cfg.Clock),

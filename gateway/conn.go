@@ -883,6 +883,12 @@ func (c *conn) dispatch(p *payload) error {
 		name = c.t.names.get(p.name)
 	}
 	seq := p.seq
+	// In a fleet the event waits for a confirmation of the lease that
+	// started after it was read (core.Link.Confirmed): a node thawed
+	// from a VM freeze delivers nothing.
+	if !c.link.Confirmed() {
+		return transient(faultProtocol, errUnconfirmed)
+	}
 	switch name {
 	case "READY":
 		return c.ready(p.d, seq)
@@ -1277,7 +1283,7 @@ func (c *conn) end(ws *websocket.Conn, err error) {
 	if !c.phase().closing() {
 		e := c.classify(err)
 		c.report(e)
-		if e.fault == faultServer || e.fault == faultIO {
+		if e.fault == faultServer || e.fault == faultIO || errors.Is(e, errUnconfirmed) {
 			// The gateway closed (gorilla answered its close frame) or the
 			// socket broke: nothing is left to say.
 			_ = ws.NetConn().Close()

@@ -53,6 +53,8 @@ type envConfig struct {
 	token string // default testToken, for the simulator and the client
 	// clk, when set, is the env's clock (for a pacer made before the env).
 	clk *clock.Fake
+	// confirm, when set, is the core's Confirmer (confirmed delivery).
+	confirm core.Confirmer
 }
 
 func newEnv(t testing.TB, ec envConfig) *env {
@@ -136,6 +138,7 @@ func newEnv(t testing.TB, ec envConfig) *env {
 		Flavor:    ec.flavor,
 		Transport: ct,
 		Pacer:     e.pacer,
+		Confirm:   ec.confirm,
 		Backoff:   core.Fixed(5 * time.Second),
 		Clock:     e.clk,
 		Rand:      func() float64 { return 0.5 },

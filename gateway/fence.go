@@ -13,6 +13,11 @@ import (
 // errFenced is the error of a write refused by the connection's fence.
 var errFenced = errors.New("the shard's lease ran out (fencing deadline passed): connection dropped without writing")
 
+// errUnconfirmed ends a connection whose received event was not
+// confirmed (core.Link.Confirmed): the socket closes without a write,
+// since the lease may be another node's now.
+var errUnconfirmed = errors.New("a received event was not confirmed (the lease may be gone): dropped it and the connection, writing nothing")
+
 // fencedConn checks the connection's fence (core.Attempt.Fence: the boot
 // clock and the wall clock, core.Fence.Open) before every write that reaches the socket: the HTTP
 // upgrade, identify, resume, heartbeats, commands, gorilla's pongs and

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -224,5 +226,69 @@ func TestSinkSessionKey(t *testing.T) {
 	}
 	if len(want) != 12 || strings.Contains(want, ids[0]) {
 		t.Fatalf("SessionKey = %q; want 12 hex digits that do not contain the id", want)
+	}
+}
+
+// switchConfirmer is a Confirmer the test turns from "the lease is alive"
+// to "the lease is gone", as etcd would answer a node thawed after its
+// lease expired there.
+type switchConfirmer struct {
+	gone  atomic.Bool
+	calls atomic.Int64
+}
+
+func (c *switchConfirmer) Confirm(context.Context) error {
+	c.calls.Add(1)
+	if c.gone.Load() {
+		return fmt.Errorf("%w: members/n1 is not on this node's lease", core.ErrUnconfirmed)
+	}
+	return nil
+}
+
+// A node thawed from a VM freeze: its clocks stood still, so its fence is
+// open, but etcd says its lease is gone. The events the gateway sends
+// after the thaw never reach the sink: the first is dropped unconfirmed
+// (events line fenced-read), the shard stops (lease lost) and its socket
+// closes without a frame written, so the session stays resumable for the
+// node that took over.
+func TestUnconfirmedReadsNeverReachTheSink(t *testing.T) {
+	conf := &switchConfirmer{}
+	e := newEnv(t, envConfig{confirm: conf})
+	e.node.SetLease(core.LeaseGrant{Shard: 0, Owner: true, Generation: 7, Deadline: e.clk.Now().Add(time.Hour)})
+	e.start()
+	e.publish(0, 3)
+	e.synced(0)
+	before := e.sink.get(0)
+	if conf.calls.Load() == 0 {
+		t.Fatal("no confirmation asked before delivery")
+	}
+	stats := e.sim.Stats(0)
+
+	conf.gone.Store(true)
+	m := e.mark(0)
+	e.publish(0, 5)
+	e.waitEvent(0, m, "stopped")
+	e.simWait("the socket to close", func() bool { return e.sim.Stats(0).LiveSessions == 0 })
+	if after := e.sink.get(0); len(after) != len(before) {
+		t.Fatalf("sink after the lease was gone: %d events, %d before; want no new one: %v", len(after), len(before), after[len(before):])
+	}
+	d := e.diag(0)
+	if d.State != core.Stopped || d.StopReason != core.StoppedByLeaseLost {
+		t.Fatalf("shard 0: %v (%v); want STOPPED, lease lost", d.State, d.StopReason)
+	}
+	if ev := logText(e.events(0), m); !strings.Contains(ev, "event=fenced-read") || !strings.Contains(ev, "dropped=1") {
+		t.Fatalf("events after the thaw lack fenced-read dropped=1:\n%s", ev)
+	}
+	after := e.sim.Stats(0)
+	if after.Heartbeats != stats.Heartbeats || after.Identifies != stats.Identifies || after.Resumes != stats.Resumes {
+		t.Fatalf("frames after the unconfirmed read: heartbeats %d -> %d, identifies %d -> %d, resumes %d -> %d",
+			stats.Heartbeats, after.Heartbeats, stats.Identifies, after.Identifies, stats.Resumes, after.Resumes)
+	}
+	resumable := false
+	for _, s := range e.sim.Sessions(0) {
+		resumable = resumable || !s.Live
+	}
+	if !resumable {
+		t.Fatalf("the session did not stay resumable: %+v", e.sim.Sessions(0))
 	}
 }

@@ -81,6 +81,12 @@ type Etcd struct {
 	// FluxerIdentifyBudget is this node's share of Fluxer's identifies per
 	// window (--fluxer-identify-budget); zero means Fluxer's whole budget.
 	FluxerIdentifyBudget int
+	// Unconfirmed turns confirmed delivery off (--confirm-delivery=false):
+	// received events are delivered without waiting for etcd to confirm
+	// the node's lease (core.Confirmer), saving a round trip per event,
+	// at the price that a node frozen by its hypervisor past its TTL
+	// delivers what it reads after the thaw (doc/fleet.md).
+	Unconfirmed bool
 }
 
 // fluxerPacing is the Fluxer identify budget of a node of cfg: the
@@ -102,6 +108,10 @@ type Fleet struct {
 	Ownership *leaseetcd.Ownership
 	Identify  *identify.Pacer // nil for Fluxer
 	Store     *sessetcd.Store
+	// Confirm holds each received event until etcd confirms the node's
+	// lease (Ownership.Confirm, one read shared by every shard); nil with
+	// Etcd.Unconfirmed.
+	Confirm *core.Confirmations
 
 	client    *clientv3.Client
 	ownClient bool
@@ -171,6 +181,9 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 		return err
 	}
 	f.Ownership = o
+	if !e.Unconfirmed {
+		f.Confirm = core.NewConfirmations(o.Confirm, cfg.Clock, 0)
+	}
 	f.Store, err = sessetcd.New(sessetcd.Config{KV: f.client, Guard: o, Generation: o.Generation})
 	if err != nil {
 		f.close()
@@ -393,6 +406,9 @@ func (f *Fleet) shutdown() {
 }
 
 func (f *Fleet) close() {
+	if f.Confirm != nil {
+		f.Confirm.Close()
+	}
 	if f.Identify != nil {
 		f.Identify.Close()
 	}

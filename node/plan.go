@@ -116,6 +116,10 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	if prev != nil {
 		fleet = nil
 	}
+	var confirm core.Confirmer
+	if fleet != nil && fleet.Confirm != nil {
+		confirm = fleet.Confirm
+	}
 	if fleet != nil {
 		lease = fleet
 		if fleet.Identify != nil {
@@ -148,7 +152,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		}
 	}
 	c, err := core.New(core.Config{
-		Plan: plan, Flavor: cfg.Flavor, Transport: tr, Pacer: pacer, Lease: lease,
+		Plan: plan, Flavor: cfg.Flavor, Transport: tr, Pacer: pacer, Lease: lease, Confirm: confirm,
 		Backoff: cfg.Backoff, Clock: cfg.Clock, Logger: s.log.With("component", "core", "total", plan.Total),
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),

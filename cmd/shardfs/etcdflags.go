@@ -159,6 +159,7 @@ type etcdFlags struct {
 	bot, node    *string
 	ttl          *time.Duration
 	fluxerBudget *int
+	confirm      *bool
 }
 
 func (e *etcdFlags) register(fl *flag.FlagSet) {
@@ -166,6 +167,7 @@ func (e *etcdFlags) register(fl *flag.FlagSet) {
 	e.bot = fl.String("bot", "", "with --etcd: the bot's name, the folder of its keys in etcd")
 	e.node = fl.String("node", "", "with --etcd: this node's name (default: the host name)")
 	e.ttl = fl.Duration("etcd-ttl", 0, "with --etcd: the node's lease; its shards stop by TTL - 1s after the last renewal etcd answered (default 10s)")
+	e.confirm = fl.Bool("confirm-delivery", true, "with --etcd: deliver a received event only once etcd has confirmed, in a read begun after it arrived, that this node still holds its lease (one read shared by all shards, about one etcd round trip of latency); false delivers at once, and a node frozen by its hypervisor past its TTL then delivers what it reads after the thaw")
 	e.fluxerBudget = fl.Int("fluxer-identify-budget", 0, "with --etcd and --flavor fluxer: this node's share of Fluxer's identify budget per minute, which is per source address; give each of N nodes sharing one address 300/N (default: all 300)")
 }
 
@@ -196,6 +198,9 @@ func (e *etcdFlags) config(sessions bool) (*node.Etcd, error) {
 		if *e.fluxerBudget != 0 {
 			return nil, errors.New("--fluxer-identify-budget needs --etcd (a lone node paces Fluxer's whole budget)")
 		}
+		if !*e.confirm {
+			return nil, errors.New("--confirm-delivery needs --etcd (a lone node confirms with nobody)")
+		}
 		return nil, nil
 	}
 	if *e.bot == "" {
@@ -218,7 +223,7 @@ func (e *etcdFlags) config(sessions bool) (*node.Etcd, error) {
 	if *e.fluxerBudget < 0 {
 		return nil, fmt.Errorf("--fluxer-identify-budget %d: want a count of identifies per minute, 1 or more", *e.fluxerBudget)
 	}
-	cfg := &node.Etcd{Bot: *e.bot, Node: name, TTL: *e.ttl, FluxerIdentifyBudget: *e.fluxerBudget}
+	cfg := &node.Etcd{Bot: *e.bot, Node: name, TTL: *e.ttl, FluxerIdentifyBudget: *e.fluxerBudget, Unconfirmed: !*e.confirm}
 	if err := e.conn.config(cfg); err != nil {
 		return nil, err
 	}

@@ -43,6 +43,7 @@ func TestEtcdFlagsRefused(t *testing.T) {
 		{[]string{"--etcd-ca", f("ca.crt")}, false, "--etcd-ca needs --etcd"},
 		{[]string{"--etcd-ttl", "5s"}, false, "--etcd-ttl needs --etcd"},
 		{[]string{"--fluxer-identify-budget", "100"}, false, "--fluxer-identify-budget needs --etcd"},
+		{[]string{"--confirm-delivery=false"}, false, "--confirm-delivery needs --etcd"},
 		{[]string{"--etcd", "127.0.0.1:2379"}, false, "--etcd needs --bot"},
 		{base, true, "--sessions and --etcd are exclusive"},
 		{append(slices.Clone(base), "--etcd-ttl", "1s"), false, "want at least 2s"},
@@ -77,7 +78,7 @@ func TestEtcdFlagsConfig(t *testing.T) {
 	if want := []string{"https://10.0.0.1:2379", "https://10.0.0.2:2379"}; !slices.Equal(cfg.Endpoints, want) {
 		t.Errorf("endpoints %q, want %q", cfg.Endpoints, want)
 	}
-	if cfg.Bot != "b" || cfg.Node != "n1" || cfg.TTL != 4*time.Second || cfg.FluxerIdentifyBudget != 100 {
+	if cfg.Bot != "b" || cfg.Node != "n1" || cfg.TTL != 4*time.Second || cfg.FluxerIdentifyBudget != 100 || cfg.Unconfirmed {
 		t.Errorf("config %+v", cfg)
 	}
 	if cfg.TLS == nil || cfg.TLS.RootCAs == nil || len(cfg.TLS.Certificates) != 1 {
@@ -94,6 +95,10 @@ func TestEtcdFlagsConfig(t *testing.T) {
 	cfg, err = parseEtcd(t, "--etcd", "https://10.0.0.1:2379", "--bot", "b", "--node", "n1", "--etcd-ca", filepath.Join(pki, "ca.crt")).config(false)
 	if err != nil || cfg.TLS == nil || cfg.TLS.RootCAs == nil || len(cfg.TLS.Certificates) != 0 {
 		t.Fatalf("CA only: %+v, %v", cfg, err)
+	}
+	// Confirmed delivery is on unless turned off.
+	if cfg, err := parseEtcd(t, "--etcd", "127.0.0.1:2379", "--bot", "b", "--node", "n1", "--confirm-delivery=false").config(false); err != nil || !cfg.Unconfirmed {
+		t.Fatalf("--confirm-delivery=false: %+v, %v; want Unconfirmed", cfg, err)
 	}
 	// No --node: the host name.
 	host, _ := os.Hostname()

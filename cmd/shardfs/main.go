@@ -74,7 +74,8 @@ const usage = `usage: shardfs COMMAND [flags]   (shardfs COMMAND -h describes ea
                  [--relay ADDR]... [--relay-resume-window 60s] [--relay-cache KIND,...|none]
                  [--etcd URL,... --bot NAME [--node NAME] [--etcd-ttl D]
                   [--etcd-ca F --etcd-cert F --etcd-key F] [--etcd-insecure]
-                  [--etcd-user NAME [--etcd-password-file F]] [--fluxer-identify-budget N]]
+                  [--etcd-user NAME [--etcd-password-file F]] [--fluxer-identify-budget N]
+                  [--confirm-delivery=false]]
                  (the etcd password from --etcd-password-file or SHARDFS_ETCD_PASSWORD)
                  (token from SHARDFS_TOKEN or --token-file FILE; listens read-write
                  on its unix socket and read-only on tcp!127.0.0.1!5640 by default)

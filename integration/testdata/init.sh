@@ -311,6 +311,31 @@ s_freeze() {
 	show serve-out tail -n 40 /tmp/serve.out
 }
 
+# s_fleetfreeze runs serve in a fleet (etcd on the host, through a
+# guestfwd at 10.0.2.100:5651) once per "go FLAGS" at "at serve" (serve's
+# extra flags: the node's name, --confirm-delivery=false), until "go stop";
+# each serve is killed at the end of its round.
+s_fleetfreeze() {
+	waitfor 10 test -e /sys/class/net/eth0 || die "no eth0"
+	ip link set lo up
+	ip addr add 10.0.2.15/24 dev eth0 || die "ip addr"
+	ip link set eth0 up || die "ip link"
+	while pass serve && [ "$text" != stop ]; do
+		# shellcheck disable=SC2086 # $text is serve's extra flags, split on purpose
+		SSL_CERT_FILE=/etc/shardfs/ca.crt SHARDFS_TOKEN=$(cat /etc/shardfs/token) shardfs serve --flavor discord \
+			--gateway wss://10.0.2.100:5650/ --total 1 --max-concurrency 1 \
+			--backoff fixed:100ms --listen 'tcp!0.0.0.0!5640,insecure' \
+			--etcd http://10.0.2.100:5651 --etcd-insecure --bot b --etcd-ttl 5s $text >/tmp/serve.out 2>&1 &
+		servepid=$!
+		say "serving pid=$servepid"
+		waitfor 120 grep -qs ':1608 ' /proc/net/tcp /proc/net/tcp6 || { show serve-out cat /tmp/serve.out; die "serve not listening on 5640"; }
+		pass frozen
+		show serve-out tail -n 40 /tmp/serve.out
+		kill -9 "$servepid"
+		wait "$servepid"
+	done
+}
+
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

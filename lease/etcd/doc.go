@@ -37,6 +37,15 @@
 // The caller gates its shards on Deadline (the core's lease grant) as well
 // as on Done, so that traffic stops by the deadline, not shortly after.
 //
+// Confirmed delivery. No local clock sees a VM frozen by its hypervisor,
+// so the deadline alone lets a thawed node deliver what it reads before
+// it notices. Member.Confirm (Ownership.Confirm for the current one) is
+// one linearizable Get showing whether the node's keys still hold its
+// lease; the core (core.Confirmations) shares one such read among every
+// event read before it began, at most one in flight, so a node adds one
+// read per etcd round trip at most, whatever its event rate. A read that
+// finds the keys gone ends the membership as a refused renewal does.
+//
 // A second process with the same node name cannot join while the first
 // one's member key lives (ErrMemberExists): a restarted node waits up to
 // the TTL rather than take over keys a paused predecessor may still act on.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -83,6 +84,7 @@ type Member struct {
 	afterRenew func(error)        // test hook, called by the loop after each attempt
 	mayRenew   func() bool
 	renewed    chan struct{} // signalled after each successful renewal
+	left       atomic.Bool   // Leave deleted members/<node> (Confirm)
 
 	mu       sync.Mutex
 	deadline time.Duration // monotonic, see clock.Mono
@@ -422,6 +424,9 @@ func (m *Member) Renewed() <-chan struct{} { return m.renewed }
 // deleted.
 func (m *Member) Leave(ctx context.Context) error {
 	key := m.prefix + "members/" + m.node
+	// Before the delete: a Confirm that reads members/<node> after it
+	// would take the lease for lost.
+	m.left.Store(true)
 	_, err := m.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(key), "=", m.id)).
 		Then(clientv3.OpDelete(key)).Commit()
