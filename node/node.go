@@ -379,7 +379,7 @@ func (s *Node) newRelay(p *planRun) (*relay.Server, error) {
 		}
 	}
 	cfg := relay.Config{
-		Token: s.cfg.Token, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
+		Token: s.cfg.Token, Flavor: s.cfg.Flavor, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
 		Journal: p.tree.DispatchLog, Send: p.core.Send,
 		ResumeWindow: s.cfg.RelayResumeWindow, Cache: s.cfg.RelayCache, API: api,
 		Events: s.events, Clock: s.cfg.Clock, Logger: s.log.With("component", "relay"),

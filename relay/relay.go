@@ -23,6 +23,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -31,7 +32,10 @@ type Config struct {
 	// Token is the bot's token: a client's identify and resume must carry
 	// it. It is compared in constant time and never logged.
 	Token string
-	// Intents are the node's own: a client gets at most these.
+	// Flavor is the node's gateway flavor, the one the relay speaks to its
+	// clients (DESIGN.md section 3): Discord v10 or Fluxer v1.
+	Flavor core.Flavor
+	// Intents are the node's own: a client gets at most these (Discord).
 	Intents uint64
 	// Total is the plan's total; Shards the shards whose journals the relay
 	// serves (a client's identify for another closes 4010).
@@ -224,7 +228,9 @@ func (s *Server) Close() error {
 	return nil
 }
 
-var gatewayBotPath = regexp.MustCompile(`^/api(/v[0-9]+)?/gateway(/bot)?/?$`)
+// gatewayBotPath is discovery under a Discord API base (/api, /api/v10)
+// or a Fluxer one (/v1, as in https://api.fluxer.app/v1).
+var gatewayBotPath = regexp.MustCompile(`^(/api(/v[0-9]+)?|/v[0-9]+)/gateway(/bot)?/?$`)
 
 // ServeHTTP serves the WebSocket gateway, discovery and the REST
 // pass-through.
@@ -253,8 +259,14 @@ func (s *Server) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 	}
 	body := map[string]any{"url": s.publicURL(r)}
 	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/bot") {
+		// The plan's total on Fluxer too, whose own gateway always says 1:
+		// a client must identify with the node's total to be served.
 		body["shards"] = s.cfg.Total
 		body["session_start_limit"] = map[string]int{"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 16}
+		if s.fluxer() {
+			// Fluxer's documented constants.
+			body["session_start_limit"] = map[string]int{"total": 1000, "remaining": 999, "reset_after": 14400000, "max_concurrency": 1}
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(body)
@@ -275,6 +287,9 @@ func (s *Server) tokenOK(tok string) bool {
 	tok = strings.TrimPrefix(tok, "Bot ")
 	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1
 }
+
+// fluxer reports whether the relay speaks Fluxer v1.
+func (s *Server) fluxer() bool { return s.cfg.Flavor == core.Fluxer }
 
 // owns reports whether the relay serves shard.
 func (s *Server) owns(shard int) bool { return s.shards[shard] != nil }

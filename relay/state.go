@@ -184,6 +184,7 @@ func (s *Server) load(r io.Reader) error {
 		sess := &session{id: sv.ID, client: sv.Client, shard: sv.Shard, intents: sv.Intents, userID: sv.UserID,
 			identifiedAt: sv.IdentifiedAt, detachedAt: sv.DetachedAt, log: c, remote: "-",
 			seq: sv.Seq, base: sv.Base, events: sv.Events, resumes: sv.Resumes}
+		sess.noContent = !s.fluxer() && sess.intents&intentMessageContent == 0
 		for _, off := range sv.Offs {
 			if off < at {
 				sess.base++
