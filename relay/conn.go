@@ -39,8 +39,9 @@ type session struct {
 	intents      uint64
 	identifiedAt time.Time
 	log          sessionLog
-	userID       string // the bot's, whose voice states are routed
-	noContent    bool   // lacks MESSAGE_CONTENT: message content is emptied
+	plan         *servedPlan // the plan it identified on
+	userID       string      // the bot's, whose voice states are routed
+	noContent    bool        // lacks MESSAGE_CONTENT: message content is emptied
 
 	// Guarded by Server.mu.
 	conn       *conn
@@ -317,10 +318,13 @@ func (c *conn) identify(d []byte) bool {
 		}
 		shard, total = id.Shard[0], id.Shard[1]
 	}
+	plan := s.current()
 	switch {
-	case total != s.cfg.Total && id.Shard == nil:
+	case total < plan.total:
+		// Fewer shards than the plan: what the gateway says to a bot
+		// that has outgrown them (and, after a move, to the old plan's).
 		return c.closeWith(4011, "Sharding required.", false)
-	case total != s.cfg.Total || shard < 0 || shard >= total || !s.owns(shard):
+	case total != plan.total || shard < 0 || shard >= total || plan.shards[shard] == nil:
 		s.event("relay-refused", nil, "remote", c.remote, "reason", "shard "+strconv.Itoa(shard)+" of "+strconv.Itoa(total)+" is not served here")
 		return c.closeWith(4010, "Invalid shard.", false)
 	case s.fluxer():
@@ -330,18 +334,22 @@ func (c *conn) identify(d []byte) bool {
 	case id.Intents == nil || *id.Intents&^validIntents != 0:
 		return c.closeWith(4013, "Invalid intent(s).", false)
 	}
-	cache := s.shards[shard]
+	cache := plan.shards[shard]
 	snap := c.waitReady(cache)
 	if snap == nil {
 		return c.closeWith(4000, "the shard has no session yet", false)
 	}
 	sess := &session{id: newSessionID(), shard: shard, intents: *id.Intents & s.cfg.Intents, userID: snap.userID,
-		identifiedAt: s.clock.Now(), log: cache, remote: c.remote}
+		identifiedAt: s.clock.Now(), log: cache, plan: plan, remote: c.remote}
 	if s.cfg.Intents == 0 || s.fluxer() {
 		sess.intents = *id.Intents // a node without intents filters nothing
 	}
 	sess.noContent = !s.fluxer() && sess.intents&intentMessageContent == 0
 	s.mu.Lock()
+	if s.current() != plan {
+		s.mu.Unlock()
+		return c.closeWith(4011, "Sharding required.", false) // a move came first
+	}
 	s.sweepLocked()
 	s.nextID++
 	sess.client = s.nextID
@@ -385,7 +393,7 @@ func (c *conn) identify(d []byte) bool {
 	if id.Presence != nil && string(*id.Presence) != "null" {
 		// What the bot asked for at identify, as the real gateway would set it.
 		p := append(append([]byte(`{"op":3,"d":`), *id.Presence...), '}')
-		if err := s.cfg.Send(shard, p); err != nil {
+		if err := plan.send(shard, p); err != nil {
 			s.log.Debug("identify presence refused", "shard", shard, "err", err)
 		}
 	}
@@ -523,7 +531,10 @@ func (c *conn) command(op int, msg, d []byte) bool {
 		f["nonce"] = mustMarshal(nonce)
 		payload = mustMarshal(map[string]any{"op": 8, "d": f})
 	}
-	if err := s.cfg.Send(sess.shard, payload); err != nil {
+	if sess.plan != s.current() {
+		return c.closeWith(4011, "Sharding required.", false) // the plan it knew is gone
+	}
+	if err := sess.plan.send(sess.shard, payload); err != nil {
 		s.event("relay-send-refused", sess, "op", strconv.Itoa(op), "reason", err.Error())
 		return c.closeWith(4008, "Rate limited.", false)
 	}
