@@ -15,16 +15,18 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/wire"
 )
 
 // The gateway's figures that a client sees from the relay.
 const (
 	heartbeatInterval = 41250 * time.Millisecond
-	fluxerHeartbeat   = 45 * time.Second // Fluxer closes 4009 after this without one
-	maxPayload        = 4096             // a client message, as both gateways take
-	sendLimit         = 120              // client messages per sendWindow, as Discord's
-	fluxerSendLimit   = 500              // Fluxer's (DESIGN.md section 3's default)
+	fluxerHeartbeat   = 45 * time.Second           // Fluxer closes 4009 after this without one
+	fluxerAsk         = heartbeatInterval * 9 / 10 // and asks for one with op 1 after this
+	maxPayload        = 4096                       // a client message, as both gateways take
+	sendLimit         = 120                        // client messages per sendWindow, as Discord's
+	fluxerSendLimit   = 500                        // Fluxer's (DESIGN.md section 3's default)
 	sendWindow        = time.Minute
 	writeTimeout      = 10 * time.Second
 	readyWait         = 2 * time.Minute
@@ -104,6 +106,8 @@ type conn struct {
 	zbuf bytes.Buffer
 	zin  *zstdReader // client messages are one zstd stream (Fluxer's stream=1)
 
+	ask clock.Timer // Fluxer: asks for a heartbeat at 90% of the interval
+
 	sess *session // set by the reader once identified or resumed
 
 	pmu     sync.Mutex
@@ -172,6 +176,11 @@ func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
 	case q.Get("encoding") != "" && q.Get("encoding") != "json":
 		c.closeWith(4002, "Error while decoding payload.", false)
 		return
+	}
+	if s.fluxer() {
+		// As Fluxer does, before its 4009 at 45 s; counted from Hello.
+		c.ask = s.clock.AfterFunc(fluxerAsk, func() { c.write([]byte(`{"op":1,"d":null}`)) })
+		defer c.ask.Stop()
 	}
 	c.write([]byte(`{"op":10,"s":null,"t":null,"d":{"heartbeat_interval":` + strconv.FormatInt(heartbeatInterval.Milliseconds(), 10) + `}}`))
 	c.read()
@@ -260,6 +269,9 @@ func (c *conn) handle(msg []byte) bool {
 	case 1:
 		// Answered here: the shard's own heartbeats are the node's, and a
 		// client's sequence (its own numbering) means nothing upstream.
+		if c.ask != nil {
+			c.ask.Reset(fluxerAsk)
+		}
 		if c.s.fluxer() && c.sess != nil {
 			// Fluxer's heartbeat names the last sequence processed; one
 			// never sent closes 4007, as there.

@@ -50,9 +50,9 @@
 // here; a heartbeat whose sequence was never sent closes 4007; the send
 // budget is 500 messages a minute; compress=zstd-stream compresses what
 // the relay sends and with stream=1 what the client sends too (any zstd
-// the client writes, one payload or several a message). The relay does
-// not ask for heartbeats with op 1 as Fluxer does at 90% of the interval;
-// it closes 4009 after Fluxer's 45 s. Ops 14, 15 and 16 pass to the
+// the client writes, one payload or several a message). Like Fluxer, the
+// relay asks for a heartbeat with op 1 at 90% of the interval after the
+// last one (or Hello), and closes 4009 after 45 s without a message. Ops 14, 15 and 16 pass to the
 // shard's send path like op 3 and their replies reach every client of the
 // shard. Discovery answers under /v1 as well as /api/v10, with the plan's
 // total (Fluxer's own says 1: a client must identify with the node's) and

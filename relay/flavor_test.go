@@ -246,3 +246,23 @@ func TestFluxerFlavor(t *testing.T) {
 		t.Errorf("discovery = %+v; want the relay's URL, the plan's 2 shards, Fluxer's max_concurrency 1", d)
 	}
 }
+
+// On Fluxer the relay asks for a heartbeat with op 1 at 90% of the
+// interval, as Fluxer does, and a heartbeat puts the next ask off.
+func TestFluxerAsksForHeartbeat(t *testing.T) {
+	r := newRig(t, 1, []int{0}, func(c *Config) { c.Flavor = core.Fluxer; c.Intents = 0 })
+	c := r.dialFluxer("v=1", false)
+	if f := c.next(); f.Op != 10 {
+		t.Fatalf("first frame op %d; want Hello", f.Op)
+	}
+	for range 2 {
+		r.clk.Advance(fluxerAsk)
+		if f := c.next(); f.Op != 1 {
+			t.Fatalf("after %v: op %d; want a heartbeat request (op 1)", fluxerAsk, f.Op)
+		}
+		c.send(`{"op":1,"d":null}`)
+		if f := c.next(); f.Op != 11 {
+			t.Fatalf("heartbeat answered with op %d; want 11", f.Op)
+		}
+	}
+}
