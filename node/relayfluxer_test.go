@@ -18,8 +18,9 @@ import (
 // second node whose gateway client (package gateway, Fluxer flavor, with
 // compress=zstd-stream&stream=1) takes the relay for Fluxer's gateway: it
 // gets READY and the shard's GUILD_CREATEs, the messages the simulator
-// publishes in order, and its presence update reaches the simulator on the
-// shard's session.
+// publishes in order; after its connection is reset it resumes at the
+// relay with each message once; and its presence update reaches the
+// simulator on the shard's session.
 func TestRelayFluxerFlavor(t *testing.T) {
 	presence := make(chan int, 4)
 	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Fluxer, Shards: 1, Guilds: 3,
@@ -87,6 +88,28 @@ func TestRelayFluxerFlavor(t *testing.T) {
 	}
 	if creates != len(guilds) || msgs != 20 {
 		t.Errorf("the bot got %d GUILD_CREATEs and %d messages; want %d and 20", creates, msgs, len(guilds))
+	}
+	// The bot's connection ends (reset: close 4000) and it resumes at the
+	// relay, where it connected (Fluxer has no resume URL); what was
+	// published meanwhile comes once.
+	if err := bot.Scheduler.ExecShard(1, "reset"); err != nil {
+		t.Fatal(err)
+	}
+	for n := 20; n < 25; n++ {
+		if _, err := sim.Publish(1, gatewaysim.Event{Name: "MESSAGE_CREATE",
+			Data: []byte(fmt.Sprintf(`{"id":"%d","channel_id":"1","guild_id":"%s","content":"m%d","author":{"id":"5"}}`, 100+n, guilds[0], n))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLines(t, bot.Scheduler.Events(), func(b string) bool { return strings.Contains(b, "event=resumed") })
+	got = waitLines(t, log, func(b string) bool { return strings.Contains(b, `"m24"`) })
+	for n := range 25 {
+		if c := strings.Count(got, fmt.Sprintf(`"m%d"`, n)); c != 1 {
+			t.Errorf("m%d is in the bot's dispatch %d times; want once", n, c)
+		}
+	}
+	if cs := up.Relay.Clients(); len(cs) != 1 || cs[0].Resumes != 1 {
+		t.Errorf("relay clients %+v; want the bot's one session, resumed once", cs)
 	}
 	if err := bot.Scheduler.Send(1, []byte(`{"op":3,"d":{"status":"online","since":null,"activities":[],"afk":false}}`)); err != nil {
 		t.Fatal(err)
