@@ -168,6 +168,9 @@ type servedPlan struct {
 	shards map[int]*shardCache
 	send   func(shard int, payload []byte) error
 	stop   chan struct{} // closed when the relay stops following it
+	// followers are its journal followers (also in Server.wg), waited
+	// for before its cache's bytes are given back.
+	followers sync.WaitGroup
 }
 
 func (s *Server) newPlan(total int, ids []int, journal func(int) *journal.Log, send func(int, []byte) error) (*servedPlan, error) {
@@ -185,7 +188,11 @@ func (s *Server) newPlan(total int, ids []int, journal func(int) *journal.Log, s
 // follow starts p's journal followers.
 func (s *Server) follow(p *servedPlan) {
 	for _, c := range p.shards {
-		s.wg.Go(func() { c.follow(p.stop) })
+		p.followers.Add(1)
+		s.wg.Go(func() {
+			defer p.followers.Done()
+			c.follow(p.stop)
+		})
 	}
 }
 
@@ -231,6 +238,7 @@ func (s *Server) Replan(total int, ids []int, journal func(int) *journal.Log, se
 		for _, c := range conns {
 			c.closeWith(4011, "Sharding required.", false)
 		}
+		old.followers.Wait()
 		for _, c := range old.shards {
 			c.release()
 		}
