@@ -108,7 +108,8 @@ type Config struct {
 	// Etcd); Sessions is then etcd's and must be nil.
 	Etcd *Etcd
 	// Relay, when true, runs the gateway relay (DESIGN section 9, package
-	// relay) on the first plan's shards: Node.Relay serves it on the
+	// relay) on the plan's shards, and after a move on the new plan's
+	// (the old plan's clients are closed 4011): Node.Relay serves it on the
 	// listeners Run opens for serve --relay, and the tree has /relay,
 	// /clients and the node command kick.
 	Relay bool
@@ -360,8 +361,8 @@ func (s *Node) audit(r fsrv.AuditRecord) {
 }
 
 // newRelay makes the gateway relay of the plan p: it reads p's dispatch
-// journals and sends through p's core. A later move to a larger plan does
-// not move the relay (its clients keep the first plan's shards).
+// journals and sends through p's core. A move to a larger plan moves the
+// relay at the switch (replanRelay).
 func (s *Node) newRelay(p *planRun) (*relay.Server, error) {
 	api := ""
 	if s.cfg.Flavor == core.Discord {
@@ -383,7 +384,7 @@ func (s *Node) newRelay(p *planRun) (*relay.Server, error) {
 		}
 	}
 	cfg := relay.Config{
-		Token: s.cfg.Token, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
+		Token: s.cfg.Token, Flavor: s.cfg.Flavor, Intents: s.cfg.Intents, Total: p.Plan().Total, Shards: p.Plan().Local,
 		Journal: p.tree.DispatchLog, Send: p.core.Send,
 		ResumeWindow: s.cfg.RelayResumeWindow, Cache: s.cfg.RelayCache, API: api,
 		Events: s.events, Clock: s.cfg.Clock, Logger: s.log.With("component", "relay"),

@@ -53,6 +53,7 @@ func (s *Node) newMover() *reshard.Mover {
 			s.planMu.Lock()
 			s.cur = p.(*planRun)
 			s.planMu.Unlock()
+			s.replanRelay(p.(*planRun))
 		},
 		Recommend:      s.recommend,
 		Budget:         s.Pacer.Budget,
@@ -186,10 +187,15 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		}
 		tc.CommandUsage = reshard.Usage + usage
 	}
-	if cfg.Relay && prev == nil {
+	if cfg.Relay {
 		s.relayTree(&tc)
 	}
 	tree = shardfs.New(tc)
+	if cfg.Relay && prev != nil {
+		// The new plan's tree has a registry of its own (/metrics shows
+		// the current plan's).
+		tree.Registry().MustRegister(s.Relay.Collector())
+	}
 	if fleet != nil {
 		fleet.register(tree.Registry())
 	}
@@ -197,8 +203,21 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	return p, nil
 }
 
-// relayTree adds /relay, /clients and kick to a tree's configuration;
-// they read Node.Relay, made after the plan.
+// replanRelay makes the relay serve p, the plan the node has switched
+// to: its clients identify with p's total from now on (package relay,
+// Server.Replan).
+func (s *Node) replanRelay(p *planRun) {
+	if s.Relay == nil {
+		return
+	}
+	if err := s.Relay.Replan(p.Plan().Total, p.Plan().Local, p.tree.DispatchLog, p.core.Send); err != nil {
+		s.log.Warn("relay: the new plan is not served", "err", err)
+	}
+}
+
+// relayTree adds /relay, /clients and kick to a tree's configuration
+// (every plan's: the tree shows the current one); they read Node.Relay,
+// made after the first plan.
 func (s *Node) relayTree(tc *shardfs.Config) {
 	tc.Files = append(tc.Files,
 		&fsrv.Text{Name: "relay", Content: func() []byte { return s.Relay.Status() }},

@@ -366,6 +366,15 @@ func (c *shardCache) clearGuild(g *guild) {
 	}
 }
 
+// release gives back the bytes of a cache no longer followed (Replan).
+func (c *shardCache) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id := range c.guilds {
+		c.removeGuild(id)
+	}
+}
+
 func (c *shardCache) removeGuild(id string) {
 	if g := c.guilds[id]; g != nil {
 		c.clearGuild(g)

@@ -13,15 +13,20 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
+	"github.com/klauspost/compress/zstd"
 
+	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/wire"
 )
 
 // The gateway's figures that a client sees from the relay.
 const (
 	heartbeatInterval = 41250 * time.Millisecond
-	maxPayload        = 4096 // a client message, as Discord's gateway takes
-	sendLimit         = 120  // client messages per sendWindow, as Discord's
+	fluxerHeartbeat   = 45 * time.Second           // Fluxer closes 4009 after this without one
+	fluxerAsk         = heartbeatInterval * 9 / 10 // and asks for one with op 1 after this
+	maxPayload        = 4096                       // a client message, as both gateways take
+	sendLimit         = 120                        // client messages per sendWindow, as Discord's
+	fluxerSendLimit   = 500                        // Fluxer's (DESIGN.md section 3's default)
 	sendWindow        = time.Minute
 	writeTimeout      = 10 * time.Second
 	readyWait         = 2 * time.Minute
@@ -36,7 +41,9 @@ type session struct {
 	intents      uint64
 	identifiedAt time.Time
 	log          sessionLog
-	userID       string // the bot's, whose voice states are routed
+	plan         *servedPlan // the plan it identified on
+	userID       string      // the bot's, whose voice states are routed
+	noContent    bool        // lacks MESSAGE_CONTENT: message content is emptied
 
 	// Guarded by Server.mu.
 	conn       *conn
@@ -93,9 +100,13 @@ type conn struct {
 	closed chan struct{}
 	once   sync.Once
 
-	wmu  sync.Mutex // one writer at a time; guards the zlib stream
+	wmu  sync.Mutex // one writer at a time; guards the compressed stream
 	zw   *zlib.Writer
+	zs   *zstd.Encoder
 	zbuf bytes.Buffer
+	zin  *zstdReader // client messages are one zstd stream (Fluxer's stream=1)
+
+	ask clock.Timer // Fluxer: asks for a heartbeat at 90% of the interval
 
 	sess *session // set by the reader once identified or resumed
 
@@ -131,7 +142,15 @@ func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
 	}
 	c := &conn{s: s, ws: ws, remote: r.RemoteAddr, url: s.publicURL(r), closed: make(chan struct{})}
 	q := r.URL.Query()
-	if q.Get("compress") == "zlib-stream" {
+	switch compress := q.Get("compress"); {
+	case compress == "zstd-stream":
+		c.zs = newZstdStream(&c.zbuf)
+		if s.fluxer() && q.Get("stream") == "1" {
+			c.zin = new(zstdReader)
+		}
+	case compress == "zlib-stream" && !s.fluxer():
+		// Fluxer offers zstd only, and ignores other values as its own
+		// parser does.
 		c.zw = zlib.NewWriter(&c.zbuf)
 	}
 	s.mu.Lock()
@@ -147,12 +166,21 @@ func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
 	defer c.finish()
 	s.event("relay-connect", nil, "remote", c.remote)
 	switch v := q.Get("v"); {
+	case s.fluxer() && v != "1":
+		c.closeWith(4012, "Invalid API version", false)
+		return
+	case s.fluxer():
 	case v != "" && v != "10" && v != "9":
 		c.closeWith(4012, "Invalid API version", false)
 		return
 	case q.Get("encoding") != "" && q.Get("encoding") != "json":
 		c.closeWith(4002, "Error while decoding payload.", false)
 		return
+	}
+	if s.fluxer() {
+		// As Fluxer does, before its 4009 at 45 s; counted from Hello.
+		c.ask = s.clock.AfterFunc(fluxerAsk, func() { c.write([]byte(`{"op":1,"d":null}`)) })
+		defer c.ask.Stop()
 	}
 	c.write([]byte(`{"op":10,"s":null,"t":null,"d":{"heartbeat_interval":` + strconv.FormatInt(heartbeatInterval.Milliseconds(), 10) + `}}`))
 	c.read()
@@ -163,7 +191,11 @@ func (c *conn) read() {
 	for {
 		// Discord closes 4009 after an interval and a half without a
 		// heartbeat; the relay's own deadline is the same.
-		c.ws.SetReadDeadline(time.Now().Add(heartbeatInterval * 3 / 2))
+		wait := heartbeatInterval * 3 / 2
+		if c.s.fluxer() {
+			wait = fluxerHeartbeat
+		}
+		c.ws.SetReadDeadline(time.Now().Add(wait))
 		msg, err := c.next()
 		if err != nil {
 			var ce *websocket.CloseError
@@ -172,7 +204,7 @@ func (c *conn) read() {
 				if c.sess != nil {
 					c.s.endSession(c.sess, "client closed "+strconv.Itoa(ce.Code))
 				}
-			case errors.Is(err, errTooLarge):
+			case errors.Is(err, errTooLarge) || errors.Is(err, errUndecodable) || errors.Is(err, errTextInStream):
 				c.closeWith(4002, "Error while decoding payload.", false)
 			case isTimeout(err):
 				c.closeWith(4009, "Session timed out", false)
@@ -190,6 +222,9 @@ var errTooLarge = errors.New("payload too large")
 // next reads one client message, refusing one over the gateway's limit
 // without reading the rest of it.
 func (c *conn) next() ([]byte, error) {
+	if c.zin != nil {
+		return c.zin.next(c.ws)
+	}
 	_, r, err := c.ws.NextReader()
 	if err != nil {
 		return nil, err
@@ -222,7 +257,11 @@ func (c *conn) handle(msg []byte) bool {
 	for len(c.sends) > 0 && now.Sub(c.sends[0]) >= sendWindow {
 		c.sends = c.sends[1:]
 	}
-	if len(c.sends) >= sendLimit {
+	limit := sendLimit
+	if c.s.fluxer() {
+		limit = fluxerSendLimit
+	}
+	if len(c.sends) >= limit {
 		return c.closeWith(4008, "Rate limited.", false)
 	}
 	c.sends = append(c.sends, now)
@@ -230,6 +269,16 @@ func (c *conn) handle(msg []byte) bool {
 	case 1:
 		// Answered here: the shard's own heartbeats are the node's, and a
 		// client's sequence (its own numbering) means nothing upstream.
+		if c.ask != nil {
+			c.ask.Reset(fluxerAsk)
+		}
+		if c.s.fluxer() && c.sess != nil {
+			// Fluxer's heartbeat names the last sequence processed; one
+			// never sent closes 4007, as there.
+			if n, ok := wire.Int(env.D); ok && n > c.sess.lastSeq() {
+				return c.closeWith(4007, "Invalid seq.", false)
+			}
+		}
 		return c.write([]byte(`{"op":11,"s":null,"t":null,"d":null}`))
 	case 2:
 		if c.sess != nil {
@@ -241,7 +290,12 @@ func (c *conn) handle(msg []byte) bool {
 			return c.closeWith(4005, "Already authenticated.", false)
 		}
 		return c.resume(env.D)
-	case 3, 4, 8:
+	case 3, 4, 8, 14, 15, 16:
+		if env.Op > 8 && !c.s.fluxer() {
+			return c.closeWith(4001, "Unknown opcode.", false)
+		}
+		// Fluxer's 14 (lazy request), 15 and 16 (counts) pass like 3;
+		// their replies reach every client of the shard.
 		if c.sess == nil {
 			return c.closeWith(4003, "Not authenticated.", false)
 		}
@@ -276,26 +330,38 @@ func (c *conn) identify(d []byte) bool {
 		}
 		shard, total = id.Shard[0], id.Shard[1]
 	}
+	plan := s.current()
 	switch {
-	case total != s.cfg.Total && id.Shard == nil:
+	case total < plan.total:
+		// Fewer shards than the plan: what the gateway says to a bot
+		// that has outgrown them (and, after a move, to the old plan's).
 		return c.closeWith(4011, "Sharding required.", false)
-	case total != s.cfg.Total || shard < 0 || shard >= total || !s.owns(shard):
+	case total != plan.total || shard < 0 || shard >= total || plan.shards[shard] == nil:
 		s.event("relay-refused", nil, "remote", c.remote, "reason", "shard "+strconv.Itoa(shard)+" of "+strconv.Itoa(total)+" is not served here")
 		return c.closeWith(4010, "Invalid shard.", false)
+	case s.fluxer():
+		// Fluxer has no intents: whatever the identify says is ignored.
+		all := uint64(validIntents)
+		id.Intents = &all
 	case id.Intents == nil || *id.Intents&^validIntents != 0:
 		return c.closeWith(4013, "Invalid intent(s).", false)
 	}
-	cache := s.shards[shard]
+	cache := plan.shards[shard]
 	snap := c.waitReady(cache)
 	if snap == nil {
 		return c.closeWith(4000, "the shard has no session yet", false)
 	}
 	sess := &session{id: newSessionID(), shard: shard, intents: *id.Intents & s.cfg.Intents, userID: snap.userID,
-		identifiedAt: s.clock.Now(), log: cache, remote: c.remote}
-	if s.cfg.Intents == 0 {
-		sess.intents = *id.Intents // a node without intents (Fluxer) filters nothing
+		identifiedAt: s.clock.Now(), log: cache, plan: plan, remote: c.remote}
+	if s.cfg.Intents == 0 || s.fluxer() {
+		sess.intents = *id.Intents // a node without intents filters nothing
 	}
+	sess.noContent = !s.fluxer() && sess.intents&intentMessageContent == 0
 	s.mu.Lock()
+	if s.current() != plan {
+		s.mu.Unlock()
+		return c.closeWith(4011, "Sharding required.", false) // a move came first
+	}
 	s.sweepLocked()
 	s.nextID++
 	sess.client = s.nextID
@@ -312,6 +378,10 @@ func (c *conn) identify(d []byte) bool {
 	}
 	ready["session_id"] = mustMarshal(sess.id)
 	ready["resume_gateway_url"] = mustMarshal(c.resumeURL())
+	if s.fluxer() {
+		// Fluxer resumes at the URL the client connected to.
+		delete(ready, "resume_gateway_url")
+	}
 	ready["shard"] = mustMarshal([]int{shard, total})
 	guilds := make([]map[string]any, len(snap.guildIDs))
 	for i, g := range snap.guildIDs {
@@ -335,7 +405,7 @@ func (c *conn) identify(d []byte) bool {
 	if id.Presence != nil && string(*id.Presence) != "null" {
 		// What the bot asked for at identify, as the real gateway would set it.
 		p := append(append([]byte(`{"op":3,"d":`), *id.Presence...), '}')
-		if err := s.cfg.Send(shard, p); err != nil {
+		if err := plan.send(shard, p); err != nil {
 			s.log.Debug("identify presence refused", "shard", shard, "err", err)
 		}
 	}
@@ -473,7 +543,10 @@ func (c *conn) command(op int, msg, d []byte) bool {
 		f["nonce"] = mustMarshal(nonce)
 		payload = mustMarshal(map[string]any{"op": 8, "d": f})
 	}
-	if err := s.cfg.Send(sess.shard, payload); err != nil {
+	if sess.plan != s.current() {
+		return c.closeWith(4011, "Sharding required.", false) // the plan it knew is gone
+	}
+	if err := sess.plan.send(sess.shard, payload); err != nil {
 		s.event("relay-send-refused", sess, "op", strconv.Itoa(op), "reason", err.Error())
 		return c.closeWith(4008, "Rate limited.", false)
 	}
@@ -500,12 +573,17 @@ func (c *conn) write(msg []byte) bool {
 
 func (c *conn) writeLocked(msg []byte) error {
 	c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
-	if c.zw == nil {
+	c.zbuf.Reset()
+	switch {
+	case c.zw != nil:
+		c.zw.Write(msg)
+		c.zw.Flush() // a sync flush: the message ends 00 00 ff ff
+	case c.zs != nil:
+		c.zs.Write(msg)
+		c.zs.Flush() // the message's blocks; the frame never ends
+	default:
 		return c.ws.WriteMessage(websocket.TextMessage, msg)
 	}
-	c.zbuf.Reset()
-	c.zw.Write(msg)
-	c.zw.Flush() // a sync flush: the message ends 00 00 ff ff
 	return c.ws.WriteMessage(websocket.BinaryMessage, c.zbuf.Bytes())
 }
 
@@ -536,6 +614,14 @@ func (c *conn) finish() {
 		closed = true
 	})
 	<-c.pullerDone()
+	if c.zin != nil {
+		c.zin.close()
+	}
+	c.wmu.Lock()
+	if c.zs != nil {
+		c.zs.Close()
+	}
+	c.wmu.Unlock()
 	s := c.s
 	s.mu.Lock()
 	delete(s.conns, c)
@@ -607,4 +693,11 @@ func (s *Server) sweepLocked() {
 			s.endSessionLocked(sess, "resume window passed")
 		}
 	}
+}
+
+// lastSeq is the last sequence handed to the client.
+func (s *session) lastSeq() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seq
 }

@@ -31,7 +31,31 @@
 // when its own buffer is gone. A client that floods commands (more than
 // 120 in 60 s, heartbeats included) is closed 4008 like the real gateway
 // does; a forwarded command that the shard's send queue refuses closes
-// it 4008 too, so nothing waits without bound. MESSAGE_CONTENT is not
-// blanked for a client that lacks the intent (the node's own intents
-// decide what content arrives).
+// it 4008 too, so nothing waits without bound.
+//
+// A client whose identify lacks MESSAGE_CONTENT gets MESSAGE_CREATE and
+// MESSAGE_UPDATE with content, embeds, attachments and components empty
+// and no poll, as Discord sends them to such an app, except in a DM, in
+// the bot's own messages and in those that mention the bot. Nested
+// messages (referenced_message, message_snapshots) are passed as they
+// are.
+//
+// # Fluxer
+//
+// In front of a Fluxer node (Config.Flavor) the relay speaks Fluxer v1
+// (DESIGN.md section 3): v=1 only, else 4012 before Hello; no intents (an
+// identify's are ignored and every dispatch is delivered); READY without
+// resume_gateway_url (a client resumes where it connected); op 9 is
+// always false and leaves the socket open for an identify, as on Discord
+// here; a heartbeat whose sequence was never sent closes 4007; the send
+// budget is 500 messages a minute; compress=zstd-stream compresses what
+// the relay sends and with stream=1 what the client sends too (any zstd
+// the client writes, one payload or several a message). Like Fluxer, the
+// relay asks for a heartbeat with op 1 at 90% of the interval after the
+// last one (or Hello), and closes 4009 after 45 s without a message. Ops 14, 15 and 16 pass to the
+// shard's send path like op 3 and their replies reach every client of the
+// shard. Discovery answers under /v1 as well as /api/v10, with the plan's
+// total (Fluxer's own says 1: a client must identify with the node's) and
+// Fluxer's constant limits. REST is not passed through on Fluxer.
+// zstd-stream is offered on Discord too.
 package relay

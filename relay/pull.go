@@ -77,6 +77,9 @@ func (c *conn) pull(resumed bool) {
 			if !mine || !covers(sess.intents, t, d) {
 				return
 			}
+			if sess.withoutContent() && (t == "MESSAGE_CREATE" || t == "MESSAGE_UPDATE") {
+				d = withoutContent(d, sess.userID)
+			}
 			sess.mu.Lock()
 			sess.cursor = mark{off, lines}
 			seq := sess.next()

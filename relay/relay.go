@@ -18,11 +18,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
 
 	"github.com/shardfs/shardfs/clock"
+	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/journal"
 )
 
@@ -31,7 +33,10 @@ type Config struct {
 	// Token is the bot's token: a client's identify and resume must carry
 	// it. It is compared in constant time and never logged.
 	Token string
-	// Intents are the node's own: a client gets at most these.
+	// Flavor is the node's gateway flavor, the one the relay speaks to its
+	// clients (DESIGN.md section 3): Discord v10 or Fluxer v1.
+	Flavor core.Flavor
+	// Intents are the node's own: a client gets at most these (Discord).
 	Intents uint64
 	// Total is the plan's total; Shards the shards whose journals the relay
 	// serves (a client's identify for another closes 4010).
@@ -70,15 +75,15 @@ type Config struct {
 
 // Server is a running relay.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	clock  clock.Clock
-	shards map[int]*shardCache
-	bytes  *cacheBytes
-	kinds  map[string]bool
-	proxy  *httputil.ReverseProxy
-	done   chan struct{}
-	wg     sync.WaitGroup // the journal followers
+	cfg   Config
+	log   *slog.Logger
+	clock clock.Clock
+	plan  atomic.Pointer[servedPlan] // set under mu
+	bytes *cacheBytes
+	kinds map[string]bool
+	proxy *httputil.ReverseProxy
+	done  chan struct{}
+	wg    sync.WaitGroup // the journal followers
 	// handlers are the client connections' handlers, which http.Server
 	// does not wait for once they took the connection over.
 	handlers sync.WaitGroup
@@ -130,7 +135,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, clock: clock.Or(cfg.Clock), shards: map[int]*shardCache{},
+	s := &Server{cfg: cfg, log: log, clock: clock.Or(cfg.Clock),
 		bytes: newCacheBytes(cfg.CacheBytes), kinds: kinds, done: make(chan struct{}),
 		sessions: map[string]*session{}, clients: map[int]*session{}, conns: map[*conn]struct{}{},
 		nonces: map[string]nonceOwner{}, voice: map[string]*session{}}
@@ -141,22 +146,104 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.proxy = newProxy(u, log)
 	}
-	for _, id := range cfg.Shards {
-		l := cfg.Journal(id)
-		if l == nil {
-			return nil, fmt.Errorf("relay: shard %d has no dispatch journal", id)
-		}
-		s.shards[id] = newShardCache(id, l, kinds, s.bytes)
+	p, err := s.newPlan(cfg.Total, cfg.Shards, cfg.Journal, cfg.Send)
+	if err != nil {
+		return nil, err
 	}
+	s.plan.Store(p)
 	if cfg.State != nil {
 		if err := s.load(cfg.State); err != nil {
 			return nil, err
 		}
 	}
-	for _, c := range s.shards {
-		s.wg.Go(func() { c.follow(s.done) })
-	}
+	s.follow(p)
 	return s, nil
+}
+
+// servedPlan is the plan whose shards the relay serves: the node's
+// first, and after a move to a larger plan (Replan) the new one.
+type servedPlan struct {
+	total  int
+	ids    []int
+	shards map[int]*shardCache
+	send   func(shard int, payload []byte) error
+	stop   chan struct{} // closed when the relay stops following it
+	// followers are its journal followers (also in Server.wg), waited
+	// for before its cache's bytes are given back.
+	followers sync.WaitGroup
+}
+
+func (s *Server) newPlan(total int, ids []int, journal func(int) *journal.Log, send func(int, []byte) error) (*servedPlan, error) {
+	p := &servedPlan{total: total, ids: ids, shards: map[int]*shardCache{}, send: send, stop: make(chan struct{})}
+	for _, id := range ids {
+		l := journal(id)
+		if l == nil {
+			return nil, fmt.Errorf("relay: shard %d has no dispatch journal", id)
+		}
+		p.shards[id] = newShardCache(id, l, s.kinds, s.bytes)
+	}
+	return p, nil
+}
+
+// follow starts p's journal followers.
+func (s *Server) follow(p *servedPlan) {
+	for _, c := range p.shards {
+		p.followers.Add(1)
+		s.wg.Go(func() {
+			defer p.followers.Done()
+			c.follow(p.stop)
+		})
+	}
+}
+
+// current is the plan the relay serves now.
+func (s *Server) current() *servedPlan { return s.plan.Load() }
+
+// Replan makes the relay serve the plan a node has moved to (a reshard,
+// DESIGN.md section 7.5), once the node's tree shows it: total, its
+// shards, their dispatch journals and send path. The clients of the old
+// plan are closed 4011 "Sharding required." with their sessions ended, as
+// the gateway closes a shard that has outgrown its plan: a library (or
+// the process manager around it) that reshards on 4011 asks discovery
+// again, which now answers the new total, and identifies with it. An
+// identify with a smaller total than the plan's gets 4011 too.
+func (s *Server) Replan(total int, ids []int, journal func(int) *journal.Log, send func(int, []byte) error) error {
+	p, err := s.newPlan(total, ids, journal, send)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("relay: Replan after Close")
+	}
+	old := s.current()
+	s.plan.Store(p)
+	close(old.stop)
+	var conns []*conn
+	for _, sess := range s.sessions {
+		if sess.plan == old {
+			if sess.conn != nil {
+				conns = append(conns, sess.conn)
+			}
+			s.endSessionLocked(sess, "the node moved to a plan of "+strconv.Itoa(total)+" shards")
+		}
+	}
+	s.follow(p)
+	s.mu.Unlock()
+	s.event("relay-replan", nil, "old_total", strconv.Itoa(old.total), "new_total", strconv.Itoa(total), "closed", strconv.Itoa(len(conns)))
+	// Not on the caller's goroutine (the mover's switch): a close frame
+	// may wait for a slow client.
+	s.wg.Go(func() {
+		for _, c := range conns {
+			c.closeWith(4011, "Sharding required.", false)
+		}
+		old.followers.Wait()
+		for _, c := range old.shards {
+			c.release()
+		}
+	})
+	return nil
 }
 
 // ParseKinds parses --relay-cache: kinds separated by commas, "none" for
@@ -206,6 +293,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.current().stop)
 	servers := s.servers
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
@@ -224,7 +312,9 @@ func (s *Server) Close() error {
 	return nil
 }
 
-var gatewayBotPath = regexp.MustCompile(`^/api(/v[0-9]+)?/gateway(/bot)?/?$`)
+// gatewayBotPath is discovery under a Discord API base (/api, /api/v10)
+// or a Fluxer one (/v1, as in https://api.fluxer.app/v1).
+var gatewayBotPath = regexp.MustCompile(`^(/api(/v[0-9]+)?|/v[0-9]+)/gateway(/bot)?/?$`)
 
 // ServeHTTP serves the WebSocket gateway, discovery and the REST
 // pass-through.
@@ -253,8 +343,14 @@ func (s *Server) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 	}
 	body := map[string]any{"url": s.publicURL(r)}
 	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/bot") {
-		body["shards"] = s.cfg.Total
+		// The plan's total on Fluxer too, whose own gateway always says 1:
+		// a client must identify with the node's total to be served.
+		body["shards"] = s.current().total
 		body["session_start_limit"] = map[string]int{"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 16}
+		if s.fluxer() {
+			// Fluxer's documented constants.
+			body["session_start_limit"] = map[string]int{"total": 1000, "remaining": 999, "reset_after": 14400000, "max_concurrency": 1}
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(body)
@@ -276,8 +372,8 @@ func (s *Server) tokenOK(tok string) bool {
 	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1
 }
 
-// owns reports whether the relay serves shard.
-func (s *Server) owns(shard int) bool { return s.shards[shard] != nil }
+// fluxer reports whether the relay speaks Fluxer v1.
+func (s *Server) fluxer() bool { return s.cfg.Flavor == core.Fluxer }
 
 func newSessionID() string {
 	var b [16]byte

@@ -106,9 +106,10 @@ func (s *Server) Save(w io.Writer) error {
 	if !closed {
 		return errors.New("relay: Save before Close")
 	}
-	st := savedState{Version: stateVersion, SavedAt: s.clock.Now(), Total: s.cfg.Total, NextID: s.nextID}
-	for _, id := range s.cfg.Shards {
-		c := s.shards[id]
+	p := s.current()
+	st := savedState{Version: stateVersion, SavedAt: s.clock.Now(), Total: p.total, NextID: s.nextID}
+	for _, id := range p.ids {
+		c := p.shards[id]
 		c.mu.Lock()
 		c.readAll() // what came after the follower stopped
 		ss := savedShard{ID: id, Ready: c.ready, UserID: c.userID, Order: c.order, Guilds: map[string]savedGuild{}}
@@ -149,12 +150,13 @@ func (s *Server) load(r io.Reader) error {
 	if err := json.NewDecoder(r).Decode(&st); err != nil {
 		return fmt.Errorf("relay state: %w", err)
 	}
-	if st.Version != stateVersion || st.Total != s.cfg.Total {
-		return fmt.Errorf("relay state of version %d for a total of %d; this relay has version %d and a total of %d", st.Version, st.Total, stateVersion, s.cfg.Total)
+	p := s.current()
+	if st.Version != stateVersion || st.Total != p.total {
+		return fmt.Errorf("relay state of version %d for a total of %d; this relay has version %d and a total of %d", st.Version, st.Total, stateVersion, p.total)
 	}
 	tails := map[int]int64{}
 	for _, ss := range st.Shards {
-		c := s.shards[ss.ID]
+		c := p.shards[ss.ID]
 		if c == nil {
 			continue
 		}
@@ -176,14 +178,15 @@ func (s *Server) load(r io.Reader) error {
 	}
 	s.nextID = st.NextID
 	for _, sv := range st.Sessions {
-		c := s.shards[sv.Shard]
+		c := p.shards[sv.Shard]
 		at, ok := tails[sv.Shard]
 		if c == nil || !ok {
 			continue
 		}
 		sess := &session{id: sv.ID, client: sv.Client, shard: sv.Shard, intents: sv.Intents, userID: sv.UserID,
-			identifiedAt: sv.IdentifiedAt, detachedAt: sv.DetachedAt, log: c, remote: "-",
+			identifiedAt: sv.IdentifiedAt, detachedAt: sv.DetachedAt, log: c, plan: p, remote: "-",
 			seq: sv.Seq, base: sv.Base, events: sv.Events, resumes: sv.Resumes}
+		sess.noContent = !s.fluxer() && sess.intents&intentMessageContent == 0
 		for _, off := range sv.Offs {
 			if off < at {
 				sess.base++
