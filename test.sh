@@ -11,11 +11,11 @@ if [ -n "$unformatted" ]; then
 	exit 1
 fi
 go vet ./...
-go test -race ./...
+go test -race -timeout 45m ./...
 
 for mod in interop bench; do
 	if [ -f "$mod/go.mod" ]; then
-		(cd "$mod" && go vet ./... && go test -race ./...)
+		(cd "$mod" && go vet ./... && go test -race -timeout 45m ./...)
 	fi
 done
 
