@@ -32,7 +32,7 @@ func runFleet(cfg config, log io.Writer) (*section, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.fleetFaults)*time.Minute)
 	defer cancel()
 	sc := soak.Config{Faults: cfg.fleetFaults, Serve: bin, Exe: self(), Dir: dir, Log: prefixWriter{role: "fleet", w: log}, Verbose: verbose,
-		EtcdMembers: cfg.fleetMembers, TTL: cfg.fleetTTL}
+		EtcdMembers: cfg.fleetMembers, TTL: cfg.fleetTTL, HangBound: cfg.fleetHangBound}
 	if cfg.fleetMembers >= 3 {
 		sc.Kinds = append(slices.Clone(soak.Kinds), soak.ClusterKinds...)
 	}
@@ -59,6 +59,37 @@ func runFleet(cfg config, log io.Writer) (*section, error) {
 		target: "1, never a duplicate", met: boolp(rep.MaxLive == 1)})
 	sec.add(row{measure: "frames sent for a shard the sender did not own", values: map[string][]float64{"shardfs": {float64(len(rep.ForeignFrames))}},
 		target: "0", met: boolp(len(rep.ForeignFrames) == 0 && len(rep.Violations) == 0)})
+	if len(rep.Wakes) > 0 {
+		most := 0
+		for _, w := range rep.Wakes {
+			most = max(most, w.Stale, w.Copies)
+		}
+		sec.add(row{measure: "most events a node woken from SIGSTOP delivered after its deadline (or that another node delivered too)", values: map[string][]float64{"shardfs": {float64(most)}},
+			target: "0", met: boolp(most == 0)})
+	}
+	if len(rep.Placements) > 0 {
+		balanced, over := 0, 0
+		for _, p := range rep.Placements {
+			if p.Balanced {
+				balanced++
+			}
+			if p.Change != "etcd" && p.Moves > p.MoveBound(rep.Config.Shards) {
+				over++
+			}
+		}
+		sec.add(row{measure: "joins and leaves whose placement was not balanced, or moved more than ⌈N/M⌉ + 1", values: map[string][]float64{"shardfs": {float64(len(rep.Placements) - balanced + over)}},
+			target: "0", met: boolp(balanced == len(rep.Placements) && over == 0)})
+	}
+	for _, k := range []soak.Kind{soak.EtcdKill, soak.MemberKill, soak.LeaderKill, soak.MemberPartition} {
+		if n := rep.Faults[k]; n > 0 {
+			target, met := "", (*bool)(nil)
+			if k != soak.EtcdKill {
+				target, met = "0 (etcd kept a quorum)", boolp(rep.Sessions[k].Identifies == 0)
+			}
+			sec.add(row{measure: "identifies per fault, " + string(k), values: map[string][]float64{"shardfs": {float64(rep.Sessions[k].Identifies) / float64(n)}}, digits: 1,
+				target: target, met: met})
+		}
+	}
 	sec.method = []string{fmt.Sprintf("`soak.Run` (package soak, the code of the CI test TestSoak, which runs 20): %d faults against %d `shardfs serve --etcd` processes built from this tree, "+
 		"a real etcd (v3.7.3, embedded, %d member(s), each in a child process), the gateway simulator in the harness's process, %d shards, `--etcd-ttl %v`. "+
 		"Faults in turn, each round of the kinds shuffled, on a node drawn at random (seed %d). The package doc of soak explains the checks and the simulator's heartbeat of TTL/4.",

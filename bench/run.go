@@ -57,6 +57,10 @@ type config struct {
 	// soak's 3 s).
 	fleetMembers int
 	fleetTTL     time.Duration
+	// fleetHangBound is the soak's Config.HangBound: 0 makes a fault
+	// that converges past TTL + 10 s end the run; longer lets the run go
+	// on and count it (Report.OverBound).
+	fleetHangBound time.Duration
 
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
