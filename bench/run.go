@@ -61,6 +61,9 @@ type config struct {
 	// that converges past TTL + 10 s end the run; longer lets the run go
 	// on and count it (Report.OverBound).
 	fleetHangBound time.Duration
+	// fleetStopShards sizes the stop of a lone fleet node (0 skips it, the
+	// smoke test); fleetStopRuns is how many times it runs.
+	fleetStopShards, fleetStopRuns int
 
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
@@ -95,6 +98,8 @@ func defaultConfig() config {
 		restart:            defaultRestartConfig(),
 		reshard:            defaultReshardConfig(),
 		fleetFaults:        100,
+		fleetStopShards:    1024,
+		fleetStopRuns:      3,
 	}
 }
 
@@ -117,6 +122,7 @@ var comparisons = []comparison{
 	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
 	{"reshard", "A larger plan without downtime: 4011 to the switch (serve --total auto)", runReshard},
 	{"fleet", "Failover soak: three nodes sharing one bot through etcd", runFleet},
+	{"fleet-stop", "Stop of a lone fleet node with many shards", runFleetStop},
 }
 
 // groups are names -only accepts for several comparisons.
