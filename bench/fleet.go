@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,22 +13,36 @@ import (
 )
 
 // runFleet runs the failover soak of package soak (the same code as its CI
-// test, which runs 20 faults) with cfg.fleetFaults faults. The smoke test
-// leaves fleetFaults 0: the soak takes minutes and has its own test.
+// test, which runs 20 faults) with cfg.fleetFaults faults, then times the
+// stop of a lone fleet node with cfg.fleetStopShards shards (runFleetStop).
+// The smoke test leaves both 0: the soak takes minutes and has its own
+// test, and so has the stop.
 func runFleet(cfg config, log io.Writer) (*section, error) {
 	sec := &section{columns: []string{"shardfs"}}
-	if cfg.fleetFaults == 0 {
-		sec.skipped = "not run in the smoke test; soak.TestSoak runs the same code with 20 faults in CI."
+	if cfg.fleetFaults == 0 && cfg.fleetStopShards == 0 {
+		sec.skipped = "not run in the smoke test; soak.TestSoak runs the same code with 20 faults in CI, node.TestFleetLoneStop the stop with 16 shards."
 		return sec, nil
 	}
+	var err error
+	if cfg.fleetFaults > 0 {
+		err = runSoak(cfg, log, sec)
+	}
+	if cfg.fleetStopShards > 0 {
+		err = errors.Join(err, runFleetStop(cfg, log, sec))
+	}
+	return sec, err
+}
+
+// runSoak adds the soak's rows to sec.
+func runSoak(cfg config, log io.Writer, sec *section) error {
 	dir, err := os.MkdirTemp("", "shardfs-bench-fleet-")
 	if err != nil {
-		return sec, err
+		return err
 	}
 	defer os.RemoveAll(dir)
 	bin, err := buildServe(dir)
 	if err != nil {
-		return sec, err
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.fleetFaults)*time.Minute)
 	defer cancel()
@@ -38,7 +53,7 @@ func runFleet(cfg config, log io.Writer) (*section, error) {
 	}
 	rep, err := soak.Run(ctx, sc)
 	if rep == nil {
-		return sec, err
+		return err
 	}
 	bound := rep.Config.Bound().Seconds()
 	worst := 0.0
@@ -98,7 +113,7 @@ func runFleet(cfg config, log io.Writer) (*section, error) {
 	if err == nil {
 		err = rep.Err()
 	}
-	return sec, err
+	return err
 }
 
 func maxOf(v []float64) float64 {

@@ -30,20 +30,16 @@ import (
 // goes through one etcd slot per identify (1,024 shards were not all READY
 // after 18 minutes), and the stop does not depend on the flavor. The smoke
 // test leaves fleetStopShards 0; node's TestFleetLoneStop runs the same
-// stop with 16 shards in CI.
-func runFleetStop(cfg config, log io.Writer) (*section, error) {
-	sec := &section{columns: []string{"shardfs"}}
+// stop with 16 shards in CI. Its rows and paragraph go to sec, the soak's
+// section.
+func runFleetStop(cfg config, log io.Writer, sec *section) error {
 	total := cfg.fleetStopShards
-	if total == 0 {
-		sec.skipped = "not run in the smoke test; node.TestFleetLoneStop runs the same stop with 16 shards in CI."
-		return sec, nil
-	}
 	var stops, starts []float64
 	var identifies, resumes int64
 	for run := range max(cfg.fleetStopRuns, 1) {
 		r, err := fleetStopOnce(total, log)
 		if err != nil {
-			return sec, fmt.Errorf("run %d: %w", run+1, err)
+			return fmt.Errorf("stop of a lone node, run %d: %w", run+1, err)
 		}
 		fmt.Fprintf(log, "fleet-stop: run %d: %d shards READY in %v, stopped in %v; restart: %d identifies, %d resumes\n",
 			run+1, total, r.start.Round(time.Millisecond), r.stop.Round(time.Millisecond), r.identifies, r.resumes)
@@ -56,11 +52,11 @@ func runFleetStop(cfg config, log io.Writer) (*section, error) {
 		values: map[string][]float64{"shardfs": stops}, digits: 2, target: "under 10 s", met: boolp(maxOf(stops) < 10)})
 	sec.add(row{measure: "identifies when it started again (every shard resumed)", values: map[string][]float64{"shardfs": {float64(identifies)}},
 		target: "0", met: boolp(identifies == 0 && resumes >= int64(total*len(stops)))})
-	sec.method = []string{fmt.Sprintf("The code of node's TestFleetLoneStopLarge, %d runs: each starts a real etcd (embedded v3.7.3, a child process), the gateway simulator (Fluxer's flavor, identify budget raised) and one node "+
+	sec.method = append(sec.method, fmt.Sprintf("The stop of a lone node: the code of node's TestFleetLoneStopLarge, %d runs: each starts a real etcd (embedded v3.7.3, a child process), the gateway simulator (Fluxer's flavor, identify budget raised) and one node "+
 		"(node.New as `shardfs serve --etcd` builds it, %d shards, the whole plan, Fluxer pacing raised so that the start takes seconds: %.1f s median here), waits until every shard is READY, "+
 		"then times Close, which is what SIGTERM runs: the drain stops every shard with 4000, saves its snapshot and releases its key, without pacing since its shards go to nobody. "+
-		"The node then starts again against the same etcd; every shard must resume (%d resumes over the runs) and none identify.", len(stops), total, median(starts), resumes)}
-	return sec, nil
+		"The node then starts again against the same etcd; every shard must resume (%d resumes over the runs) and none identify.", len(stops), total, median(starts), resumes))
+	return nil
 }
 
 type fleetStopRun struct {
