@@ -102,6 +102,11 @@ func (r *Report) Table() string {
 	if r.OverBound > 0 {
 		fmt.Fprintf(&b, "Failovers or recoveries over the bound of %v (converged within %v): %d.\n", r.Config.Bound(), r.Config.hangBound(), r.OverBound)
 	}
+	for _, p := range r.Placements {
+		if p.Change != "etcd" && p.Moves > p.MoveBound(r.Config.Shards) {
+			fmt.Fprintf(&b, "MOVES OVER ⌈N/M⌉ + 1: fault %d (%s), %s: %d moves, %d members, %d to %d shards each.\n", p.Fault, p.Kind, p.Change, p.Moves, p.Members, p.Min, p.Max)
+		}
+	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "VIOLATION: %s\n", v)
 	}
