@@ -109,6 +109,10 @@ type Wake struct {
 	// reference lets a reader drop. Reported, not a violation.
 	Replayed int
 	Lines    int // every line it appended after the stop, its new sessions' included
+	// Held counts the (shard, session key) pairs its lines just before
+	// the stop named: the sessions whose later lines would be stale. Zero
+	// would make the check see nothing.
+	Held int
 }
 
 // wakeDeliveries compares the lines a woken node appended after its stop
@@ -135,7 +139,7 @@ func wakeDeliveries(before, after, others []delivered, stopped time.Time) Wake {
 			msgs[d.msg] = true
 		}
 	}
-	var w Wake
+	w := Wake{Held: len(held)}
 	for _, d := range after {
 		w.Lines++
 		e, named := d.event()

@@ -77,6 +77,7 @@ func TestWakeDeliveries(t *testing.T) {
 		{"stale events the new holder delivered too", parse(line(0, 11, old, m1), line(0, 12, old, m2), line(0, 13, old, m3)), Wake{Stale: 3, Copies: 2, Lines: 3}},
 		{"a resume's replay of the other node's line", parse(line(1, 5, taken, msgID(stop, 9)), line(1, 6, taken, msgID(stop.Add(9*time.Second), 10))), Wake{Replayed: 1, Lines: 2}},
 	} {
+		tc.want.Held = 1
 		if got := wakeDeliveries(before, tc.after, others, stop); got != tc.want {
 			t.Errorf("%s: wakeDeliveries = %+v; want %+v", tc.name, got, tc.want)
 		}

@@ -54,8 +54,9 @@ func (r *Report) Table() string {
 		fmt.Fprintf(&b, "Before each etcd kill the soak waited for the identify slots of the last recovery to expire: median %v, max %v.\n", smed.Round(100*time.Millisecond), shi.Round(100*time.Millisecond))
 	}
 	if len(r.Wakes) > 0 {
-		most, copies, lines, replayed := Wake{}, 0, 0, 0
+		most, copies, lines, replayed, held := Wake{}, 0, 0, 0, 0
 		for _, w := range r.Wakes {
+			held += w.Held
 			if w.Stale > most.Stale || (w.Stale == most.Stale && w.Copies > most.Copies) || most.Node == "" {
 				most = w
 			}
@@ -64,8 +65,8 @@ func (r *Report) Table() string {
 			replayed += w.Replayed
 		}
 		fmt.Fprintf(&b, "Woken from SIGSTOP (%d pauses): the most events a woken node delivered after its deadline %d (fault %d, %s); the most of its lines on its old sessions that another node delivered too %d; "+
-			"its lines since the stop, new sessions included, %d in all; replays of another node's lines on sessions it took up after waking %d.\n",
-			len(r.Wakes), most.Stale, most.Fault, most.Node, copies, lines, replayed)
+			"its lines since the stop, new sessions included, %d in all; replays of another node's lines on sessions it took up after waking %d; sessions the woken nodes held at their stops, by their last lines, %d.\n",
+			len(r.Wakes), most.Stale, most.Fault, most.Node, copies, lines, replayed, held)
 	}
 	for _, change := range []string{"leave", "join", "etcd"} {
 		var n, unbalanced, worstSpread, worstMoves, over, bound int

@@ -67,7 +67,7 @@ func TestReportWakesAndPlacements(t *testing.T) {
 	}
 	table := r.Table()
 	for _, want := range []string{
-		"Woken from SIGSTOP (2 pauses): the most events a woken node delivered after its deadline 3 (fault 7, node3); the most of its lines on its old sessions that another node delivered too 2; its lines since the stop, new sessions included, 90 in all; replays of another node's lines on sessions it took up after waking 1.",
+		"Woken from SIGSTOP (2 pauses): the most events a woken node delivered after its deadline 3 (fault 7, node3); the most of its lines on its old sessions that another node delivered too 2; its lines since the stop, new sessions included, 90 in all; replays of another node's lines on sessions it took up after waking 1; sessions the woken nodes held at their stops, by their last lines, 0.",
 		"Placement after a leave (the fault took a node away): 1 times, balanced (every member ⌊N/M⌋ or ⌈N/M⌉) 1 times, within 1.0 s median, 1.0 s max; most shards apart (max − min) 0; most moves 5 (⌈N/M⌉ + 1 = 9), over it 0 times.",
 		"MOVES OVER ⌈N/M⌉ + 1: fault 1 (kill), join: 8 moves, 3 members, 5 to 6 shards each.",
 		"Placement after a join (its repair): 2 times, balanced (every member ⌊N/M⌋ or ⌈N/M⌉) 1 times, within 4.0 s median, 4.0 s max; most shards apart (max − min) 3; most moves 8 (⌈N/M⌉ + 1 = 7), over it 1 times.",

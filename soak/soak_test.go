@@ -79,6 +79,9 @@ func TestSoak(t *testing.T) {
 	lines := 0
 	for _, w := range rep.Wakes {
 		lines += w.Lines
+		if w.Held == 0 {
+			t.Errorf("fault %d: %s's lines before its stop named no session: the check of what it delivered after its deadline had nothing to look for", w.Fault, w.Node)
+		}
 	}
 	if lines == 0 {
 		t.Error("no woken node appended a dispatch line after its stop: the check of what it delivered after its deadline read nothing")
