@@ -121,7 +121,7 @@ var comparisons = []comparison{
 	{"dispatch-tls", "Dispatch throughput over TLS with zlib-stream: shardfs vs discordgo vs disgo", runDispatchTLS},
 	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
 	{"reshard", "A larger plan without downtime: 4011 to the switch (serve --total auto)", runReshard},
-	{"fleet", "Failover soak: three nodes sharing one bot through etcd; a lone node's stop", runFleet},
+	{"fleet", "Failover soak: three nodes sharing one bot through etcd", runFleet},
 }
 
 // groups are names -only accepts for several comparisons.
