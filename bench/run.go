@@ -57,6 +57,13 @@ type config struct {
 	// soak's 3 s).
 	fleetMembers int
 	fleetTTL     time.Duration
+	// fleetHangBound is the soak's Config.HangBound: 0 makes a fault
+	// that converges past TTL + 10 s end the run; longer lets the run go
+	// on and count it (Report.OverBound).
+	fleetHangBound time.Duration
+	// fleetStopShards sizes the stop of a lone fleet node (0 skips it, the
+	// smoke test); fleetStopRuns is how many times it runs.
+	fleetStopShards, fleetStopRuns int
 
 	only      map[string]bool
 	loadStart string // /proc/loadavg when the run began
@@ -91,6 +98,8 @@ func defaultConfig() config {
 		restart:            defaultRestartConfig(),
 		reshard:            defaultReshardConfig(),
 		fleetFaults:        100,
+		fleetStopShards:    1024,
+		fleetStopRuns:      3,
 	}
 }
 

@@ -72,6 +72,36 @@
 // rule, runs over every frame of the whole soak, not only after SIGCONT;
 // the report counts what it saw.
 //
+// What a woken node delivered. Before a SIGSTOP the soak notes where each
+// node's /dispatch ends; once the cluster has recovered from the pause it
+// reads what every node appended since, and the woken node's last 256 KiB
+// before the stop, whose lines name the sessions it held (the session key
+// of each dispatch line). The woken node was stopped past the TTL and its
+// shards were READY elsewhere before SIGCONT, so every line it appended on
+// one of those sessions came after its deadline: Wake.Stale counts those
+// for a message the simulator made after the stop (its id carries the
+// time), and Wake.Copies those that another node delivered too,
+// recognised by (shard, session key, s) or by the message id. Either is a
+// violation (issue 22 item 1: nothing received after the deadline reaches
+// dispatch). A line on a session the woken node took up later that
+// repeats another node's (a resume's replay, which the tree's reference
+// lets a reader drop) is counted apart, not a violation. A message read
+// late but made before the stop is not seen: the count is a lower bound
+// of what a node without the read fence would deliver.
+//
+// Placement. After a fault has taken its node away (kill, pause,
+// partition, drain: a leave) and after the repair brought it back (a
+// join), the soak waits, at most the hang bound, until the watch of the
+// shard keys shows every shard held by one of the M members and each
+// member within one shard of every other (⌊N/M⌋ or ⌈N/M⌉, DESIGN 7.3; in
+// the soak every node may own every shard), and records the spread and
+// the moves since the change: acquisitions of a shard key by a node other
+// than its last holder. A placement not balanced within the bound is a
+// violation; moves past ⌈N/M⌉ + 1 (M after the change) are reported, not
+// a violation, since a lease that runs out on a loaded machine moves
+// shards for a reason the placement does not control. After an etcd fault
+// (nobody came or went) the same is recorded from the fault's start.
+//
 // Partition. Cut resets every connection and closes the proxy's port (new
 // connections are refused) rather than silently dropping packets: the
 // node's etcd client then fails fast instead of waiting for its own

@@ -229,30 +229,66 @@ func (n *Process) Read(path string) (string, error) {
 	return s, err
 }
 
-func (n *Process) read(path string) (string, error) {
+// ReadFrom reads a log file of the node's tree (dispatch, events) from the
+// absolute offset off to its end, and returns where that end was.
+func (n *Process) ReadFrom(path string, off int64) (string, int64, error) {
+	s, end, err := n.readFrom(path, off)
+	if err != nil {
+		n.failed()
+	}
+	return s, end, err
+}
+
+// Size is the size of a file of the node's tree; a log file's is its end
+// offset.
+func (n *Process) Size(path string) (int64, error) {
 	root, err := n.rootFor()
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	_, f, err := root.Walk(split(path))
 	if err != nil {
-		return "", fmt.Errorf("%s: %s: %w", n.Name, path, err)
+		n.failed()
+		return 0, fmt.Errorf("%s: %s: %w", n.Name, path, err)
+	}
+	defer f.Close()
+	_, _, attr, err := f.GetAttr(p9.AttrMask{Size: true})
+	if err != nil {
+		n.failed()
+		return 0, fmt.Errorf("%s: stat %s: %w", n.Name, path, err)
+	}
+	return int64(attr.Size), nil
+}
+
+func (n *Process) read(path string) (string, error) {
+	s, _, err := n.readFrom(path, 0)
+	return s, err
+}
+
+func (n *Process) readFrom(path string, off int64) (string, int64, error) {
+	root, err := n.rootFor()
+	if err != nil {
+		return "", off, err
+	}
+	_, f, err := root.Walk(split(path))
+	if err != nil {
+		return "", off, fmt.Errorf("%s: %s: %w", n.Name, path, err)
 	}
 	defer f.Close()
 	if _, _, err := f.Open(p9.ReadOnly); err != nil {
-		return "", fmt.Errorf("%s: open %s: %w", n.Name, path, err)
+		return "", off, fmt.Errorf("%s: open %s: %w", n.Name, path, err)
 	}
 	var b strings.Builder
 	buf := make([]byte, 64<<10)
-	for off := int64(0); ; {
+	for {
 		k, err := f.ReadAt(buf, off)
 		b.Write(buf[:k])
 		off += int64(k)
 		if err == io.EOF || k == 0 && err == nil {
-			return b.String(), nil
+			return b.String(), off, nil
 		}
 		if err != nil {
-			return b.String(), fmt.Errorf("%s: read %s: %w", n.Name, path, err)
+			return b.String(), off, fmt.Errorf("%s: read %s: %w", n.Name, path, err)
 		}
 	}
 }

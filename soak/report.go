@@ -53,6 +53,48 @@ func (r *Report) Table() string {
 		_, smed, shi := Spread(r.Settle)
 		fmt.Fprintf(&b, "Before each etcd kill the soak waited for the identify slots of the last recovery to expire: median %v, max %v.\n", smed.Round(100*time.Millisecond), shi.Round(100*time.Millisecond))
 	}
+	if len(r.Wakes) > 0 {
+		most, copies, lines, replayed, held := Wake{}, 0, 0, 0, 0
+		for _, w := range r.Wakes {
+			held += w.Held
+			if w.Stale > most.Stale || (w.Stale == most.Stale && w.Copies > most.Copies) || most.Node == "" {
+				most = w
+			}
+			copies = max(copies, w.Copies)
+			lines += w.Lines
+			replayed += w.Replayed
+		}
+		fmt.Fprintf(&b, "Woken from SIGSTOP (%d pauses): the most events a woken node delivered after its deadline %d (fault %d, %s); the most of its lines on its old sessions that another node delivered too %d; "+
+			"its lines since the stop, new sessions included, %d in all; replays of another node's lines on sessions it took up after waking %d; sessions the woken nodes held at their stops, by their last lines, %d.\n",
+			len(r.Wakes), most.Stale, most.Fault, most.Node, copies, lines, replayed, held)
+	}
+	for _, change := range []string{"leave", "join", "etcd"} {
+		var n, unbalanced, worstSpread, worstMoves, over, bound int
+		var took []time.Duration
+		for _, p := range r.Placements {
+			if p.Change != change {
+				continue
+			}
+			n++
+			if !p.Balanced {
+				unbalanced++
+			}
+			worstSpread = max(worstSpread, p.Max-p.Min)
+			worstMoves = max(worstMoves, p.Moves)
+			bound = max(bound, p.MoveBound(r.Config.Shards))
+			if p.Moves > p.MoveBound(r.Config.Shards) {
+				over++
+			}
+			took = append(took, p.Took)
+		}
+		if n == 0 {
+			continue
+		}
+		_, tmed, thi := Spread(took)
+		what := map[string]string{"leave": "after a leave (the fault took a node away)", "join": "after a join (its repair)", "etcd": "after an etcd fault (nobody came or went)"}[change]
+		fmt.Fprintf(&b, "Placement %s: %d times, balanced (every member ⌊N/M⌋ or ⌈N/M⌉) %d times, within %s median, %s max; most shards apart (max − min) %d; most moves %d (⌈N/M⌉ + 1 = %d), over it %d times.\n",
+			what, n, n-unbalanced, ms(tmed), ms(thi), worstSpread, worstMoves, bound, over)
+	}
 	fmt.Fprintf(&b, "Max live sessions of one shard at the gateway: %d. Identifies %d (refused %d), resumes %d (failed %d).\n",
 		r.MaxLive, r.Identifies, r.RefusedIdentifies, r.Resumes, r.FailedResumes)
 	fmt.Fprintf(&b, "Client frames %d (sender not found %d); after SIGCONT %d; for a shard the sender did not own %d.\n",
@@ -60,6 +102,11 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "Paused nodes' sessions still on an open connection at SIGCONT (silent, not counted live; a frame on one would count): %d.\n", r.QuietAtWake)
 	if r.OverBound > 0 {
 		fmt.Fprintf(&b, "Failovers or recoveries over the bound of %v (converged within %v): %d.\n", r.Config.Bound(), r.Config.hangBound(), r.OverBound)
+	}
+	for _, p := range r.Placements {
+		if p.Change != "etcd" && p.Moves > p.MoveBound(r.Config.Shards) {
+			fmt.Fprintf(&b, "MOVES OVER ⌈N/M⌉ + 1: fault %d (%s), %s: %d moves, %d members, %d to %d shards each.\n", p.Fault, p.Kind, p.Change, p.Moves, p.Members, p.Min, p.Max)
+		}
 	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "VIOLATION: %s\n", v)

@@ -73,6 +73,24 @@ func TestSoak(t *testing.T) {
 	if rep.QuietAtWake == 0 {
 		t.Error("no paused node's connection was still open at SIGCONT: the simulator dropped them, so a frame a woken node wrote on an old socket could not have been seen")
 	}
+	if len(rep.Wakes) != rep.Faults[Pause] {
+		t.Errorf("%d woken nodes' deliveries read; want one per pause (%d)", len(rep.Wakes), rep.Faults[Pause])
+	}
+	lines := 0
+	for _, w := range rep.Wakes {
+		lines += w.Lines
+		if w.Held == 0 {
+			t.Errorf("fault %d: %s's lines before its stop named no session: the check of what it delivered after its deadline had nothing to look for", w.Fault, w.Node)
+		}
+	}
+	if lines == 0 {
+		t.Error("no woken node appended a dispatch line after its stop: the check of what it delivered after its deadline read nothing")
+	}
+	// A leave and a join for each kill, pause, partition and drain; one
+	// placement at the end of each etcd kill.
+	if want := 20 + rep.Faults[Kill] + rep.Faults[Pause] + rep.Faults[Partition] + rep.Faults[Drain]; len(rep.Placements) != want {
+		t.Errorf("%d placements recorded; want %d", len(rep.Placements), want)
+	}
 	if rep.UnknownFrames*100 > rep.Frames {
 		t.Errorf("%d of %d frames with no known sender; want under 1%%", rep.UnknownFrames, rep.Frames)
 	}
@@ -115,6 +133,9 @@ func TestSoakCluster(t *testing.T) {
 	}
 	if err := rep.Err(); err != nil {
 		t.Fatal(err)
+	}
+	if len(rep.Placements) != len(ClusterKinds) {
+		t.Errorf("%d placements recorded; want one at the end of each fault (%d)", len(rep.Placements), len(ClusterKinds))
 	}
 	for _, k := range ClusterKinds {
 		if rep.Faults[k] != 1 {

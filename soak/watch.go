@@ -116,3 +116,39 @@ func ownedIn(h []ownerChange, node string, from, to time.Time) bool {
 	}
 	return false
 }
+
+// current returns the holder of each shard of [0, total) as the watch last
+// saw it ("" for none).
+func (o *owners) current(total int) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]string, total)
+	for id, h := range o.hist {
+		if id >= 0 && id < total && len(h) > 0 {
+			out[id] = h[len(h)-1].node
+		}
+	}
+	return out
+}
+
+// movesSince counts the acquisitions the watch saw after from of a shard
+// key by a node other than the one that held it last: a key rewritten by
+// its holder (a rejoin that keeps its keys) is no move, nor is a deletion.
+func (o *owners) movesSince(from time.Time) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	moves := 0
+	for _, h := range o.hist {
+		last := ""
+		for _, ch := range h {
+			if ch.node == "" {
+				continue
+			}
+			if ch.node != last && ch.at.After(from) {
+				moves++
+			}
+			last = ch.node
+		}
+	}
+	return moves
+}
