@@ -108,7 +108,7 @@
 // Most often the keys never went: the lost membership's revoke failed
 // while etcd was down, and an etcd that comes back restores its leases
 // with a fresh TTL. Then the next Join (Config.Replaces; the node retries
-// every TTL/3 meanwhile, not up to 10 s) moves the member key and the
+// every TTL/10 meanwhile, each try bounded by TTL/3 or 2 s, not up to 10 s) moves the member key and the
 // node's shard keys still attached to the old lease onto the new one, in
 // transactions guarded by the old lease, and revokes the old lease. A Put
 // keeps a key's CreateRevision: the generation is unchanged, the core is
