@@ -18,7 +18,8 @@ import (
 // nodes and cost identifies): nodes a and b share 8 shards over a
 // three-member cluster of child processes; a follower is partitioned
 // from the others, then the leader, then the leader is killed, each for
-// 2 × TTL. No shard may change generation or node. Across a follower's
+// 2 × TTL. No shard may change node, nor generation unless the grant of
+// the new one says the session continues. Across a follower's
 // partition two members with a leader stay reachable, so no node may lose
 // its membership either (no fencing stop). A leader partitioned or killed
 // may cost one: no member has a leader until the others elect one, one to
@@ -121,15 +122,37 @@ func TestOwnershipClusterFaults(t *testing.T) {
 		if err := f.repair(m); err != nil {
 			t.Fatalf("%s: repair: %v", f.name, err)
 		}
-		if lost != 0 && f.name == "follower partition" {
-			t.Errorf("%s: %d fencing stops; want none (two members with a leader were reachable)", f.name, lost)
-		}
 		t.Logf("%s: %d fencing stops", f.name, lost)
-		for id := range total {
-			if who[id] != beforeWho[id] || gens[id] != beforeGen[id] {
-				t.Errorf("%s: shard %d on %q at generation %d at the fault's end; was on %q at %d", f.name, id, who[id], gens[id], beforeWho[id], beforeGen[id])
+		if f.name == "follower partition" {
+			if lost != 0 {
+				t.Errorf("%s: %d fencing stops; want none (two members with a leader were reachable)", f.name, lost)
+			}
+			for id := range total {
+				if who[id] != beforeWho[id] || gens[id] != beforeGen[id] {
+					t.Errorf("%s: shard %d on %q at generation %d at the fault's end; was on %q at %d", f.name, id, who[id], gens[id], beforeWho[id], beforeGen[id])
+				}
 			}
 		}
 		waitForLong(t, time.Minute, fmt.Sprintf("a and b to own their shares after the %s", f.name), placed)
+		// No identify: every shard is back on its node, at its generation
+		// (the keys were kept), or at a new one marked Continues (the key
+		// went, but nobody else held it in between).
+		afterWho, afterGen := owned()
+		for id := range total {
+			if afterWho[id] != beforeWho[id] {
+				t.Errorf("%s: shard %d moved from %s to %s", f.name, id, beforeWho[id], afterWho[id])
+				continue
+			}
+			if afterGen[id] == beforeGen[id] {
+				continue
+			}
+			r := rigs[map[string]int{"a": 0, "b": 1}[afterWho[id]]]
+			r.shards.mu.Lock()
+			first := r.shards.first[[2]uint64{uint64(id), afterGen[id]}]
+			r.shards.mu.Unlock()
+			if !first.Continues {
+				t.Errorf("%s: shard %d granted generation %d (was %d) without Continues: a new session", f.name, id, afterGen[id], beforeGen[id])
+			}
+		}
 	}
 }
