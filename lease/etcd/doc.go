@@ -21,7 +21,13 @@
 // (core.Fence), not here: a wall step does not end the membership.
 // Renewals are sent every TTL/3, retried every TTL/10 after a failure; each
 // try is bounded by TTL/3 of real time because KeepAliveOnce itself retries
-// until its context ends. When the deadline passes, Done closes: the caller
+// until its context ends. With several endpoints a renewal not answered
+// after TTL/10 is sent again, to the next endpoint, while the first try
+// goes on (up to three tries; the first answer counts, with its own send
+// time): a member cut off from the others, or a follower whose leader was
+// just killed, holds a renewal rather than refuse it. Every Get and Txn
+// requires a leader and is retried on another endpoint when a member has
+// none (RequireLeader; etcd's client retries reads only). When the deadline passes, Done closes: the caller
 // stops every owned shard (state STOPPED, reason "lease lost"). A renewal
 // answered after the deadline does not revive the membership, since etcd
 // may already have deleted its keys and another node may own them; the
