@@ -229,6 +229,29 @@ func TestHandover(t *testing.T) {
 	}
 }
 
+// A grant of a new generation after a move that arrives already expired
+// (its snapshot load took longer than the deadline: an etcd member cut off
+// from the others held the load 5 s at TTL 3 s) leaves the shard stopped,
+// but the renewals of that generation must start it: the move was of the
+// old generation. The shard stayed STOPPED "moved" under the new
+// generation, its key held, so on no node (attack22 F1, 52 s and more).
+func TestGrantAfterMoveArrivingExpired(t *testing.T) {
+	e := ownerEnv(t, nil)
+	e.grant(2, 4, 10*time.Second)
+	e.ready(2, 1)
+	if _, err := e.node.Handover(2); err != nil {
+		t.Fatal(err)
+	}
+	e.grant(2, 9, -time.Second)
+	if d := e.diag(2); d.State != core.Stopped {
+		t.Fatalf("after an expired grant: %v; want STOPPED", d.State)
+	}
+	e.grant(2, 9, 10*time.Second)
+	if d := e.diag(2); d.State == core.Stopped {
+		t.Fatalf("a renewal of the new generation left the shard %v %q; want it started", d.State, d.StopReason)
+	}
+}
+
 // Handover returns only once the old connection can write no more, so that
 // the caller releases the shard's key after its last frame (the failover
 // soak saw a heartbeat reach the gateway a second after the release); a

@@ -862,6 +862,14 @@ func (s *shard) setLease(g LeaseGrant) {
 	// the old one racing the handover must not restart it.
 	moved := s.state == Stopped && s.stopReason == StoppedByMove && sameGen
 	s.lease = g
+	if !sameGen && g.Owner && g.Generation != 0 && s.state == Stopped && s.stopReason == StoppedByMove {
+		// The move was of the old generation. A grant of a new one that
+		// arrives expired (its snapshot load outlasted the deadline) leaves
+		// the shard stopped by the lease, so that the renewals of that
+		// generation start it; kept "moved", the shard ran nowhere while
+		// its key was held.
+		s.stopReason = s.leaseStopReason()
+	}
 	if sameGen && s.fence != nil && !moved {
 		s.fence.set(s.monoDeadline(g, now), g.Deadline)
 	} else if !moved {

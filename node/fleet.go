@@ -184,7 +184,7 @@ func (f *Fleet) init(cfg Config, plan leaseetcd.Plan, ttl time.Duration, mc int)
 	if !e.Unconfirmed {
 		f.Confirm = core.NewConfirmations(o.Confirm, cfg.Clock, 0)
 	}
-	f.Store, err = sessetcd.New(sessetcd.Config{KV: f.client, Guard: o, Generation: o.Generation})
+	f.Store, err = sessetcd.New(sessetcd.Config{KV: leaseetcd.RequireLeader(f.client), Guard: o, Generation: o.Generation})
 	if err != nil {
 		f.close()
 		return err

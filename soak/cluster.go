@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,6 +23,21 @@ import (
 type Cluster struct {
 	Members []*Etcd
 	peers   []*Proxy // Members[i]'s peer proxy
+}
+
+// BuildEtcd builds the etcd server of a test's cluster (package
+// soak/etcdchild) into a test folder and returns its path: a test binary
+// re-executed as etcd (os.Executable) carries the race detector under
+// -race, which slows a member enough for elections to come and go at a
+// TTL of 3 s; this one is built without it.
+func BuildEtcd(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "etcdchild")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/shardfs/shardfs/soak/etcdchild").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build soak/etcdchild: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // NewCluster prepares n members that exe (a binary calling MaybeRunEtcd)

@@ -130,5 +130,6 @@ var describe = map[Kind]string{
 
 	MemberKill:      "kill -9 of an etcd member that does not lead, 2 × TTL, restart",
 	LeaderKill:      "kill -9 of the etcd leader (a leader change), 2 × TTL, restart",
-	MemberPartition: "an etcd member cut off from the others, 2 × TTL, healed",
+	MemberPartition: "an etcd member that does not lead cut off from the others, 2 × TTL, healed",
+	LeaderPartition: "the etcd leader cut off from the others (a leader change), 2 × TTL, healed",
 }

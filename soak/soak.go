@@ -39,7 +39,8 @@ const (
 	// that leave etcd a quorum, each held for 2 × TTL.
 	MemberKill      Kind = "member"           // SIGKILL of a member that does not lead, then a restart
 	LeaderKill      Kind = "leader"           // SIGKILL of the leader (a leader change), then a restart
-	MemberPartition Kind = "member-partition" // a member cut off from the others, then healed
+	MemberPartition Kind = "member-partition" // a member that does not lead cut off from the others, then healed
+	LeaderPartition Kind = "leader-partition" // the leader cut off from the others (a leader change), then healed
 )
 
 // Kinds are the faults drawn by default, in the order the report lists
@@ -48,7 +49,7 @@ var Kinds = []Kind{Kill, Pause, Partition, EtcdKill, Drain}
 
 // ClusterKinds are the faults of an etcd member; they need
 // Config.EtcdMembers of 3 or more.
-var ClusterKinds = []Kind{MemberKill, LeaderKill, MemberPartition}
+var ClusterKinds = []Kind{MemberKill, LeaderKill, MemberPartition, LeaderPartition}
 
 // quorate reports whether a fault of kind k leaves etcd a quorum: then
 // nothing may be lost, duplicated or re-identified.
@@ -579,7 +580,7 @@ func (c *cluster) inject(ctx context.Context, f fault, rep *Report) error {
 			return err
 		}
 		logf("etcd down %v", down.Round(time.Millisecond))
-	case MemberKill, LeaderKill, MemberPartition:
+	case MemberKill, LeaderKill, MemberPartition, LeaderPartition:
 		repaired, err = c.memberFault(ctx, rep, f, logf)
 		if err != nil {
 			return err
@@ -889,7 +890,7 @@ func (ps proxySet) Close() {
 }
 
 // memberFault runs a fault of one etcd member (MemberKill, LeaderKill,
-// MemberPartition) for 2 × TTL, checks that every shard is still READY on
+// MemberPartition, LeaderPartition) for 2 × TTL, checks that every shard is still READY on
 // exactly one node at its end (nothing lost while etcd kept a quorum),
 // and repairs it; it returns when the repair began.
 //
@@ -906,10 +907,11 @@ func (c *cluster) memberFault(ctx context.Context, rep *Report, f fault, logf fu
 		return time.Time{}, err
 	}
 	var m *Etcd
+	partition := f.kind == MemberPartition || f.kind == LeaderPartition
 	switch f.kind {
-	case LeaderKill:
+	case LeaderKill, LeaderPartition:
 		m = leader
-	case MemberKill:
+	default:
 		var others []*Etcd
 		for _, e := range c.etcd.Members {
 			if e != leader {
@@ -917,16 +919,14 @@ func (c *cluster) memberFault(ctx context.Context, rep *Report, f fault, logf fu
 			}
 		}
 		m = others[f.rng.IntN(len(others))]
-	default:
-		m = c.etcd.Members[f.rng.IntN(len(c.etcd.Members))]
 	}
 	began := time.Now()
-	if f.kind == MemberPartition {
+	if partition {
 		c.etcd.Partition(m)
 	} else {
 		m.Kill()
 	}
-	if f.kind == LeaderKill || (f.kind == MemberPartition && m == leader) {
+	if m == leader {
 		if next, err := c.awaitLeader(ctx, m); err != nil {
 			logf("no new leader: %v", err)
 		} else {
@@ -944,12 +944,12 @@ func (c *cluster) memberFault(ctx context.Context, rep *Report, f fault, logf fu
 		logf("NOT CONVERGED, etcd member %s (leader %v): %v; repairing it and going on", m.name, m == leader, err)
 	}
 	repaired := time.Now()
-	if f.kind == MemberPartition {
+	if partition {
 		err = c.etcd.Heal(m)
 	} else {
 		err = m.Start(ctx)
 	}
-	logf("etcd member %s (leader %v) %s for %v", m.name, m == leader, map[Kind]string{MemberKill: "killed", LeaderKill: "killed", MemberPartition: "partitioned"}[f.kind], repaired.Sub(began).Round(time.Millisecond))
+	logf("etcd member %s (leader %v) %s for %v", m.name, m == leader, map[Kind]string{MemberKill: "killed", LeaderKill: "killed", MemberPartition: "partitioned", LeaderPartition: "partitioned"}[f.kind], repaired.Sub(began).Round(time.Millisecond))
 	return repaired, err
 }
 

@@ -104,9 +104,10 @@ func (l testLog) Write(p []byte) (int, error) {
 }
 
 // The soak with a three-member etcd cluster (issue 22, "A real
-// cluster"), CI-sized: 3 nodes, 16 shards, 6 faults, two each of an etcd
-// member killed, the leader killed (a leader change) and a member
-// partitioned from the others, each held for 2 × TTL. etcd keeps a
+// cluster"), CI-sized: 3 nodes, 16 shards, one fault of each etcd member
+// kind: a member killed, the leader killed (a leader change), a member
+// that does not lead partitioned from the others, the leader partitioned
+// (a leader change), each held for 2 × TTL. etcd keeps a
 // quorum throughout, so nothing may be lost (every shard READY on exactly
 // one node at the end of each fault), duplicated (never two live sessions)
 // or re-identified (Run records an identify during such a fault as a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -123,22 +124,44 @@ func versionAtLeast(v, min string) bool {
 	return true
 }
 
-// checkVersion asks every endpoint of cli for its version and refuses
-// one below MinVersion. Endpoints that do not answer are skipped, unless
-// none answers.
+// versionTimeout bounds the version question to one endpoint: a member
+// that is down (the client waits for it to be ready) must not hold a join
+// while the others answer.
+const versionTimeout = 2 * time.Second
+
+// checkVersion asks every endpoint of cli for its version, all at once,
+// and refuses one below MinVersion. Endpoints that do not answer within
+// versionTimeout are skipped, unless none answers.
 func checkVersion(ctx context.Context, status func(ctx context.Context, endpoint string) (string, error), endpoints []string) error {
-	var lastErr error
-	answered := 0
+	type answer struct {
+		ep, version string
+		err         error
+	}
+	answers := make(chan answer, len(endpoints))
 	for _, ep := range endpoints {
-		v, err := status(ctx, ep)
-		if err != nil {
-			lastErr = err
-			continue
+		go func() {
+			sctx, cancel := context.WithTimeout(ctx, versionTimeout)
+			defer cancel()
+			v, err := status(sctx, ep)
+			answers <- answer{ep, v, err}
+		}()
+	}
+	var lastErr, tooOld error
+	answered := 0
+	for range endpoints {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			lastErr = a.err
+		case !versionAtLeast(a.version, MinVersion):
+			tooOld = fmt.Errorf("%w: %s runs etcd %s; shardfs needs %s or later (doc/fleet.md says where to get it)", ErrEtcdTooOld, a.ep, a.version, MinVersion)
+			answered++
+		default:
+			answered++
 		}
-		answered++
-		if !versionAtLeast(v, MinVersion) {
-			return fmt.Errorf("%w: %s runs etcd %s; shardfs needs %s or later (doc/fleet.md says where to get it)", ErrEtcdTooOld, ep, v, MinVersion)
-		}
+	}
+	if tooOld != nil {
+		return tooOld
 	}
 	if answered == 0 && lastErr != nil {
 		return fmt.Errorf("etcd: ask the version: %w", lastErr)

@@ -21,7 +21,13 @@
 // (core.Fence), not here: a wall step does not end the membership.
 // Renewals are sent every TTL/3, retried every TTL/10 after a failure; each
 // try is bounded by TTL/3 of real time because KeepAliveOnce itself retries
-// until its context ends. When the deadline passes, Done closes: the caller
+// until its context ends. With several endpoints a renewal not answered
+// after TTL/10 is sent again, to the next endpoint, while the first try
+// goes on (up to three tries; the first answer counts, with its own send
+// time): a member cut off from the others, or a follower whose leader was
+// just killed, holds a renewal rather than refuse it. Every Get and Txn
+// requires a leader and is retried on another endpoint when a member has
+// none (RequireLeader; etcd's client retries reads only). When the deadline passes, Done closes: the caller
 // stops every owned shard (state STOPPED, reason "lease lost"). A renewal
 // answered after the deadline does not revive the membership, since etcd
 // may already have deleted its keys and another node may own them; the
@@ -108,7 +114,7 @@
 // Most often the keys never went: the lost membership's revoke failed
 // while etcd was down, and an etcd that comes back restores its leases
 // with a fresh TTL. Then the next Join (Config.Replaces; the node retries
-// every TTL/3 meanwhile, not up to 10 s) moves the member key and the
+// every TTL/10 meanwhile, each try bounded by TTL/3 or 2 s, not up to 10 s) moves the member key and the
 // node's shard keys still attached to the old lease onto the new one, in
 // transactions guarded by the old lease, and revokes the old lease. A Put
 // keeps a key's CreateRevision: the generation is unchanged, the core is

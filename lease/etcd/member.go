@@ -46,6 +46,9 @@ type Config struct {
 	// versionOf, when set, answers for an endpoint's etcd version
 	// instead of its Status (tests).
 	versionOf func(ctx context.Context, endpoint string) (string, error)
+	// versionChecked skips the version check: the Ownership's joins
+	// after its first, which must not wait on a member that is down.
+	versionChecked bool
 
 	// Replaces is the lease of this node's lost membership, when its
 	// revoke failed (etcd was down): Join moves the member key and this
@@ -72,6 +75,10 @@ type Member struct {
 	log        *slog.Logger
 	id         clientv3.LeaseID
 	ttl        time.Duration // as granted
+	// hedge is the wait after which a renewal not answered yet is sent
+	// again (to the next endpoint) while the first try goes on; zero
+	// with one endpoint.
+	hedge time.Duration
 
 	kick       chan struct{} // the renewal timer asks the loop for a renewal
 	stop       chan struct{}
@@ -120,7 +127,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	}
 	m := &Member{
 		bot: cfg.Bot, node: cfg.Node, plan: cfg.Plan, candidates: cfg.Candidates, prefix: Prefix(cfg.Bot),
-		kv: cfg.Client, lease: cfg.Client, clock: clock.Or(cfg.Clock), log: cfg.Logger,
+		kv: RequireLeader(cfg.Client), lease: cfg.Client, clock: clock.Or(cfg.Clock), log: cfg.Logger,
 		mayRenew: cfg.MayRenew, renewed: make(chan struct{}, 1),
 	}
 	if m.log == nil {
@@ -136,8 +143,10 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 			return r.Version, nil
 		}
 	}
-	if err := checkVersion(ctx, status, cfg.Client.Endpoints()); err != nil {
-		return nil, err
+	if !cfg.versionChecked {
+		if err := checkVersion(ctx, status, cfg.Client.Endpoints()); err != nil {
+			return nil, err
+		}
 	}
 	if err := m.ensurePlan(ctx); err != nil {
 		return nil, err
@@ -166,6 +175,9 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if err != nil {
 		m.revoke(g.ID)
 		return nil, fmt.Errorf("etcd: join bot %s as node %s: %w", m.bot, m.node, err)
+	}
+	if len(cfg.Client.Endpoints()) > 1 {
+		m.hedge = hedgeAfter(time.Duration(g.TTL) * time.Second)
 	}
 	m.start(g.ID, time.Duration(g.TTL)*time.Second, sent, nil)
 	if cfg.Replaces != 0 {
@@ -339,16 +351,9 @@ func (m *Member) renew() error {
 		}
 		return errNotRenewing
 	}
-	sent := clock.Mono(m.clock)
-	m.noteWallStep(sent)
-	// KeepAliveOnce retries transient errors by itself until its context
-	// ends: bound each try by a third of the TTL of real time, and by the
-	// loss of the membership.
-	// A member without a leader (cut off from the others) refuses at
-	// once: the retry, TTL/10 later, goes to the next endpoint.
-	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(m.callCtx), m.ttl/3)
-	r, err := m.lease.KeepAliveOnce(ctx, m.id)
-	cancel()
+	m.noteWallStep(clock.Mono(m.clock))
+	a := m.keepAlive()
+	r, err, sent := a.r, a.err, a.sent
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -384,6 +389,80 @@ func (m *Member) renew() error {
 	m.lossT.Reset(m.deadline - now)
 	m.renewT.Reset(sent + m.ttl/3 - now)
 	return nil
+}
+
+// maxRenewTries bounds the tries of one renewal.
+const maxRenewTries = 3
+
+// hedgeAfter is the wait, in real time, before a renewal not answered yet
+// is sent again: a tenth of the TTL (but 100 ms at least, many times a
+// renewal's round trip), so that at TTL 3 s two more tries fit before the
+// next renewal was due.
+func hedgeAfter(ttl time.Duration) time.Duration { return max(ttl/10, 100*time.Millisecond) }
+
+// renewal is the outcome of one try of a renewal.
+type renewal struct {
+	r    *clientv3.LeaseKeepAliveResponse
+	err  error
+	sent time.Duration // monotonic send time of the try
+}
+
+// keepAlive renews the lease once. KeepAliveOnce retries transient errors
+// by itself until its context ends: each try is bounded by a third of the
+// TTL of real time, and by the loss of the membership. A member without a
+// leader refuses at once (clientv3.WithRequireLeader) and KeepAliveOnce's
+// next stream goes to the next endpoint; but a member cut off from the
+// others that has not noticed yet, or a follower whose leader was just
+// killed, takes the renewal and holds it while it forwards it to a leader
+// it cannot reach: a third of the TTL gone, and at TTL 3 s the deadline
+// with it (attack22 F1). So, with several endpoints, a try not answered
+// after m.hedge is sent again, to the next endpoint, while the first goes
+// on (a renewal is idempotent), up to maxRenewTries; the first answer
+// counts, with its own send time, so the deadline stays as safe as with
+// one try.
+func (m *Member) keepAlive() renewal {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(m.callCtx))
+	defer cancel()
+	answers := make(chan renewal, maxRenewTries)
+	tries, pending := 0, 0
+	try := func() {
+		tries++
+		pending++
+		sent := clock.Mono(m.clock)
+		go func() {
+			tctx, tcancel := context.WithTimeout(ctx, m.ttl/3)
+			r, err := m.lease.KeepAliveOnce(tctx, m.id)
+			tcancel()
+			answers <- renewal{r, err, sent}
+		}()
+	}
+	try()
+	var hedge <-chan time.Time
+	if m.hedge > 0 {
+		t := time.NewTicker(m.hedge)
+		defer t.Stop()
+		hedge = t.C
+	}
+	for {
+		select {
+		case a := <-answers:
+			pending--
+			if a.err == nil || errors.Is(a.err, rpctypes.ErrLeaseNotFound) {
+				return a
+			}
+			if pending > 0 {
+				continue // another try may still answer
+			}
+			if hedge == nil || tries >= maxRenewTries || ctx.Err() != nil {
+				return a
+			}
+			try() // every try so far failed: the next endpoint, at once
+		case <-hedge:
+			if tries < maxRenewTries {
+				try()
+			}
+		}
+	}
 }
 
 // wallStepLogged is the smallest step of the wall clock noteWallStep logs.

@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -288,6 +289,16 @@ func (o *Ownership) Run(ctx context.Context) error {
 			return err
 		case err != nil:
 			o.setState(StateWaiting, err)
+			o.mu.Lock()
+			if o.staleLease != 0 {
+				// A lost membership's keys may still live in etcd (one that
+				// comes back with its leases, or a cluster between two
+				// leaders): rejoin within their TTL, so that Join keeps
+				// them (Config.Replaces) before they expire and the other
+				// nodes take the shards.
+				delay = min(delay, max(o.cfg.TTL/10, 100*time.Millisecond))
+			}
+			o.mu.Unlock()
 			if msg := err.Error(); msg != o.logged {
 				o.logged = msg
 				o.log.Warn("etcd: cannot join yet; owning nothing, retrying", "node", o.cfg.Node, "err", err, "retry", delay)
@@ -296,15 +307,6 @@ func (o *Ownership) Run(ctx context.Context) error {
 				return nil
 			}
 			delay = min(2*delay, 10*time.Second)
-			o.mu.Lock()
-			if o.staleLease != 0 {
-				// A lost membership's keys may still live in an etcd that
-				// comes back with its leases: rejoin within their TTL, so
-				// that Join keeps them (Config.Replaces) before they expire
-				// and the other nodes take the shards.
-				delay = min(delay, max(o.cfg.TTL/3, 100*time.Millisecond))
-			}
-			o.mu.Unlock()
 			continue
 		}
 		delay, o.logged = time.Second, ""
@@ -352,14 +354,28 @@ func (o *Ownership) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 func (o *Ownership) join(ctx context.Context) (*Member, error) {
-	jctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), callTimeout)
-	defer cancel()
 	o.mu.Lock()
 	stale := o.staleLease
 	o.mu.Unlock()
+	timeout := callTimeout
+	if stale != 0 {
+		// The lost membership's keys live in etcd until its lease expires,
+		// as little as a second after this node's deadline: a join that
+		// hangs (its write sent to a member whose leader was just killed)
+		// is given up after TTL/3 (2 s at least) and tried again, on another endpoint,
+		// rather than after 5 s, when the others have taken the shards.
+		timeout = min(callTimeout, max(cmp.Or(o.cfg.TTL, DefaultTTL)/3, 2*time.Second))
+	}
+	jctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
+	defer cancel()
+	o.mu.Lock()
+	// The etcd version was checked at the first join: a join again after
+	// a lost membership, with a member down, must not wait for it.
+	checked := o.joins > 0
+	o.mu.Unlock()
 	m, err := Join(jctx, Config{
 		Client: o.cfg.Client, Bot: o.cfg.Bot, Node: o.cfg.Node, Plan: o.cfg.Plan, Candidates: o.cfg.Candidates, TTL: o.cfg.TTL,
-		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew, Replaces: stale,
+		Clock: o.clock, Logger: o.log, MayRenew: o.cfg.MayRenew, Replaces: stale, versionChecked: checked,
 	})
 	if err != nil {
 		return nil, err
@@ -418,7 +434,14 @@ func (o *Ownership) serve(ctx context.Context, m *Member) {
 	resyncEvery := max(m.TTL()/2, time.Second)
 	resync := o.clock.AfterFunc(resyncEvery, o.wake)
 	defer resync.Stop()
-	o.reconcile(ctx, m)
+	// A reconcile's calls end with the membership: a read held by a
+	// member cut off from the others (up to callTimeout) must not keep
+	// this loop from ending the lost membership and joining again while
+	// the old lease's keys still live.
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	defer context.AfterFunc(m.callCtx, rcancel)()
+	o.reconcile(rctx, m)
 	for {
 		select {
 		case <-ctx.Done():
@@ -464,7 +487,7 @@ func (o *Ownership) serve(ctx context.Context, m *Member) {
 		if o.leaveIfDrained(m) {
 			return
 		}
-		o.reconcile(ctx, m)
+		o.reconcile(rctx, m)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/shardfs/shardfs/clock"
 	"github.com/shardfs/shardfs/core"
+	leaseetcd "github.com/shardfs/shardfs/lease/etcd"
 )
 
 // Defaults of Config (DESIGN 7.3).
@@ -160,7 +161,7 @@ func New(cfg Config) (*Pacer, error) {
 		total = core.DiscordStartTotal
 	}
 	p := &Pacer{
-		kv: cfg.Client, leases: cfg.Client, watcher: cfg.Client,
+		kv: leaseetcd.RequireLeader(cfg.Client), leases: cfg.Client, watcher: cfg.Client,
 		dir: cfg.Prefix + "identify/", node: cfg.Node,
 		keySecs: secs, hold: hold, retry: cmpOr(cfg.Retry, DefaultRetry),
 		clock: clock.Or(cfg.Clock), log: cfg.Logger,
