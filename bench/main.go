@@ -54,6 +54,7 @@ func main() {
 	flag.IntVar(&cfg.fleetFaults, "fleet-faults", cfg.fleetFaults, "faults of the failover soak")
 	flag.IntVar(&cfg.fleetMembers, "fleet-etcd-members", 1, "etcd members of the failover soak: 1, or 3 to add the member faults (killed, leader killed, partitioned)")
 	flag.DurationVar(&cfg.fleetTTL, "fleet-ttl", 0, "--etcd-ttl of the failover soak (0: 3s)")
+	flag.DurationVar(&cfg.relay.phase, "relay-phase", cfg.relay.phase, "traffic per phase of the relay comparison")
 	flag.BoolVar(&verbose, "v", false, "copy the children's stderr to ours")
 	merge := flag.Bool("merge", true, "with -only, put the comparisons run into the existing -out file, replacing their sections and summary rows and keeping the others")
 	flag.Parse()

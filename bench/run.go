@@ -50,6 +50,7 @@ type config struct {
 
 	restart restartConfig
 	reshard reshardConfig
+	relay   relayConfig
 
 	fleetFaults int // faults of the failover soak; 0 skips it (the smoke test)
 	// fleetMembers is the soak's etcd cluster size (1 or 3; 3 adds the
@@ -90,6 +91,7 @@ func defaultConfig() config {
 		memTLSHeartbeat:    10 * time.Second,
 		restart:            defaultRestartConfig(),
 		reshard:            defaultReshardConfig(),
+		relay:              defaultRelayConfig(),
 		fleetFaults:        100,
 	}
 }
@@ -113,6 +115,7 @@ var comparisons = []comparison{
 	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
 	{"reshard", "A larger plan without downtime: 4011 to the switch (serve --total auto)", runReshard},
 	{"fleet", "Failover soak: three nodes sharing one bot through etcd", runFleet},
+	{"relay", "Gateway relay: discordgo through serve --relay vs straight to the simulator", runRelay},
 }
 
 // groups are names -only accepts for several comparisons.
