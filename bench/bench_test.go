@@ -80,6 +80,7 @@ func TestHarness(t *testing.T) {
 		"## 7. Memory per idle shard over TLS", "resident memory per READY shard over TLS, 4 shards",
 		"resident memory per READY shard over TLS, 8 shards (shardfs alone)", "Where the memory goes", "crypto/tls",
 		"## 8. Dispatch throughput over TLS with zlib-stream", "dispatch events per CPU-second of the client over TLS, shardfs with zlib-stream",
+		"## 15. Gateway relay", "MESSAGE_CREATE timestamp to handler p99, 10,000 events/s", "node CPU per event for the second relay client",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q", want)

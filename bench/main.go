@@ -57,6 +57,7 @@ func main() {
 	flag.IntVar(&cfg.fleetStopShards, "fleet-stop-shards", cfg.fleetStopShards, "shards of the lone fleet node whose stop is timed")
 	flag.IntVar(&cfg.fleetStopRuns, "fleet-stop-runs", cfg.fleetStopRuns, "runs of the lone fleet node's stop")
 	flag.DurationVar(&cfg.fleetHangBound, "fleet-hang-bound", 0, "how long the failover soak waits for a fault to converge before it ends the run (0: the bound, TTL + 10 s); a longer wait counts the faults over the bound and goes on")
+	flag.DurationVar(&cfg.relay.phase, "relay-phase", cfg.relay.phase, "traffic per phase of the relay comparison")
 	flag.BoolVar(&verbose, "v", false, "copy the children's stderr to ours")
 	merge := flag.Bool("merge", true, "with -only, put the comparisons run into the existing -out file, replacing their sections and summary rows and keeping the others")
 	flag.Parse()

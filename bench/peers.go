@@ -26,6 +26,7 @@ type peerFlags struct {
 	total        int
 	mc           int
 	seqs         bool
+	latency      bool          // discordgo: record each MESSAGE_CREATE's age (lat)
 	logErrors    bool          // disgo: its errors to stderr
 	openTimeout  time.Duration // disgo: give up opening after this long
 }
@@ -39,6 +40,7 @@ func parsePeerFlags(role string, args []string) (peerFlags, error) {
 	fs.IntVar(&p.total, "total", 0, "the bot's shard count (default: shards)")
 	fs.IntVar(&p.mc, "max-concurrency", 1, "max_concurrency")
 	fs.BoolVar(&p.seqs, "seqs", false, "record every dispatch sequence, to count lost events")
+	fs.BoolVar(&p.latency, "latency", false, "discordgo: record the time from each MESSAGE_CREATE's timestamp (the simulator's send) to its handler")
 	fs.BoolVar(&p.logErrors, "log-errors", false, "disgo: log its errors to stderr")
 	fs.DurationVar(&p.openTimeout, "open-timeout", 0, "disgo: stop opening after this long (0: never); it retries a failed dial for ever")
 	fs.IntVar(&runtime.MemProfileRate, "memprofilerate", runtime.MemProfileRate, "runtime.MemProfileRate, for heapsum")
@@ -57,6 +59,7 @@ type peerState struct {
 	readies  []atomic.Bool
 	messages atomic.Int64
 	seqs     []seqSet
+	lat      hist // with -latency: MESSAGE_CREATE timestamp to handler
 }
 
 func newPeerState(n int, seqs bool) *peerState {
@@ -132,9 +135,14 @@ func peerCommands(p *peerState, open func() (string, error)) map[string]func([]s
 			}
 			return waitFor(timeout, want, p.readyCount)
 		},
-		"count":   func([]string) (string, error) { return strconv.FormatInt(p.messages.Load(), 10), nil },
-		"gc":      collect,
-		"heapsum": heapBreakdown,
+		"count": func([]string) (string, error) { return strconv.FormatInt(p.messages.Load(), 10), nil },
+		// lat: N P50 P99 MAX in nanoseconds, as the node role answers.
+		"lat": func([]string) (string, error) {
+			return fmt.Sprintf("%d %.0f %.0f %d", p.lat.n.Load(), p.lat.quantile(0.50), p.lat.quantile(0.99), p.lat.max.Load()), nil
+		},
+		"lat-reset": func([]string) (string, error) { p.lat.reset(); return "", nil },
+		"gc":        collect,
+		"heapsum":   heapBreakdown,
 		// got UPTO...: for each shard, how many of sequences 1..UPTO it
 		// received (the simulator's last sequences, from "seqs").
 		"got": func(args []string) (string, error) {
@@ -189,7 +197,14 @@ func runDiscordgo(args []string) error {
 		s.LogLevel = discordgo.LogError
 		s.Identify.Intents = discordgo.IntentsGuilds | discordgo.IntentsGuildMessages
 		s.AddHandler(func(*discordgo.Session, *discordgo.Ready) { st.readies[i].Store(true) })
-		s.AddHandler(func(*discordgo.Session, *discordgo.MessageCreate) { st.messages.Add(1) })
+		s.AddHandler(func(_ *discordgo.Session, m *discordgo.MessageCreate) {
+			if f.latency {
+				// The simulator stamps a message when it makes it, in
+				// microseconds; both processes read the same clock.
+				st.lat.record(time.Since(m.Timestamp))
+			}
+			st.messages.Add(1)
+		})
 		if f.seqs {
 			s.AddHandler(func(_ *discordgo.Session, e *discordgo.Event) { st.seq(i, e.Sequence) })
 		}

@@ -50,6 +50,7 @@ type config struct {
 
 	restart restartConfig
 	reshard reshardConfig
+	relay   relayConfig
 
 	fleetFaults int // faults of the failover soak; 0 skips it (the smoke test)
 	// fleetMembers is the soak's etcd cluster size (1 or 3; 3 adds the
@@ -97,6 +98,7 @@ func defaultConfig() config {
 		memTLSHeartbeat:    10 * time.Second,
 		restart:            defaultRestartConfig(),
 		reshard:            defaultReshardConfig(),
+		relay:              defaultRelayConfig(),
 		fleetFaults:        100,
 		fleetStopShards:    1024,
 		fleetStopRuns:      3,
@@ -108,6 +110,19 @@ type comparison struct {
 	name  string
 	title string
 	run   func(cfg config, log io.Writer) (*section, error)
+}
+
+// fixedNumbers are the report's section numbers of the comparisons not
+// numbered by their place: sections 12 to 14 of RESULTS.md are written
+// by hand, so a later comparison takes a number after them.
+var fixedNumbers = map[string]int{"relay": 15}
+
+// sectionNumber is the report's number of comparisons[i].
+func sectionNumber(i int) int {
+	if n := fixedNumbers[comparisons[i].name]; n != 0 {
+		return n
+	}
+	return i + 1
 }
 
 var comparisons = []comparison{
@@ -122,6 +137,7 @@ var comparisons = []comparison{
 	{"restart", "Restarts: resume vs cold start (serve --sessions)", runRestart},
 	{"reshard", "A larger plan without downtime: 4011 to the switch (serve --total auto)", runReshard},
 	{"fleet", "Failover soak: three nodes sharing one bot through etcd", runFleet},
+	{"relay", "Gateway relay: discordgo through serve --relay vs straight to the simulator", runRelay},
 }
 
 // groups are names -only accepts for several comparisons.
@@ -150,7 +166,7 @@ func run(cfg config, log io.Writer) (string, error) {
 		if s == nil {
 			s = &section{}
 		}
-		s.number, s.title = i+1, c.title
+		s.number, s.title = sectionNumber(i), c.title
 		s.elapsed = time.Since(start)
 		if err != nil {
 			s.failed = err.Error()
@@ -167,7 +183,7 @@ func selectedNumbers(cfg config) []int {
 	var out []int
 	for i, c := range comparisons {
 		if cfg.only == nil || cfg.only[c.name] {
-			out = append(out, i+1)
+			out = append(out, sectionNumber(i))
 		}
 	}
 	return out

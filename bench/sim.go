@@ -109,16 +109,24 @@ func (s *simRole) flood(args []string) (string, error) {
 	return strconv.Itoa(sessions), nil
 }
 
-// traffic RATE: MESSAGE_CREATEs per second per shard (0 stops).
+// traffic RATE [TICK]: MESSAGE_CREATEs per second per shard (0 stops),
+// generated every TICK (default the simulator's 100 ms; a latency
+// measurement wants a short one, so that events are not sent in bursts).
 func (s *simRole) traffic(args []string) (string, error) {
-	if len(args) != 1 {
-		return "", fmt.Errorf("usage: traffic RATE")
+	if len(args) != 1 && len(args) != 2 {
+		return "", fmt.Errorf("usage: traffic RATE [TICK]")
 	}
 	rate, err := strconv.ParseFloat(args[0], 64)
 	if err != nil {
 		return "", err
 	}
-	s.srv.SetTraffic(gatewaysim.Traffic{PerShard: rate})
+	t := gatewaysim.Traffic{PerShard: rate}
+	if len(args) == 2 {
+		if t.Tick, err = time.ParseDuration(args[1]); err != nil {
+			return "", err
+		}
+	}
+	s.srv.SetTraffic(t)
 	return "", nil
 }
 

@@ -95,6 +95,7 @@ func (s *session) record(seq int64, m mark) {
 type conn struct {
 	s      *Server
 	ws     *websocket.Conn
+	bc     *batchConn // under ws: the puller holds it around a burst
 	remote string
 	url    string // the relay's URL as the client reached it
 	closed chan struct{}
@@ -133,14 +134,15 @@ func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "503: the relay is full", http.StatusServiceUnavailable)
 		return
 	}
-	ws, err := upgrader.Upgrade(w, r, nil)
+	hj := &batchHijacker{ResponseWriter: w}
+	ws, err := upgrader.Upgrade(hj, r, nil)
 	s.mu.Lock()
 	s.upgrading--
 	s.mu.Unlock()
 	if err != nil {
 		return // Upgrade answered the client
 	}
-	c := &conn{s: s, ws: ws, remote: r.RemoteAddr, url: s.publicURL(r), closed: make(chan struct{})}
+	c := &conn{s: s, ws: ws, bc: hj.conn, remote: r.RemoteAddr, url: s.publicURL(r), closed: make(chan struct{})}
 	q := r.URL.Query()
 	switch compress := q.Get("compress"); {
 	case compress == "zstd-stream":

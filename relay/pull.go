@@ -31,6 +31,7 @@ func (c *conn) pull(resumed bool) {
 	lines := sess.cursor.lines
 	sess.mu.Unlock()
 	var frame []byte
+	names := typeNames{}
 	for {
 		ch := log.Notify()
 		p, lost := rd.next(log)
@@ -59,6 +60,7 @@ func (c *conn) pull(resumed bool) {
 		}
 		off := rd.off - int64(len(p))
 		ok := true
+		c.bc.hold()
 		eachLine(p, func(line []byte) {
 			if !ok {
 				return
@@ -69,7 +71,7 @@ func (c *conn) pull(resumed bool) {
 			if !parsed || e.seq < 0 {
 				return // RESUMED and the like are the node's
 			}
-			t := string(e.t)
+			t := names.of(e.t)
 			if t == "READY" {
 				return // the client has its own
 			}
@@ -88,6 +90,9 @@ func (c *conn) pull(resumed bool) {
 			frame = dispatchFrame(frame[:0], seq, t, d)
 			ok = c.write(frame)
 		})
+		if c.bc.release() != nil {
+			ok = false
+		}
 		sess.mu.Lock()
 		sess.cursor = mark{off, lines}
 		sess.mu.Unlock()
@@ -136,4 +141,19 @@ func (c *conn) route(t string, d []byte) ([]byte, bool) {
 		return d, owner == nil || owner == sess
 	}
 	return d, true
+}
+
+// typeNames keeps one string per dispatch type, so that reading a type
+// from a line allocates once per type, not once per line.
+type typeNames map[string]string
+
+func (n typeNames) of(b []byte) string {
+	if t, ok := n[string(b)]; ok {
+		return t
+	}
+	t := string(b)
+	if len(n) < 1024 { // types are a fixed set; a bound all the same
+		n[t] = t
+	}
+	return t
 }
