@@ -41,12 +41,13 @@ import (
 //     restarted.
 //   - Shutdown (SIGTERM, Close) drains first, bounded by DrainTimeout;
 //     what is left when it runs out is released by revoking the lease, and
-//     those shards start new sessions elsewhere. Moves to another member
-//     are paced like any planned move (max_concurrency per 5 s, the figure
-//     discovery gave, not only the flag's); a drain with no other live
-//     member hands its shards to nobody (snapshots saved, for the node's
-//     own restart to resume) and is not paced, so a lone node stops at
-//     once (issue 22, item 9).
+//     those shards start new sessions elsewhere. A drain's moves are not
+//     paced, whether another member takes the shards or nobody does
+//     (snapshots saved, for the node's own restart to resume): whoever
+//     starts a shard next resumes it, which spends no identify, so a node
+//     stops within seconds whatever its shard count (issue 22 item 9,
+//     attack finding F4). A join's moves stay paced (max_concurrency per
+//     5 s, the figure discovery gave, not only the flag's).
 //   - Fluxer has no identify buckets and its budget is per source address
 //     (DESIGN section 2), so it is not paced through etcd: each node paces
 //     its own, which is right for nodes on separate machines. Nodes that
@@ -71,8 +72,8 @@ type Etcd struct {
 	Node string
 	// TTL is the node's etcd lease (--etcd-ttl); zero means 10 s.
 	TTL time.Duration
-	// DrainTimeout bounds the drain at Close; zero means long enough for
-	// the paced moves of every candidate plus a minute.
+	// DrainTimeout bounds the drain at Close; zero means
+	// DefaultDrainTimeout.
 	DrainTimeout time.Duration
 	// IdentifyKeyTTL is the identify bucket keys' lease (identify.Config.
 	// KeyTTL); zero means its default. Tests shorten it along with the
@@ -88,6 +89,13 @@ type Etcd struct {
 	// delivers what it reads after the thaw (doc/fleet.md).
 	Unconfirmed bool
 }
+
+// DefaultDrainTimeout bounds the drain at shutdown. The moves run all at
+// once, each bounded: the close handshake 5 s before the connection is
+// fenced and closed, the snapshot's save 5 s, the key's release 5 s; the
+// rest is room for a loaded machine. With the 17 s of a clean stop after
+// it, a stop fits systemd's TimeoutStopSec of 60 s in the example unit.
+const DefaultDrainTimeout = 30 * time.Second
 
 // fluxerPacing is the Fluxer identify budget of a node of cfg: the
 // fleet's share when one is given.
@@ -161,8 +169,7 @@ func newFleet(cfg Config, log *slog.Logger, clk clock.Clock) (*Fleet, error) {
 	f.flagMC = mc
 	f.drainMax = e.DrainTimeout
 	if f.drainMax == 0 {
-		rounds := (len(cfg.Plan.Local) + mc - 1) / mc
-		f.drainMax = time.Duration(rounds)*leaseetcd.MoveWindow + time.Minute
+		f.drainMax = DefaultDrainTimeout
 	}
 	plan := leaseetcd.Plan{Flavor: cfg.Flavor.String(), Total: cfg.Plan.Total}
 	return f, f.init(cfg, plan, ttl, mc)

@@ -134,3 +134,74 @@ func TestFleetLoneStopLarge(t *testing.T) {
 		t.Fatalf("stop and restart cost %d identifies; want 0", n)
 	}
 }
+
+// handoverShards sizes TestFleetHandoverStop: the shards of the stopping
+// node (the fleet has twice as many); bench/RESULTS.md has the run with
+// -fleet.handover-shards=512 (1,024 shards over two nodes).
+var handoverShards = flag.Int("fleet.handover-shards", 40, "shards of the stopping node in TestFleetHandoverStop")
+
+// A node that stops while another member takes its shards is not paced
+// (issue 22 item 9, attack finding F4: 3 shards took 12.4 s to stop,
+// about 200 s for 40, past systemd's 90 s). Node a may own shards 0 to
+// N-1 (--shards) and owns them all; b may own every shard of 2N and
+// takes N to 2N-1, so nothing moves before the stop. Both run at
+// --max-concurrency 1, the figure a Fluxer fleet paces its moves at. On
+// Close a's drain hands its N shards to b at once, each stopped with
+// 4000 and its snapshot saved, and b resumes every one: the stop costs
+// no identify and no shard runs twice. On the old code the drain made
+// one move per 5 s and ran into its bound (a minute), and the shards
+// left were released by revoking the lease and identified afresh on b.
+// Fluxer, with the budgets raised, so that the start is quick (Discord's
+// start through the fleet's identify pacer is item 4's subject); the
+// stop does not depend on the flavor.
+func TestFleetHandoverStop(t *testing.T) {
+	n := *handoverShards
+	total := 2 * n
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Fluxer, Shards: total, IdentifyBudget: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() }) // after the nodes' Close
+	start := func(name string, last int) *Node {
+		s, err := New(Config{
+			Flavor: core.Fluxer, Token: "sim-token", GatewayURL: sim.GatewayURL() + "/?v=1&encoding=json",
+			Plan: core.Range(total, 0, last), MaxConcurrency: 1,
+			FluxerPacing: core.FluxerPacing{Budget: 1 << 20, Window: time.Minute, Spacing: time.Millisecond},
+			Logger:       slog.New(slog.NewTextHandler(testWriter{t, name}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Etcd:         &Etcd{Client: cli, Bot: "b", Node: name, DrainTimeout: time.Minute},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		s.Start()
+		return s
+	}
+	a := start("a", n-1)
+	within(t, 10*time.Minute, fmt.Sprintf("a: %d shards READY", n), func() bool { return readyOwned(a) == n })
+	b := start("b", total-1)
+	within(t, 10*time.Minute, fmt.Sprintf("b: %d shards READY", n), func() bool { return readyOwned(b) == n })
+	if st := a.Fleet.Ownership.Status(); st.Moves != 0 || st.Owned != n {
+		t.Fatalf("a before its stop: %d moves, owns %d; want no move, %d owned", st.Moves, st.Owned, n)
+	}
+	before := sim.Totals()
+	began := time.Now()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	t.Logf("a node with %d READY shards handed to a live member stopped in %v", n, took.Round(time.Millisecond))
+	if st := a.Fleet.Ownership.Status(); a.Fleet.drainErr != nil || st.Moves != uint64(n) || st.FencingStops != 0 {
+		t.Fatalf("a's drain at Close: %v, %d moves, %d fencing stops; want every shard handed over", a.Fleet.drainErr, st.Moves, st.FencingStops)
+	}
+	began = time.Now()
+	within(t, 10*time.Minute, fmt.Sprintf("b: %d shards READY", total), func() bool { return readyOwned(b) == total })
+	t.Logf("b READY with all %d shards %v after a's stop returned", total, time.Since(began).Round(time.Millisecond))
+	after := sim.Totals()
+	t.Logf("a's stop: %d identifies, %d resumes", after.Identifies-before.Identifies, after.Resumes-before.Resumes)
+	if got, res := after.Identifies-before.Identifies, after.Resumes-before.Resumes; got != 0 || res < int64(n) || after.MaxLiveSessions != 1 {
+		t.Fatalf("a's stop: %d identifies, %d resumes, at most %d live sessions a shard; want 0 identifies, %d resumes, never 2 live", got, res, after.MaxLiveSessions, n)
+	}
+}

@@ -630,13 +630,17 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	if len(move) > 0 && o.cfg.MaxConcurrencyNow != nil {
 		o.pacer.SetMax(o.cfg.MaxConcurrencyNow())
 	}
-	// A drain with no other live member hands its shards to nobody: they
-	// wait, snapshot saved, for a node to start them (this one, restarted,
-	// resumes them), so their moves spend no identify and are not paced
-	// (DESIGN 7.3). A lone node stops at once on SIGTERM.
-	toNobody := draining && !slices.ContainsFunc(members, func(c Candidate) bool { return c.Node != m.Node() })
+	// A drain's moves are not paced (DESIGN 7.3, issue 22 item 9): each
+	// shard is stopped with its snapshot saved, and whoever starts it
+	// next (another member, or this node restarted) resumes it, which
+	// spends no identify; should a resume fail, the new owner's identify
+	// waits for its slot of the identify pacer like any other. Paced, a
+	// node with 40 shards at max_concurrency 1 took 200 s to stop, past
+	// systemd's 90 s, after which the rest were killed and re-identified.
+	// A join's moves stay paced: the shards run meanwhile, and a join
+	// is no storm of resumes.
 	for _, id := range move {
-		if !toNobody {
+		if !draining {
 			ok, wait := o.pacer.Take()
 			if !ok {
 				o.clock.AfterFunc(wait, o.wake)
@@ -746,7 +750,7 @@ func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
 	o.wake()
 }
 
-// Drain hands every owned shard over by planned moves, paced, then leaves
+// Drain hands every owned shard over by planned moves, not paced, then leaves
 // the bot: members/<node> is deleted first, so the others place the
 // shards without this node, and the lease is revoked at the end. The node
 // acquires nothing afterwards. Drain returns when every shard is handed
