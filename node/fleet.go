@@ -327,7 +327,7 @@ func (f *Fleet) command(line string) (bool, error) {
 	if len(words) > 1 {
 		return true, fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(words[1:], " "))
 	}
-	f.startDrain(context.Background())
+	f.startDrain(context.Background(), nil)
 	return true, nil
 }
 
@@ -370,25 +370,45 @@ func (f *Fleet) start(n *core.Scheduler) {
 // mismatch naming both plans): serve exits with it.
 func (f *Fleet) Refused() <-chan error { return f.refused }
 
-// startDrain starts the drain once; the channel is closed when it ended,
-// and drainErr says how.
-func (f *Fleet) startDrain(ctx context.Context) <-chan struct{} {
+// startDrain starts the drain once, for why (nil: the operator's drain or
+// a shutdown); the channel is closed when it ended, and drainErr says how.
+func (f *Fleet) startDrain(ctx context.Context, why error) <-chan struct{} {
 	f.drainOnce.Do(func() {
 		go func() {
 			dctx, cancel := context.WithTimeout(ctx, f.drainMax)
 			defer cancel()
-			f.drainErr = f.Ownership.Drain(dctx)
+			f.drainErr = f.Ownership.Withdraw(dctx, why)
 			close(f.drained)
 		}()
 	})
 	return f.drained
 }
 
+// ErrTokenRefused is the /lease error of a node that left the fleet
+// because the gateway refused the bot's token.
+var ErrTokenRefused = errors.New("the bot's token was refused: this node handed its shards back and stays out of the fleet; restart it with a working token")
+
+// tokenRefused is core.Config.OnTokenRefused in a fleet. A refused token
+// is the bot's, not a shard's (issue 22 item 11): every shard of the node
+// went FATAL at once. Kept, the keys would hold those shards FATAL here,
+// and no node with a working token could take them (attack finding F2: a
+// token revoked while the fleet runs). So the node drains, as on /ctl:
+// each key is released (a FATAL shard saves no snapshot), the node leaves
+// and does not join again, and no identify is spent here. Another node
+// that takes a shard with the same refused token is refused too, at its
+// first connection, and does likewise; a node (re)started with a working
+// token (serve checks it before joining) takes them all.
+func (f *Fleet) tokenRefused(shard, code int, err error) {
+	why := fmt.Errorf("%w (shard %d, code %d: %v)", ErrTokenRefused, shard, code, err)
+	f.log.Error("the gateway refused the bot's token: handing every shard back to the fleet and leaving it", "shard", shard, "code", code, "err", err)
+	f.startDrain(context.Background(), why)
+}
+
 // Drain hands every owned shard over and leaves the bot (see
 // etcd.Ownership.Drain), bounded by ctx and Etcd.DrainTimeout.
 func (f *Fleet) Drain(ctx context.Context) error {
 	select {
-	case <-f.startDrain(ctx):
+	case <-f.startDrain(ctx, nil):
 		return f.drainErr
 	case <-ctx.Done():
 		return ctx.Err()
@@ -402,7 +422,7 @@ func (f *Fleet) shutdown() {
 	cancel, done := f.cancel, f.done
 	f.mu.Unlock()
 	if cancel != nil {
-		<-f.startDrain(context.Background())
+		<-f.startDrain(context.Background(), nil)
 		if f.drainErr != nil {
 			f.log.Warn("drain at shutdown did not finish; the rest of the shards start new sessions elsewhere", "err", f.drainErr)
 		}

@@ -121,8 +121,9 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	if fleet != nil && fleet.Confirm != nil {
 		confirm = fleet.Confirm
 	}
+	var onTokenRefused func(shard, code int, err error)
 	if fleet != nil {
-		lease = fleet
+		lease, onTokenRefused = fleet, fleet.tokenRefused
 		if fleet.Identify != nil {
 			pacer, onStartLimit, budget = fleet.Identify, fleet.Identify.SetStartLimit, fleet.Identify.Budget
 		}
@@ -158,6 +159,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),
 		OnFatal: s.move.OnFatal(p), Events: s.events, EventRetention: cfg.EventRetention,
+		OnTokenRefused: onTokenRefused,
 	})
 	if err != nil {
 		tr.Close()

@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -756,7 +757,13 @@ func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
 // acquires nothing afterwards. Drain returns when every shard is handed
 // over, or ctx ends first (the lease is then revoked anyway, and etcd
 // deletes the remaining keys: their shards start new sessions elsewhere).
-func (o *Ownership) Drain(ctx context.Context) error {
+func (o *Ownership) Drain(ctx context.Context) error { return o.Withdraw(ctx, nil) }
+
+// Withdraw is Drain for a reason, which /lease shows as the error of
+// state left (when the drain itself did not fail): a node whose token
+// the gateway refused hands its keys back this way, so that a node with
+// a working token can take the shards.
+func (o *Ownership) Withdraw(ctx context.Context, why error) error {
 	o.mu.Lock()
 	if o.left {
 		o.mu.Unlock()
@@ -764,7 +771,7 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	}
 	o.draining = true
 	if o.state == StateMember {
-		o.moveLocked(StateDraining, o.lastErr)
+		o.moveLocked(StateDraining, cmp.Or(why, o.lastErr))
 	}
 	m := o.member
 	o.mu.Unlock()
@@ -795,7 +802,11 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	if m != nil {
 		o.endMembership(m, "left")
 	}
-	o.setState(StateLeft, err)
+	if err == nil {
+		o.setState(StateLeft, why)
+	} else {
+		o.setState(StateLeft, err)
+	}
 	o.log.Info("etcd: drained and left", "node", o.cfg.Node)
 	return err
 }
