@@ -122,10 +122,17 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		confirm = fleet.Confirm
 	}
 	var onTokenRefused func(shard, code int, err error)
+	written := cfg.IdentifyWritten
 	if fleet != nil {
 		lease, onTokenRefused = fleet, fleet.tokenRefused
 		if fleet.Identify != nil {
 			pacer, onStartLimit, budget = fleet.Identify, fleet.Identify.SetStartLimit, fleet.Identify.Budget
+			// The fleet's pacer frees a bucket 5 s after its identify
+			// was written rather than when the key's lease runs out.
+			written = fleet.Identify.Written
+			if w := cfg.IdentifyWritten; w != nil {
+				written = func(shard int, at time.Time) { w(shard, at); fleet.Identify.Written(shard, at) }
+			}
 		}
 	}
 	gc := gateway.Config{
@@ -134,7 +141,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		Sink:              p.route.Dispatch,
 		OnStartLimit:      onStartLimit,
 		OnSession:         cfg.OnSession,
-		IdentifyNotBefore: cfg.IdentifyNotBefore, IdentifyWritten: cfg.IdentifyWritten,
+		IdentifyNotBefore: cfg.IdentifyNotBefore, IdentifyWritten: written,
 		Clock: cfg.Clock, Logger: s.log.With("component", "gateway", "total", plan.Total),
 	}
 	var dispatch *journal.Merged
