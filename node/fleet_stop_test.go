@@ -224,12 +224,25 @@ func TestFleetDiscordStart(t *testing.T) {
 	}
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
-	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 16})
+	// A daily budget above the shard count: with Discord's default of
+	// 1,000 (less the reserve) 1,024 shards cannot all start, whatever
+	// the pacing.
+	sim, err := gatewaysim.New(gatewaysim.Config{Shards: total, MaxConcurrency: 16, SessionStartLimit: 2 * total})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sim.Close() })
-	a := fleetNode(t, cli, sim, "a", total, 16)
+	a, err := New(Config{
+		Flavor: core.Discord, Token: "sim-token", GatewayURL: sim.GatewayURL(),
+		Plan: core.Range(total, 0, total-1), MaxConcurrency: 16, IdentifyTotal: 2 * total,
+		Logger: slog.New(slog.NewTextHandler(testWriter{t, "a"}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Etcd:   &Etcd{Client: cli, Bot: "b", Node: "a"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	a.Start()
 	began := time.Now()
 	last := 0
 	within(t, 30*time.Minute, fmt.Sprintf("%d shards READY", total), func() bool {
