@@ -74,6 +74,11 @@ type Config struct {
 	// that has outgrown its plan. It runs under that shard's lock: it must
 	// return at once and not call the Scheduler.
 	OnFatal func(shard, code int)
+	// OnTokenRefused, when set, is told once per refusal of the node's
+	// token (close 4004, discovery's 401 or 403), after every shard went
+	// FATAL for it: a fleet node then hands its shards' keys back (see
+	// node.Fleet). It runs outside every shard's lock and must not block.
+	OnTokenRefused func(shard, code int, err error)
 	// Events, when set, is the node's events log (the tree's /events), so
 	// that a plan that replaces another carries on the same log; nil means
 	// a new one of NodeEventRetention bytes.
@@ -118,6 +123,8 @@ type Scheduler struct {
 	storeTimeout time.Duration
 
 	onFatal func(shard, code int)
+	// onTokenRefused is Config.OnTokenRefused.
+	onTokenRefused func(shard, code int, err error)
 	// tokenMu is taken under a shard's lock, never the other way round.
 	tokenMu sync.Mutex
 	// tokenRefused is the first failure of this node's token (see
@@ -159,7 +166,7 @@ func New(cfg Config) (*Scheduler, error) {
 		gateway:      cfg.Gateway,
 		storeTimeout: cfg.StoreTimeout,
 
-		onFatal: cfg.OnFatal,
+		onFatal: cfg.OnFatal, onTokenRefused: cfg.OnTokenRefused,
 	}
 	if n.resumeWindow <= 0 {
 		n.resumeWindow = DiscordResumeWindow

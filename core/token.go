@@ -78,6 +78,9 @@ func (n *Scheduler) sweepToken() {
 		}
 		s.unlock()
 	}
+	if n.onTokenRefused != nil {
+		n.onTokenRefused(r.shard, r.code, r.err)
+	}
 }
 
 // tokenFailure is the FATAL failure of a shard swept by r.

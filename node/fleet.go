@@ -41,12 +41,13 @@ import (
 //     restarted.
 //   - Shutdown (SIGTERM, Close) drains first, bounded by DrainTimeout;
 //     what is left when it runs out is released by revoking the lease, and
-//     those shards start new sessions elsewhere. Moves to another member
-//     are paced like any planned move (max_concurrency per 5 s, the figure
-//     discovery gave, not only the flag's); a drain with no other live
-//     member hands its shards to nobody (snapshots saved, for the node's
-//     own restart to resume) and is not paced, so a lone node stops at
-//     once (issue 22, item 9).
+//     those shards start new sessions elsewhere. A drain's moves are not
+//     paced, whether another member takes the shards or nobody does
+//     (snapshots saved, for the node's own restart to resume): whoever
+//     starts a shard next resumes it, which spends no identify, so a node
+//     stops within seconds whatever its shard count (issue 22 item 9,
+//     attack finding F4). A join's moves stay paced (max_concurrency per
+//     5 s, the figure discovery gave, not only the flag's).
 //   - Fluxer has no identify buckets and its budget is per source address
 //     (DESIGN section 2), so it is not paced through etcd: each node paces
 //     its own, which is right for nodes on separate machines. Nodes that
@@ -71,8 +72,8 @@ type Etcd struct {
 	Node string
 	// TTL is the node's etcd lease (--etcd-ttl); zero means 10 s.
 	TTL time.Duration
-	// DrainTimeout bounds the drain at Close; zero means long enough for
-	// the paced moves of every candidate plus a minute.
+	// DrainTimeout bounds the drain at Close; zero means
+	// DefaultDrainTimeout.
 	DrainTimeout time.Duration
 	// IdentifyKeyTTL is the identify bucket keys' lease (identify.Config.
 	// KeyTTL); zero means its default. Tests shorten it along with the
@@ -88,6 +89,13 @@ type Etcd struct {
 	// delivers what it reads after the thaw (doc/fleet.md).
 	Unconfirmed bool
 }
+
+// DefaultDrainTimeout bounds the drain at shutdown. The moves run all at
+// once, each bounded: the close handshake 5 s before the connection is
+// fenced and closed, the snapshot's save 5 s, the key's release 5 s; the
+// rest is room for a loaded machine. With the 17 s of a clean stop after
+// it, a stop fits systemd's TimeoutStopSec of 60 s in the example unit.
+const DefaultDrainTimeout = 30 * time.Second
 
 // fluxerPacing is the Fluxer identify budget of a node of cfg: the
 // fleet's share when one is given.
@@ -161,8 +169,7 @@ func newFleet(cfg Config, log *slog.Logger, clk clock.Clock) (*Fleet, error) {
 	f.flagMC = mc
 	f.drainMax = e.DrainTimeout
 	if f.drainMax == 0 {
-		rounds := (len(cfg.Plan.Local) + mc - 1) / mc
-		f.drainMax = time.Duration(rounds)*leaseetcd.MoveWindow + time.Minute
+		f.drainMax = DefaultDrainTimeout
 	}
 	plan := leaseetcd.Plan{Flavor: cfg.Flavor.String(), Total: cfg.Plan.Total}
 	return f, f.init(cfg, plan, ttl, mc)
@@ -320,7 +327,7 @@ func (f *Fleet) command(line string) (bool, error) {
 	if len(words) > 1 {
 		return true, fmt.Errorf("%w: drain takes no argument, got %q", core.ErrUsage, strings.Join(words[1:], " "))
 	}
-	f.startDrain(context.Background())
+	f.startDrain(context.Background(), nil)
 	return true, nil
 }
 
@@ -363,25 +370,45 @@ func (f *Fleet) start(n *core.Scheduler) {
 // mismatch naming both plans): serve exits with it.
 func (f *Fleet) Refused() <-chan error { return f.refused }
 
-// startDrain starts the drain once; the channel is closed when it ended,
-// and drainErr says how.
-func (f *Fleet) startDrain(ctx context.Context) <-chan struct{} {
+// startDrain starts the drain once, for why (nil: the operator's drain or
+// a shutdown); the channel is closed when it ended, and drainErr says how.
+func (f *Fleet) startDrain(ctx context.Context, why error) <-chan struct{} {
 	f.drainOnce.Do(func() {
 		go func() {
 			dctx, cancel := context.WithTimeout(ctx, f.drainMax)
 			defer cancel()
-			f.drainErr = f.Ownership.Drain(dctx)
+			f.drainErr = f.Ownership.Withdraw(dctx, why)
 			close(f.drained)
 		}()
 	})
 	return f.drained
 }
 
+// ErrTokenRefused is the /lease error of a node that left the fleet
+// because the gateway refused the bot's token.
+var ErrTokenRefused = errors.New("the bot's token was refused: this node handed its shards back and stays out of the fleet; restart it with a working token")
+
+// tokenRefused is core.Config.OnTokenRefused in a fleet. A refused token
+// is the bot's, not a shard's (issue 22 item 11): every shard of the node
+// went FATAL at once. Kept, the keys would hold those shards FATAL here,
+// and no node with a working token could take them (attack finding F2: a
+// token revoked while the fleet runs). So the node drains, as on /ctl:
+// each key is released (a FATAL shard saves no snapshot), the node leaves
+// and does not join again, and no identify is spent here. Another node
+// that takes a shard with the same refused token is refused too, at its
+// first connection, and does likewise; a node (re)started with a working
+// token (serve checks it before joining) takes them all.
+func (f *Fleet) tokenRefused(shard, code int, err error) {
+	why := fmt.Errorf("%w (shard %d, code %d: %v)", ErrTokenRefused, shard, code, err)
+	f.log.Error("the gateway refused the bot's token: handing every shard back to the fleet and leaving it", "shard", shard, "code", code, "err", err)
+	f.startDrain(context.Background(), why)
+}
+
 // Drain hands every owned shard over and leaves the bot (see
 // etcd.Ownership.Drain), bounded by ctx and Etcd.DrainTimeout.
 func (f *Fleet) Drain(ctx context.Context) error {
 	select {
-	case <-f.startDrain(ctx):
+	case <-f.startDrain(ctx, nil):
 		return f.drainErr
 	case <-ctx.Done():
 		return ctx.Err()
@@ -395,7 +422,7 @@ func (f *Fleet) shutdown() {
 	cancel, done := f.cancel, f.done
 	f.mu.Unlock()
 	if cancel != nil {
-		<-f.startDrain(context.Background())
+		<-f.startDrain(context.Background(), nil)
 		if f.drainErr != nil {
 			f.log.Warn("drain at shutdown did not finish; the rest of the shards start new sessions elsewhere", "err", f.drainErr)
 		}

@@ -226,9 +226,9 @@ func file(t *testing.T, s *Node, name string) string {
 // their identifies so that the simulator, which refuses a second identify
 // of the bucket within Discord's real 5 s interval, refuses none. The
 // pacer runs with its defaults (key lease 7 s, hold 1.5 s: two identifies
-// of the bucket at least 5.5 s apart), so the test takes 32 slots of
-// about 7.5 s (the key's lease plus etcd's expiry check), some 4 minutes;
-// it runs in parallel with the package's other tests.
+// of the bucket at least 5.5 s apart, and a bucket released 5.5 s after
+// its identify's write), so the test takes 32 slots of about 5.6 s, some
+// 3 minutes; it runs in parallel with the package's other tests.
 // -fleet.identify-shards makes it smaller by hand.
 var identifyShards = flag.Int("fleet.identify-shards", 32, "shards of TestFleetIdentifyAcrossNodes")
 
@@ -245,8 +245,7 @@ func TestFleetIdentifyAcrossNodes(t *testing.T) {
 		t.Fatalf("simulator identify interval %v; the test is about Discord's 5s", got)
 	}
 	t.Cleanup(func() { sim.Close() }) // after the nodes' Close
-	// The drain at Close is paced at one move per 5 s: bound it, the
-	// test is about the start.
+	// The drain at Close is bounded short: the test is about the start.
 	short := func(e *Etcd) { e.DrainTimeout = time.Second }
 	a := fleetNode(t, cli, sim, "a", total, 1, short)
 	b := fleetNode(t, cli, sim, "b", total, 1, short)

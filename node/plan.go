@@ -121,10 +121,18 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 	if fleet != nil && fleet.Confirm != nil {
 		confirm = fleet.Confirm
 	}
+	var onTokenRefused func(shard, code int, err error)
+	written := cfg.IdentifyWritten
 	if fleet != nil {
-		lease = fleet
+		lease, onTokenRefused = fleet, fleet.tokenRefused
 		if fleet.Identify != nil {
 			pacer, onStartLimit, budget = fleet.Identify, fleet.Identify.SetStartLimit, fleet.Identify.Budget
+			// The fleet's pacer frees a bucket 5 s after its identify
+			// was written rather than when the key's lease runs out.
+			written = fleet.Identify.Written
+			if w := cfg.IdentifyWritten; w != nil {
+				written = func(shard int, at time.Time) { w(shard, at); fleet.Identify.Written(shard, at) }
+			}
 		}
 	}
 	gc := gateway.Config{
@@ -133,7 +141,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		Sink:              p.route.Dispatch,
 		OnStartLimit:      onStartLimit,
 		OnSession:         cfg.OnSession,
-		IdentifyNotBefore: cfg.IdentifyNotBefore, IdentifyWritten: cfg.IdentifyWritten,
+		IdentifyNotBefore: cfg.IdentifyNotBefore, IdentifyWritten: written,
 		Clock: cfg.Clock, Logger: s.log.With("component", "gateway", "total", plan.Total),
 	}
 	var dispatch *journal.Merged
@@ -158,6 +166,7 @@ func (s *Node) buildPlan(plan core.Plan, prev *planRun) (*planRun, error) {
 		ObserveEvent: observe,
 		Sessions:     cfg.Sessions, ResumeWindow: cfg.ResumeWindow, Gateway: orString(cfg.Gateway, cfg.GatewayURL),
 		OnFatal: s.move.OnFatal(p), Events: s.events, EventRetention: cfg.EventRetention,
+		OnTokenRefused: onTokenRefused,
 	})
 	if err != nil {
 		tr.Close()

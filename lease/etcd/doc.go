@@ -85,10 +85,11 @@
 // a paused node whose lease etcd has not expired yet. Drain deletes
 // members/<node> first, so that the others place the shards without this
 // node, hands every shard over, then revokes the lease; the node acquires
-// nothing afterwards. A drain with no other live member hands its shards
-// to nobody: those moves spend no identify (whoever starts the shard next,
-// this node restarted most often, resumes from the saved snapshot), so
-// they are not paced and a lone node stops at once. etcd unreachable at start: Run keeps joining (1 s
+// nothing afterwards. A drain's moves spend no identify, whether another
+// member takes the shards or nobody does (whoever starts a shard next, the
+// other member or this node restarted, resumes from the saved snapshot),
+// so they are not paced and a node stops at once (issue 22 item 9); only
+// a join's moves are. etcd unreachable at start: Run keeps joining (1 s
 // doubling to 10 s) and Status says state waiting with the error; a plan
 // mismatch or a malformed plan key ends Run with the error.
 //

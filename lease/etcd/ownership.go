@@ -653,13 +653,17 @@ func (o *Ownership) reconcile(ctx context.Context, m *Member) {
 	if len(move) > 0 && o.cfg.MaxConcurrencyNow != nil {
 		o.pacer.SetMax(o.cfg.MaxConcurrencyNow())
 	}
-	// A drain with no other live member hands its shards to nobody: they
-	// wait, snapshot saved, for a node to start them (this one, restarted,
-	// resumes them), so their moves spend no identify and are not paced
-	// (DESIGN 7.3). A lone node stops at once on SIGTERM.
-	toNobody := draining && !slices.ContainsFunc(members, func(c Candidate) bool { return c.Node != m.Node() })
+	// A drain's moves are not paced (DESIGN 7.3, issue 22 item 9): each
+	// shard is stopped with its snapshot saved, and whoever starts it
+	// next (another member, or this node restarted) resumes it, which
+	// spends no identify; should a resume fail, the new owner's identify
+	// waits for its slot of the identify pacer like any other. Paced, a
+	// node with 40 shards at max_concurrency 1 took 200 s to stop, past
+	// systemd's 90 s, after which the rest were killed and re-identified.
+	// A join's moves stay paced: the shards run meanwhile, and a join
+	// is no storm of resumes.
 	for _, id := range move {
-		if !toNobody {
+		if !draining {
 			ok, wait := o.pacer.Take()
 			if !ok {
 				o.clock.AfterFunc(wait, o.wake)
@@ -769,13 +773,19 @@ func (o *Ownership) move(ctx context.Context, m *Member, id int, gen int64) {
 	o.wake()
 }
 
-// Drain hands every owned shard over by planned moves, paced, then leaves
+// Drain hands every owned shard over by planned moves, not paced, then leaves
 // the bot: members/<node> is deleted first, so the others place the
 // shards without this node, and the lease is revoked at the end. The node
 // acquires nothing afterwards. Drain returns when every shard is handed
 // over, or ctx ends first (the lease is then revoked anyway, and etcd
 // deletes the remaining keys: their shards start new sessions elsewhere).
-func (o *Ownership) Drain(ctx context.Context) error {
+func (o *Ownership) Drain(ctx context.Context) error { return o.Withdraw(ctx, nil) }
+
+// Withdraw is Drain for a reason, which /lease shows as the error of
+// state left (when the drain itself did not fail): a node whose token
+// the gateway refused hands its keys back this way, so that a node with
+// a working token can take the shards.
+func (o *Ownership) Withdraw(ctx context.Context, why error) error {
 	o.mu.Lock()
 	if o.left {
 		o.mu.Unlock()
@@ -783,7 +793,7 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	}
 	o.draining = true
 	if o.state == StateMember {
-		o.moveLocked(StateDraining, o.lastErr)
+		o.moveLocked(StateDraining, cmp.Or(why, o.lastErr))
 	}
 	m := o.member
 	o.mu.Unlock()
@@ -814,7 +824,11 @@ func (o *Ownership) Drain(ctx context.Context) error {
 	if m != nil {
 		o.endMembership(m, "left")
 	}
-	o.setState(StateLeft, err)
+	if err == nil {
+		o.setState(StateLeft, why)
+	} else {
+		o.setState(StateLeft, err)
+	}
 	o.log.Info("etcd: drained and left", "node", o.cfg.Node)
 	return err
 }

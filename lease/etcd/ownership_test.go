@@ -693,3 +693,38 @@ func TestOwnershipLoneDrainUnpaced(t *testing.T) {
 		t.Fatalf("shard keys left after the drain: %v", k)
 	}
 }
+
+// A drain that hands its shards to another member is not paced either
+// (issue 22 item 9, attack finding F4): the new owner resumes each shard
+// from the snapshot the handover saved, which spends no identify. Node a
+// owns 16 shards at max_concurrency 1; b joins, and a's first join move
+// goes at once while the next waits for a's clock (a join stays paced);
+// then a drains with its clock standing still, and every other shard
+// moves to b. On the old code the drain made no move past the first
+// window and ran into its bound.
+func TestOwnershipDrainToMemberUnpaced(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	plan := Plan{Flavor: "discord", Total: 16}
+	// TTL a minute: the fake clocks send no renewal, and etcd's real-time
+	// expiry must not do the drain's work.
+	a := startOwnership(t, cli, "a", plan, 1, time.Minute)
+	waitFor(t, "a to own 16 shards", func() bool { return len(a.shards.owned(a.clk.Now())) == 16 })
+	b := startOwnership(t, cli, "b", plan, 1, time.Minute)
+	waitFor(t, "a's first join move", func() bool { return a.o.Status().Moves == 1 })
+	if n := a.o.Status().Moves; n != 1 {
+		t.Fatalf("a made %d join moves before its window passed; want 1 (a join stays paced)", n)
+	}
+	if err := a.o.Drain(etcdtest.Ctx(t, time.Minute)); err != nil {
+		t.Fatalf("Drain of a with 15 shards at max_concurrency 1 and b live = %v; want nil without a's clock moving", err)
+	}
+	if st := a.o.Status(); st.Moves != 16 || st.FencingStops != 0 || st.State != StateLeft {
+		t.Fatalf("a after its drain: status %+v; want 16 moves, no fencing stop, left", st)
+	}
+	waitFor(t, "b to own all 16", func() bool { return len(b.shards.owned(b.clk.Now())) == 16 })
+	for id, k := range keys(t, cli) {
+		if k[0] != "b" {
+			t.Fatalf("shard %d held by %q after a's drain; want b", id, k[0])
+		}
+	}
+}

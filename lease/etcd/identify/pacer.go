@@ -93,7 +93,9 @@ type Pacer struct {
 	floorUntil time.Time
 	counter    counterView
 	queues     map[int]*queue
-	slots      map[int]slotGrant // by shard: the last slot granted, until the core asks (IdentifyBy)
+	slots      map[int]slotGrant        // by shard: the last slot granted, until the core asks (IdentifyBy)
+	releases   map[clock.Timer]struct{} // Written's timers, stopped by Close
+	issued     map[int]slotGrant        // by shard: the last slot granted, until its identify is written (Written) or its key's lease has run out
 	seq        uint64
 }
 
@@ -118,6 +120,9 @@ func (c counterView) live() bool { return c.present }
 type slotGrant struct {
 	by    time.Duration // clock.Mono reading the identify must go out by
 	reset time.Time     // the period the slot's start was counted in
+	// lease holds the bucket key of the slot, and ends by at the latest.
+	lease clientv3.LeaseID
+	ends  time.Duration // clock.Mono reading: the slot's start + the key's TTL
 }
 
 type queue struct {
@@ -166,7 +171,7 @@ func New(cfg Config) (*Pacer, error) {
 		keySecs: secs, hold: hold, retry: cmpOr(cfg.Retry, DefaultRetry),
 		clock: clock.Or(cfg.Clock), log: cfg.Logger,
 		mc: max(cfg.MaxConcurrency, 1), ceiling: max(cfg.Ceiling, 0), total: total, reserve: -1,
-		queues: map[int]*queue{}, slots: map[int]slotGrant{},
+		queues: map[int]*queue{}, slots: map[int]slotGrant{}, issued: map[int]slotGrant{}, releases: map[clock.Timer]struct{}{},
 	}
 	p.counterKey = p.dir + "starts"
 	if p.log == nil {
@@ -190,6 +195,9 @@ func cmpOr(d, def time.Duration) time.Duration {
 func (p *Pacer) Close() {
 	p.mu.Lock()
 	p.closed = true
+	for t := range p.releases {
+		t.Stop()
+	}
 	p.mu.Unlock()
 	p.cancel()
 	p.wg.Wait()
@@ -286,6 +294,7 @@ func (p *Pacer) Request(shard int, operator bool, grant func()) (bool, func()) {
 		// A slot this node acquired and still holds, already counted.
 		q.heldUntil = time.Time{}
 		p.slots[shard] = q.held
+		p.issueLocked(shard, q.held)
 		return true, func() {}
 	}
 	p.seq++
@@ -540,7 +549,7 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 		p.refund(reset)
 		return nil, false, nil
 	}
-	slot := slotGrant{by: startedMono + p.identifyWithin(), reset: reset}
+	slot := slotGrant{by: startedMono + p.identifyWithin(), reset: reset, lease: kl.ID, ends: startedMono + time.Duration(p.keySecs)*time.Second}
 	if len(q.waiters) == 0 {
 		q.heldUntil, q.held = deadline, slot
 		p.mu.Unlock()
@@ -550,6 +559,7 @@ func (p *Pacer) attemptLocked(q *queue, operator bool) (w *waiter, again bool, e
 	q.waiters = q.waiters[1:]
 	w.q = nil
 	p.slots[w.shard] = slot
+	p.issueLocked(w.shard, slot)
 	p.mu.Unlock()
 	return w, false, nil
 }
@@ -564,6 +574,66 @@ func (p *Pacer) identifyWithin() time.Duration {
 }
 
 var _ core.SlotDeadliner = (*Pacer)(nil)
+
+// ReleaseMargin is how long after Discord's 5 s from an identify's write
+// its bucket key is released (Written): room for the identify's own way
+// to the gateway being slower than the next one's.
+const ReleaseMargin = 500 * time.Millisecond
+
+// issueLocked records the slot handed to shard, for Written; slots whose
+// key's lease has run out are forgotten (their identify never came).
+func (p *Pacer) issueLocked(shard int, g slotGrant) {
+	now := clock.Mono(p.clock)
+	for id, old := range p.issued {
+		if now >= old.ends {
+			delete(p.issued, id)
+		}
+	}
+	if g.lease != clientv3.NoLease {
+		p.issued[shard] = g
+	}
+}
+
+// Written is gateway.Config.IdentifyWritten in a fleet: shard's identify
+// was written at at (on the pacer's clock). The bucket key of its slot
+// then need not live out its lease (KeyTTL from the slot's start, 7 s,
+// and etcd's expiry check after it): it is released, by revoking its
+// lease, Discord's 5 s plus ReleaseMargin after the write, so that the
+// bucket's next slot, on any node, starts then (issue 22: a bucket gave
+// one identify per 7.5 s where Discord allows one per 5 s). The argument
+// is the key's: the next slot starts only once the key is gone, and its
+// identify goes out after that, so two identifies of the bucket are at
+// least 5 s apart, measured on this node's clock from the end of the
+// first write. A node that dies before the release leaves the key to
+// expire with its lease, as before; an identify that was never written
+// (a lost slot) releases nothing early.
+func (p *Pacer) Written(shard int, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.issued[shard]
+	if !ok || p.closed {
+		return
+	}
+	delete(p.issued, shard)
+	wait := core.DiscordWindow + ReleaseMargin - p.clock.Now().Sub(at)
+	if clock.Mono(p.clock)+wait >= g.ends {
+		return // the lease ends first
+	}
+	var t clock.Timer
+	t = p.clock.AfterFunc(max(wait, 0), func() {
+		p.mu.Lock()
+		delete(p.releases, t)
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		defer p.wg.Done()
+		p.revoke(g.lease)
+	})
+	p.releases[t] = struct{}{}
+}
 
 // IdentifyBy implements core.SlotDeadliner: the deadline of the slot last
 // granted to shard, and a func that gives its start back (one off the

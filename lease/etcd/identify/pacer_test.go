@@ -785,3 +785,39 @@ func TestIdentifyBy(t *testing.T) {
 		t.Fatal("the counter did not change after the slot was given back")
 	}
 }
+
+// A bucket is free Discord's 5 s (and ReleaseMargin) after its identify
+// was written, not when its key's lease runs out (issue 22: a bucket gave
+// one identify per 7.5 s where Discord allows one per 5 s). The key's
+// lease here is a minute, so only Written can free the bucket within the
+// test: shard 1 waits while the fake clock stands 5 s after shard 0's
+// write, and is granted once it passes 5 s + ReleaseMargin. A write
+// reported for a shard holding no slot releases nothing.
+func TestWrittenFreesBucket(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client()
+	fake := clock.NewFake()
+	a, err := New(Config{Client: c, Prefix: prefix, Node: "a", MaxConcurrency: 1, KeyTTL: time.Minute, Hold: testHold, Retry: testRetry, Clock: fake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	r := newRecorder()
+	r.request(a, "a", 0, false)
+	r.waitN(t, 1, 30*time.Second)
+	a.Written(7, fake.Now()) // no slot: nothing to release
+	a.Written(0, fake.Now())
+	r.request(a, "a", 1, false)
+	fake.Advance(core.DiscordWindow)
+	if got, err := c.Get(etcdtest.Ctx(t, 5*time.Second), prefix+"identify/0"); err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("bucket key 5 s after the write: %v, %v; want still held (the release comes ReleaseMargin later)", got, err)
+	}
+	if g := r.snapshot(); len(g) != 1 {
+		t.Fatalf("grants 5 s after shard 0's write: %v; want shard 0's alone", g)
+	}
+	fake.Advance(ReleaseMargin)
+	g := r.waitN(t, 2, 30*time.Second)
+	if g[1].shard != 1 {
+		t.Fatalf("second grant %+v; want shard 1", g[1])
+	}
+}
