@@ -2,6 +2,7 @@ package fsrv
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
@@ -461,6 +462,70 @@ func TestPlan9VersionInSession(t *testing.T) {
 	}
 	if got := replyAndHangup(t, r.c); len(got) != 0 {
 		t.Errorf("then %x; want the connection closed", got)
+	}
+	stillServes(t, addr)
+}
+
+// TestXattrCreateRefused: a Txattrcreate of 2^62 bytes on a read-only
+// listener, then 64 MiB of Twrites appended at the growing offset, as an
+// attacker sent them. hugelgupf/p9 kept every byte in memory until the
+// clunk (a node went from 25 MB to 1.7 GB); now the Txattrcreate is
+// refused, every Twrite after it too, and the heap does not grow by the
+// bytes written.
+func TestXattrCreateRefused(t *testing.T) {
+	const (
+		msize = 256 << 10
+		total = 64 << 20
+	)
+	fx := newFixture()
+	srv := fx.server(t)
+	srv.MaxMsize = msize
+	l, err := Listen("tcp!127.0.0.1!0,ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, srv, l)
+	r := &rawSession{t: t, c: rawConn(t, addr), dotl: true}
+	r.start(msize)
+	if got, want := r.rpc(r.walk(1, 1, 2, "status")), "Rwalk tag 1 wqid [0x0.0]"; got != want {
+		t.Fatalf("walk to status: reply %s; want %s", got, want)
+	}
+	if got, want := r.rpc("Txattrcreate tag 1 fid 2 name user.x size 4611686018427387904 flags 0"), "Rlerror tag 1 ecode EOPNOTSUPP"; got != want {
+		t.Fatalf("Txattrcreate of 2^62 bytes: reply %s; want %s", got, want)
+	}
+
+	before := heapInUse()
+	chunk := make([]byte, msize-headerSize-twriteFixed)
+	done := make(chan error, 1)
+	go func() {
+		for off := 0; off < total; off += len(chunk) {
+			frame := binary.LittleEndian.AppendUint32(nil, uint32(headerSize+twriteFixed+len(chunk)))
+			frame = binary.LittleEndian.AppendUint16(append(frame, msgTwrite), uint16(2+off/len(chunk)))
+			frame = binary.LittleEndian.AppendUint32(frame, 2)
+			frame = binary.LittleEndian.AppendUint64(frame, uint64(off))
+			frame = binary.LittleEndian.AppendUint32(frame, uint32(len(chunk)))
+			if _, err := r.c.Write(append(frame, chunk...)); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for off := 0; off < total; off += len(chunk) {
+		if got := r.reply(); !strings.HasPrefix(got, "Rlerror") || !strings.HasSuffix(got, "ecode EINVAL") {
+			t.Fatalf("Twrite at offset %d after the refused Txattrcreate: reply %s; want Rlerror EINVAL", off, got)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	grew := int64(heapInUse()) - int64(before)
+	t.Logf("%d MiB of Twrites after a Txattrcreate of 2^62 bytes: heap %+.1f MB", total>>20, float64(grew)/1e6)
+	if limit := int64(total / 4); grew > limit {
+		t.Errorf("heap grew %d bytes while %d bytes of Twrites were refused; want under %d", grew, total, limit)
+	}
+	if got, want := r.rpc("Tclunk tag 1 fid 2"), "Rclunk tag 1"; got != want {
+		t.Errorf("clunk: reply %s; want %s", got, want)
 	}
 	stillServes(t, addr)
 }
