@@ -432,6 +432,12 @@ const (
 	lockTypeUnlock = 2
 
 	msgTxattrcreate = 32
+	msgTreaddir     = 40
+
+	// treadBody is the body of a Tread or Treaddir: fid[4] offset[8]
+	// count[4]; rreadHeader the bytes of an Rread before its data.
+	treadBody   = 16
+	rreadHeader = headerSize + 4
 
 	msgTattach = 104
 	msgRattach = 105
@@ -553,6 +559,24 @@ func (s *dotlStream) nextFrame() error {
 			return s.inject(rlerror(tag, errno(fs.ErrInvalid)))
 		}
 		req.typ = typ
+	case (typ == msgTread || typ == msgTreaddir) && body == treadBody:
+		// p9 slices its msize buffer by a Tread's count (a count past
+		// msize panics in the handler, logged with its stack, and is
+		// answered EFAULT) and sizes an Rreaddir by the count given; read(5)
+		// lets the server return fewer bytes, so the count is cut to
+		// what fits in one reply.
+		frame, err := s.readWhole(hdr, body)
+		if err != nil {
+			return err
+		}
+		if most := s.msize - rreadHeader; binary.LittleEndian.Uint32(frame[headerSize+12:]) > most {
+			binary.LittleEndian.PutUint32(frame[headerSize+12:], most)
+		}
+		if err := s.t.start(tag, request{typ: typ}); err != nil {
+			return err
+		}
+		s.pend = frame
+		return nil
 	case typ == msgTflush:
 		// Every Tflush is answered here: one that reached hugelgupf/p9 and
 		// named its own tag would wait for itself forever. Bytes after the

@@ -529,3 +529,21 @@ func TestXattrCreateRefused(t *testing.T) {
 	}
 	stillServes(t, addr)
 }
+
+// TestReadCountPastMsize: a Tread whose count is past msize made
+// hugelgupf/p9 slice past its buffer (a panic, its stack logged, EFAULT);
+// read(5) lets the server return fewer bytes, and it does.
+func TestReadCountPastMsize(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	r := &rawSession{t: t, c: rawConn(t, addr), dotl: true}
+	r.start(8192)
+	r.rpc(r.walk(1, 1, 2, "status"))
+	r.rpc(r.open(1, 2))
+	for _, count := range []uint32{8192 - rreadHeader + 1, 1 << 20, 4<<20 - 1} {
+		line := fmt.Sprintf("Tread tag 1 fid 2 offset 0 count %d", count)
+		if got, want := r.rpc(line), `Rread tag 1 data "READY\n"`; got != want {
+			t.Errorf("%s with msize 8192: reply %s; want %s", line, got, want)
+		}
+	}
+}
