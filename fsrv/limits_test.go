@@ -547,3 +547,105 @@ func TestReadCountPastMsize(t *testing.T) {
 		}
 	}
 }
+
+// TestInFlightBudget: the connections of TCP and TLS listeners share
+// Server.MaxInFlightBytes. A client that floods Treads and never collects
+// the replies holds its first request and the budget's worth (4 of
+// msize), not MaxRequests; a second such client, the budget being spent,
+// holds one; a fresh client is still served; a unix socket client is not
+// counted (MaxRequests); once the first client collects, the second goes
+// on and every request is answered.
+func TestInFlightBudget(t *testing.T) {
+	const (
+		msize  = 64 << 10
+		budget = 4 * msize
+		n      = 3000 // 190 MB of replies: more than the sockets' buffers
+	)
+	fx := newFixture()
+	for i := range 2000 {
+		fx.appendEvent(fmt.Sprintf("ts=%d event=ready shard=%d\n", i, i))
+	}
+	srv := fx.server(t)
+	srv.MaxMsize = msize
+	srv.MaxInFlightBytes = budget
+	// The hook runs with the tracker's lock held: it reads what the
+	// tracker holds at the moment the server stops reading.
+	type stall struct {
+		tr     *tracker
+		shared bool
+		n      int
+	}
+	stalled := make(chan stall, 64)
+	srv.testTracker = func(tr *tracker) {
+		tr.onStall = func() {
+			select {
+			case stalled <- stall{tr, tr.budget != nil, len(tr.reqs)}:
+			default:
+			}
+		}
+	}
+	addr := listen(t, srv)
+	sock, err := Listen("unix!" + t.TempDir() + "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOn(t, srv, sock)
+
+	flood := func(c net.Conn) *rawSession {
+		r := &rawSession{t: t, c: c, dotl: true}
+		r.start(msize)
+		r.rpc(r.walk(1, 1, 2, "events"))
+		r.rpc(r.open(1, 2))
+		go func() {
+			for i := range n {
+				if _, err := c.Write(r.frame(fmt.Sprintf("Tread tag %d fid 2 offset 0 count %d", 10+i, msize-rreadHeader))); err != nil {
+					return // the test is over
+				}
+			}
+		}()
+		return r
+	}
+	collect := func(name string, r *rawSession) {
+		for i := range n {
+			if got := r.reply(); !strings.HasPrefix(got, "Rread") {
+				t.Fatalf("%s: reply %d = %s; want Rread", name, i, got)
+			}
+		}
+	}
+	a := flood(rawConn(t, addr))
+	b := flood(rawConn(t, addr))
+	c, err := net.Dial("unix", sock.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	u := flood(c)
+
+	// Wait until both TCP clients and the unix one have stopped being
+	// read; a TCP connection never has more than its own request and
+	// the budget's in flight.
+	tcp := map[*tracker]bool{}
+	unixFull := false
+	deadline := time.After(time.Minute)
+	for len(tcp) < 2 || !unixFull {
+		select {
+		case st := <-stalled:
+			tr, shared, n := st.tr, st.shared, st.n
+			switch {
+			case !shared:
+				unixFull = unixFull || n == MaxRequests
+			case n > 1+budget/msize:
+				t.Fatalf("a TCP client that collects no reply has %d requests in flight; want at most %d (one and the budget's)", n, 1+budget/msize)
+			case n > 0:
+				tcp[tr] = true
+			}
+		case <-deadline:
+			t.Fatalf("after a minute, %d TCP clients and the unix one (%v) stopped being read; want 2 and true", len(tcp), unixFull)
+		}
+	}
+	stillServes(t, addr)
+
+	collect("first TCP client", a)
+	collect("second TCP client", b)
+	collect("unix socket client", u)
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hugelgupf/p9/p9"
 	"github.com/shardfs/shardfs/clock"
+	"golang.org/x/sync/semaphore"
 )
 
 // Server serves one tree over 9P2000.L and 9P2000 on the same listeners.
@@ -80,6 +81,18 @@ type Server struct {
 	// night.
 	IdleTimeout time.Duration
 
+	// MaxInFlightBytes bounds, over all the connections of Serve's TCP
+	// and TLS listeners together, the replies their requests may have in
+	// flight, counted at msize bytes a request: the memory that clients
+	// which send requests and never collect the replies hold (each
+	// connection's own bound, MaxRequests, times a thousand connections
+	// was gigabytes). A connection may always have one request in flight
+	// outside it, so that one client's flood slows the others but never
+	// stops them; past it, the server stops reading a connection until
+	// room is given back. Unix socket connections and ServeConn's are not
+	// counted. Zero means DefaultMaxInFlightBytes; negative, no bound.
+	MaxInFlightBytes int64
+
 	// Audit, when set, is called for every command line a Ctl applied,
 	// after the log line that records it (see AuditRecord). It is called
 	// with the Ctl's writes held: it must not block.
@@ -110,6 +123,8 @@ type Server struct {
 	testSeen    int       // connections admit looked at, for measurements
 	refused     int       // connections refused since the last log line
 	refusedAt   time.Time // when that line was logged
+	// inFlight is the budget of MaxInFlightBytes, made at first use.
+	inFlight *semaphore.Weighted
 	// refusals rate-limits the log lines of refused TLS clients and of
 	// writes on read-only listeners, by reason.
 	refusals map[string]*refusalCount
@@ -130,6 +145,24 @@ func (s *Server) logger() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return s.Logger
+}
+
+// inFlightBudget returns the budget of MaxInFlightBytes and its size; nil
+// for no bound.
+func (s *Server) inFlightBudget() (*semaphore.Weighted, int64) {
+	size := s.MaxInFlightBytes
+	switch {
+	case size < 0:
+		return nil, 0
+	case size == 0:
+		size = DefaultMaxInFlightBytes
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight == nil {
+		s.inFlight = semaphore.NewWeighted(size)
+	}
+	return s.inFlight, size
 }
 
 func (s *Server) now() time.Time { return clock.Or(s.Clock).Now() }
@@ -313,6 +346,11 @@ func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, 
 	}
 	c := &conn{s: s, sess: &session{Server: s, ro: ro || roCert, roCert: roCert}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
 	c.t.now = clock.Or(s.testIdleClock).Now
+	if a != nil && !a.l.unix {
+		if b, size := s.inFlightBudget(); b != nil {
+			c.t.share(b, func() int64 { return min(int64(c.sess.msize.Load()), size) })
+		}
+	}
 	c.sess.conn = c
 	if s.testTracker != nil {
 		s.testTracker(c.t)
