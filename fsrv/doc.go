@@ -118,7 +118,8 @@
 // files). Open gives each tls! listener its own client CA (",ca=FILE"),
 // rules file (",clients=FILE", see Rules: who may connect, read-only or
 // read-write) and the deny list (TLSFiles.Deny, see DenyList), and
-// Listeners.Reload reads them all again for new handshakes; the common
+// Listeners.Reload reads them all again for new handshakes and closes the
+// connections whose certificate they no longer serve as before; the common
 // name, serial and role are logged at Info for every connection, and
 // every accepted Ctl write is audited (AuditRecord). The handshake runs in
 // the connection's goroutine within Server.HandshakeTimeout (10 s), so a

@@ -269,12 +269,14 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		wg.Go(func() {
 			defer s.release(a)
 			var roCert bool
+			var auth *tlsAuth
 			if p, ok := c.(*pendingTLS); ok {
 				if c, roCert = s.handshake(ctx, p); c == nil {
 					return
 				}
+				auth = p.auth
 			}
-			if err := s.serveConnFrom(ctx, c, ro, roCert && !ro, a, lname); err != nil {
+			if err := s.serveConnFrom(ctx, c, ro, roCert && !ro, a, lname, auth); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		})
@@ -333,13 +335,15 @@ func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 // serveConn serves rwc; a is its share of Serve's budgets (nil for
 // ServeConn's).
 func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission) error {
-	return s.serveConnFrom(ctx, rwc, ro, false, a, "-")
+	return s.serveConnFrom(ctx, rwc, ro, false, a, "-", nil)
 }
 
 // serveConnFrom is serveConn for a connection of the listener named
 // listener; roCert: the connection is read-only because the listener's
-// rules make its client certificate so (ro is the listener's ",ro").
-func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, roCert bool, a *admission, listener string) error {
+// rules make its client certificate so (ro is the listener's ",ro");
+// auth, the TLS listener's policy, which the connection's certificate
+// must keep passing at each reload.
+func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, roCert bool, a *admission, listener string, auth *tlsAuth) error {
 	if s.Root == nil {
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
@@ -376,6 +380,18 @@ func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, 
 	stop := context.AfterFunc(ctx, c.close)
 	defer stop()
 	defer c.close()
+	if tc, ok := rwc.(*tls.Conn); ok && auth != nil {
+		if st := tc.ConnectionState(); len(st.PeerCertificates) > 0 {
+			cert := st.PeerCertificates[0]
+			defer auth.watch(c, func() {
+				if ok, why := auth.stillAllows(cert, c.sess.ro); !ok {
+					s.logger().Warn("fsrv: TLS client no longer allowed after the reload: connection closed",
+						"listener", listener, "remote", c.remote(), "client", certName(cert), "serial", Serial(cert), "reason", why)
+					c.close()
+				}
+			})()
+		}
+	}
 	return c.serve()
 }
 
