@@ -484,3 +484,23 @@ func TestDeps(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteCtlWholeLines: a ctl text longer than one message goes in
+// writes of whole lines. The 9P library cut it at 65,024 bytes, and the
+// node ran the cut line's first part as a command ("lease off" became the
+// unknown "leas": attack21b F5). A line longer than MaxCtlLine is refused
+// before anything is sent.
+func TestWriteCtlWholeLines(t *testing.T) {
+	n := startNode(t, "")
+	n.waitReady(t)
+	c := dial(t, n.addr)
+	script := strings.Repeat("lease off\n", 6600) // 66,000 bytes
+	if err := c.WriteFile("0/ctl", []byte(script)); err != nil {
+		t.Errorf("WriteFile(0/ctl, 6,600 lines of lease off) = %v; want nil", err)
+	}
+	long := "lease off " + strings.Repeat("x", MaxCtlLine) + "\n"
+	err := c.WriteFile("0/ctl", []byte("lease off\n"+long))
+	if !errors.Is(err, ErrCtlLineTooLong) || !strings.Contains(err.Error(), "line 2 has 4010 bytes") {
+		t.Errorf("WriteFile(0/ctl, a line of %d bytes) = %v; want ErrCtlLineTooLong naming line 2", len(long)-1, err)
+	}
+}

@@ -59,7 +59,12 @@ func (c *Client) WriteFile(path string, data []byte) error {
 	if isCtl {
 		since = c.eventsSize(path)
 	}
-	err := c.write(path, data)
+	var err error
+	if isCtl {
+		err = c.writeLines(path, data)
+	} else {
+		err = c.write(path, data)
+	}
 	if err != nil && isCtl && !errors.Is(err, linux.EACCES) {
 		if why := c.lastRejection(path, since); why != "" {
 			return &RefusedError{Err: err, Reason: why}
@@ -68,7 +73,54 @@ func (c *Client) WriteFile(path string, data []byte) error {
 	return err
 }
 
+// MaxCtlLine is the longest ctl command line WriteFile sends: each write
+// to a ctl file carries whole lines and fits in one message of any msize
+// a server negotiates in practice, so that the 9P library never cuts a
+// line where the server would take its first part for a whole command
+// ("stop 10" cut at 65,024 bytes ran "stop 1").
+const MaxCtlLine = 4000
+
+// ErrCtlLineTooLong refuses, before anything is sent, a ctl text with a
+// line longer than MaxCtlLine.
+var ErrCtlLineTooLong = errors.New("ctl line too long")
+
+// writeLines writes text to the ctl file path in writes of whole lines of
+// at most MaxCtlLine bytes together (or one line and its newline).
+func (c *Client) writeLines(path string, text []byte) error {
+	for rest, n := text, 1; len(rest) > 0; n++ {
+		line, after, _ := bytes.Cut(rest, []byte("\n"))
+		if len(line) > MaxCtlLine {
+			return fmt.Errorf("%s: %w: line %d has %d bytes, the limit is %d; nothing was sent", path, ErrCtlLineTooLong, n, len(line), MaxCtlLine)
+		}
+		rest = after
+	}
+	var writes [][]byte
+	for len(text) > 0 {
+		end := 0
+		for end < len(text) {
+			i := bytes.IndexByte(text[end:], '\n')
+			next := len(text)
+			if i >= 0 {
+				next = end + i + 1
+			}
+			if end > 0 && next > MaxCtlLine {
+				break
+			}
+			end = next
+		}
+		writes = append(writes, text[:end])
+		text = text[end:]
+	}
+	return c.writeEach(path, writes)
+}
+
 func (c *Client) write(path string, text []byte) error {
+	return c.writeEach(path, [][]byte{text})
+}
+
+// writeEach opens path for writing, writes each of writes in turn (a
+// short count is resent from there) and clunks it.
+func (c *Client) writeEach(path string, writes [][]byte) error {
 	f, err := c.walk(path)
 	if err != nil {
 		return err
@@ -79,13 +131,15 @@ func (c *Client) write(path string, text []byte) error {
 	}
 	// A short count is the bytes a ctl applied before a bad line; the
 	// resend starts at that line and returns its error.
-	for len(text) > 0 {
-		n, err := f.WriteAt(text, 0)
-		if err != nil {
-			f.Close()
-			return fmt.Errorf("%s: %w", path, err)
+	for _, text := range writes {
+		for len(text) > 0 {
+			n, err := f.WriteAt(text, 0)
+			if err != nil {
+				f.Close()
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			text = text[n:]
 		}
-		text = text[n:]
 	}
 	// A ctl line left without its newline by a write of a multiple of
 	// 4 KiB is applied at clunk, and its error comes back in Rclunk.

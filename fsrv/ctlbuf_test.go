@@ -185,6 +185,33 @@ func TestCtlPartialAtClunk(t *testing.T) {
 	}
 }
 
+// TestCtlLibraryCut: hugelgupf/p9's client cuts a long write at
+// msize-512 bytes (65,024 at msize 64 KiB), neither msize-24 nor a 4 KiB
+// page: the cut "stop 1" of "stop 10" ran as a command (attack21b F5). A
+// write of a multiple of 512 bytes is a cut: its last line waits for the
+// next write.
+func TestCtlLibraryCut(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	for dialect, w := range openCtl(t, addr) {
+		const cut = 65024
+		first := []byte(strings.Repeat("\n", cut-len("stop 1")) + "stop 1")
+		if n, err := w.WriteAt(first, 0); n != cut || err != nil {
+			t.Fatalf("%s: the first %d bytes: write = %d, %v", dialect, cut, n, err)
+		}
+		if h := fx.takeHandled(); len(h) != 0 {
+			t.Errorf("%s: after the cut, handled %q; want nothing", dialect, h)
+		}
+		if n, err := w.WriteAt([]byte("0\n"), cut); n != 2 || err != nil {
+			t.Errorf("%s: the rest: write = %d, %v", dialect, n, err)
+		}
+		if h := fx.takeHandled(); !slices.Equal(h, []string{"stop 10"}) {
+			t.Errorf("%s: handled %q; want stop 10 whole", dialect, h)
+		}
+		w.Close()
+	}
+}
+
 // TestCtlPartialConnectionLost: a connection that ends without a clunk
 // drops the line a client's cut left without a newline: its end may never
 // have been sent ("lease 3" of "lease 30s").

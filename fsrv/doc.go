@@ -25,7 +25,9 @@
 // out of bounds is dropped without a reply; an msize below MinMsize is
 // answered with an error (Rlerror EINVAL for .L) and dropped. Under
 // 9P2000.L a Tauth is answered ENOENT, which diod's tools take to mean that
-// no authentication is needed; a Twrite whose count disagrees with its size
+// no authentication is needed; a Txattrcreate EOPNOTSUPP (p9 would keep
+// the attribute's value in memory up to a size the client names); a Tread
+// or Treaddir count past msize is cut to what one reply holds; a Twrite whose count disagrees with its size
 // is answered EINVAL on its tag, and any other request that cannot be
 // decoded ends the connection (hugelgupf/p9 would answer it on NOTAG,
 // leaving the client waiting for its own tag); a request of a type p9 does
@@ -63,7 +65,10 @@
 // requests in flight: past that the server stops reading it until replies
 // drain, so a flood of Treads the client never collects holds 64 reads'
 // buffers (measured: 20,000 Treads of 262,000 bytes, heap +17 MB; before,
-// 1,000 of them took +263 MB). It may hold MaxFids (4,096) fids: a request
+// 1,000 of them took +263 MB). The connections of Serve's TCP and TLS
+// listeners share MaxInFlightBytes (64 MiB) of requests in flight past
+// the first of each, counted at msize a request, so that many such
+// clients together hold no more. It may hold MaxFids (4,096) fids: a request
 // that would make one more is refused with EMFILE ("too many open files:
 // ...") and the connection stays usable. Both are counted from the requests
 // read and the replies written, whichever engine serves the connection, so
@@ -113,7 +118,8 @@
 // files). Open gives each tls! listener its own client CA (",ca=FILE"),
 // rules file (",clients=FILE", see Rules: who may connect, read-only or
 // read-write) and the deny list (TLSFiles.Deny, see DenyList), and
-// Listeners.Reload reads them all again for new handshakes; the common
+// Listeners.Reload reads them all again for new handshakes and closes the
+// connections whose certificate they no longer serve as before; the common
 // name, serial and role are logged at Info for every connection, and
 // every accepted Ctl write is audited (AuditRecord). The handshake runs in
 // the connection's goroutine within Server.HandshakeTimeout (10 s), so a

@@ -362,6 +362,9 @@ func (noMutation) UnlinkAt(string, uint32) error          { return dotlError(err
 // through, except that it
 //   - answers Tauth itself with ENOENT (p9 answers ENOSYS, which makes
 //     diod's tools fail; ENOENT tells them no authentication is needed);
+//   - answers Txattrcreate itself with EOPNOTSUPP: p9 would keep every
+//     byte of the Twrites that follow in memory until the clunk, up to a
+//     size the client names (2^62 was taken), before fsrv is asked;
 //   - answers a request of a type p9 does not decode with ENOSYS, and
 //     Tgetlock (fcntl F_GETLK, which p9 does not decode) with F_UNLCK;
 //   - caps or refuses the msize of a Tversion;
@@ -428,6 +431,14 @@ const (
 	// lockTypeUnlock is P9_LOCK_TYPE_UNLCK.
 	lockTypeUnlock = 2
 
+	msgTxattrcreate = 32
+	msgTreaddir     = 40
+
+	// treadBody is the body of a Tread or Treaddir: fid[4] offset[8]
+	// count[4]; rreadHeader the bytes of an Rread before its data.
+	treadBody   = 16
+	rreadHeader = headerSize + 4
+
 	msgTattach = 104
 	msgRattach = 105
 	msgTflush  = 108
@@ -487,6 +498,14 @@ func (s *dotlStream) nextFrame() error {
 			return err
 		}
 		return s.inject(rlerror(tag, errno(errNoAuth)))
+	case typ == msgTxattrcreate:
+		// The tree has no extended attributes to set (SetXattr refuses
+		// every one), so nothing is lost by refusing here, on every
+		// listener, before p9 starts buffering the attribute's value.
+		if _, err := s.r.Discard(body); err != nil {
+			return err
+		}
+		return s.inject(rlerror(tag, linux.EOPNOTSUPP))
 	case !dotlRequest(typ):
 		// hugelgupf/p9 would answer on NOTAG, which ends the connection
 		// (see Write): a 9P2000 Topen, plan9port's Topenfd or any other
@@ -540,6 +559,24 @@ func (s *dotlStream) nextFrame() error {
 			return s.inject(rlerror(tag, errno(fs.ErrInvalid)))
 		}
 		req.typ = typ
+	case (typ == msgTread || typ == msgTreaddir) && body == treadBody:
+		// p9 slices its msize buffer by a Tread's count (a count past
+		// msize panics in the handler, logged with its stack, and is
+		// answered EFAULT) and sizes an Rreaddir by the count given; read(5)
+		// lets the server return fewer bytes, so the count is cut to
+		// what fits in one reply.
+		frame, err := s.readWhole(hdr, body)
+		if err != nil {
+			return err
+		}
+		if most := s.msize - rreadHeader; binary.LittleEndian.Uint32(frame[headerSize+12:]) > most {
+			binary.LittleEndian.PutUint32(frame[headerSize+12:], most)
+		}
+		if err := s.t.start(tag, request{typ: typ}); err != nil {
+			return err
+		}
+		s.pend = frame
+		return nil
 	case typ == msgTflush:
 		// Every Tflush is answered here: one that reached hugelgupf/p9 and
 		// named its own tag would wait for itself forever. Bytes after the

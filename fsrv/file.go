@@ -236,12 +236,18 @@ const ioHeader = 24
 // again at msize-ioHeader when its msize is smaller.
 const fusePage = 4096
 
+// libCut divides the writes hugelgupf/p9's client (the one shardfs write
+// used) cuts a long write into: msize less its largest fixed message,
+// rounded down to a multiple of 512 (65,024 bytes at msize 64 KiB). A
+// 4 KiB page is a multiple too.
+const libCut = 512
+
 // write applies the lines of a write to an open Ctl (see Ctl for the
 // rules): a line ends at its newline, or at the end of a write that is
 // not a client's cut of a longer one; a write that is such a cut (a full
-// Twrite of msize-ioHeader bytes, a multiple of 4 KiB, or one that ends a
-// 4 KiB page of the bytes written through this open) keeps its last line
-// for the next.
+// Twrite of msize-ioHeader bytes, a multiple of 512 bytes, or one that
+// ends a 4 KiB page of the bytes written through this open) keeps its last
+// line for the next.
 // When a line fails after lines of the same write were applied, the write
 // reports the bytes applied, as a short count, and the next write on this
 // open returns the error: a retry starts at the bad line, and its writer
@@ -268,7 +274,7 @@ func (s *session) write(h *handle, p []byte) (int, error) {
 		return 0, h.overlong
 	}
 	const limit = MaxCtlWrite
-	cut := len(p) == int(s.msize.Load())-ioHeader || len(p)%fusePage == 0 || (h.written+int64(len(p)))%fusePage == 0
+	cut := len(p) == int(s.msize.Load())-ioHeader || len(p)%libCut == 0 || (h.written+int64(len(p)))%fusePage == 0
 	applied := 0 // bytes of p up to the end of the last line applied
 	changed := false
 	defer func() {

@@ -1,12 +1,15 @@
 package fsrv
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // Bounds on what one client can hold (DESIGN.md section 5); diod has
@@ -25,6 +28,11 @@ const (
 
 	// DefaultMaxConns is the connection cap when Server.MaxConns is zero.
 	DefaultMaxConns = 4096
+
+	// DefaultMaxInFlightBytes is Server.MaxInFlightBytes when zero: with
+	// the default msize (DefaultMaxMsize) 256 requests in flight over
+	// every TCP and TLS connection, past the one each may always have.
+	DefaultMaxInFlightBytes = 64 << 20
 
 	// DefaultMessageTimeout bounds the time from the first byte of a
 	// message to its last when Server.MessageTimeout is zero.
@@ -111,6 +119,20 @@ type tracker struct {
 	// timeout; nil leaves it zero.
 	now  func() time.Time
 	last time.Time
+
+	// budget, if set, is the server's budget of bytes in flight, shared
+	// by the connections of its TCP and TLS listeners (Server.
+	// MaxInFlightBytes). A connection may always have one request in
+	// flight; each one more takes cost() bytes (its msize, the largest
+	// reply it can get) from budget until a reply gives them back.
+	// charged are the amounts taken, at most one per request in flight
+	// but the first; ctx ends a wait for the budget at close.
+	budget  *semaphore.Weighted
+	cost    func() int64
+	charged []int64
+	ctx     context.Context
+	cancel  context.CancelFunc
+	unwait  context.CancelFunc // ends the reader's wait for the budget
 }
 
 // touch marks the connection active now.
@@ -138,25 +160,85 @@ func newTracker() *tracker {
 		maxFids: MaxFids,
 	}
 	t.cond = sync.NewCond(&t.mu)
+	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t
 }
 
-// wait blocks while the connection has MaxRequests in flight. It returns
-// false once the tracker is closed.
+// share makes the connection's requests past its first take cost()
+// bytes each from budget (see tracker.budget).
+func (t *tracker) share(budget *semaphore.Weighted, cost func() int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.budget, t.cost = budget, cost
+}
+
+// wait blocks while the connection has MaxRequests in flight, or while
+// the server's budget has no room for one more of its requests. It
+// returns false once the tracker is closed.
 func (t *tracker) wait() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for len(t.reqs) >= t.maxReqs && !t.closed {
-		if !t.stalled {
-			t.stalled = true
-			if t.onStall != nil {
-				t.onStall()
+	for {
+		for len(t.reqs) >= t.maxReqs && !t.closed {
+			t.stall()
+			t.cond.Wait()
+		}
+		if t.closed {
+			return false
+		}
+		if t.budget == nil || len(t.charged) >= len(t.reqs) {
+			t.give()
+			t.stalled = false
+			return true
+		}
+		n := t.cost()
+		if !t.budget.TryAcquire(n) {
+			t.stall()
+			// The budget is other connections' too: wait for it without
+			// the tracker's lock, which the replies to this one need. A
+			// reply that leaves the connection nothing to charge (a
+			// client that sends one request at a time) ends the wait.
+			ctx, cancel := context.WithCancel(t.ctx)
+			t.unwait = cancel
+			t.mu.Unlock()
+			err := t.budget.Acquire(ctx, n)
+			t.mu.Lock()
+			t.unwait = nil
+			cancel()
+			if t.closed {
+				if err == nil {
+					t.budget.Release(n)
+				}
+				return false
+			}
+			if err != nil {
+				continue
 			}
 		}
-		t.cond.Wait()
+		t.charged = append(t.charged, n)
 	}
-	t.stalled = false
-	return !t.closed
+}
+
+func (t *tracker) stall() {
+	if !t.stalled {
+		t.stalled = true
+		if t.onStall != nil {
+			t.onStall()
+		}
+	}
+}
+
+// give returns to the budget what the connection holds past what its
+// requests in flight need; t.mu is held.
+func (t *tracker) give() {
+	for len(t.charged) > len(t.reqs) && !t.closed {
+		n := t.charged[len(t.charged)-1]
+		t.charged = t.charged[:len(t.charged)-1]
+		t.budget.Release(n)
+	}
+	if t.unwait != nil && len(t.charged) >= len(t.reqs) {
+		t.unwait()
+	}
 }
 
 // start records a request read from the client, or refuses it: a tag in
@@ -238,6 +320,7 @@ func (t *tracker) finish(frame []byte) []uint16 {
 	for _, f := range r.flushes {
 		delete(t.reqs, f)
 	}
+	t.give()
 	t.cond.Broadcast()
 	return r.flushes
 }
@@ -257,6 +340,7 @@ func (t *tracker) reset() {
 	clear(t.reqs)
 	clear(t.fids)
 	t.making = 0
+	t.give()
 	t.mu.Unlock()
 	t.cond.Broadcast()
 }
@@ -265,7 +349,14 @@ func (t *tracker) reset() {
 func (t *tracker) close() {
 	t.mu.Lock()
 	t.closed = true
+	// The connection goes away with its buffers: the budget is given
+	// back now, not as the requests p9 still holds finish.
+	for _, n := range t.charged {
+		t.budget.Release(n)
+	}
+	t.charged = nil
 	t.mu.Unlock()
+	t.cancel()
 	t.cond.Broadcast()
 }
 

@@ -2,6 +2,7 @@ package fsrv
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
@@ -463,4 +464,188 @@ func TestPlan9VersionInSession(t *testing.T) {
 		t.Errorf("then %x; want the connection closed", got)
 	}
 	stillServes(t, addr)
+}
+
+// TestXattrCreateRefused: a Txattrcreate of 2^62 bytes on a read-only
+// listener, then 64 MiB of Twrites appended at the growing offset, as an
+// attacker sent them. hugelgupf/p9 kept every byte in memory until the
+// clunk (a node went from 25 MB to 1.7 GB); now the Txattrcreate is
+// refused, every Twrite after it too, and the heap does not grow by the
+// bytes written.
+func TestXattrCreateRefused(t *testing.T) {
+	const (
+		msize = 256 << 10
+		total = 64 << 20
+	)
+	fx := newFixture()
+	srv := fx.server(t)
+	srv.MaxMsize = msize
+	l, err := Listen("tcp!127.0.0.1!0,ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, srv, l)
+	r := &rawSession{t: t, c: rawConn(t, addr), dotl: true}
+	r.start(msize)
+	if got, want := r.rpc(r.walk(1, 1, 2, "status")), "Rwalk tag 1 wqid [0x0.0]"; got != want {
+		t.Fatalf("walk to status: reply %s; want %s", got, want)
+	}
+	if got, want := r.rpc("Txattrcreate tag 1 fid 2 name user.x size 4611686018427387904 flags 0"), "Rlerror tag 1 ecode EOPNOTSUPP"; got != want {
+		t.Fatalf("Txattrcreate of 2^62 bytes: reply %s; want %s", got, want)
+	}
+
+	before := heapInUse()
+	chunk := make([]byte, msize-headerSize-twriteFixed)
+	done := make(chan error, 1)
+	go func() {
+		for off := 0; off < total; off += len(chunk) {
+			frame := binary.LittleEndian.AppendUint32(nil, uint32(headerSize+twriteFixed+len(chunk)))
+			frame = binary.LittleEndian.AppendUint16(append(frame, msgTwrite), uint16(2+off/len(chunk)))
+			frame = binary.LittleEndian.AppendUint32(frame, 2)
+			frame = binary.LittleEndian.AppendUint64(frame, uint64(off))
+			frame = binary.LittleEndian.AppendUint32(frame, uint32(len(chunk)))
+			if _, err := r.c.Write(append(frame, chunk...)); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for off := 0; off < total; off += len(chunk) {
+		if got := r.reply(); !strings.HasPrefix(got, "Rlerror") || !strings.HasSuffix(got, "ecode EINVAL") {
+			t.Fatalf("Twrite at offset %d after the refused Txattrcreate: reply %s; want Rlerror EINVAL", off, got)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	grew := int64(heapInUse()) - int64(before)
+	t.Logf("%d MiB of Twrites after a Txattrcreate of 2^62 bytes: heap %+.1f MB", total>>20, float64(grew)/1e6)
+	if limit := int64(total / 4); grew > limit {
+		t.Errorf("heap grew %d bytes while %d bytes of Twrites were refused; want under %d", grew, total, limit)
+	}
+	if got, want := r.rpc("Tclunk tag 1 fid 2"), "Rclunk tag 1"; got != want {
+		t.Errorf("clunk: reply %s; want %s", got, want)
+	}
+	stillServes(t, addr)
+}
+
+// TestReadCountPastMsize: a Tread whose count is past msize made
+// hugelgupf/p9 slice past its buffer (a panic, its stack logged, EFAULT);
+// read(5) lets the server return fewer bytes, and it does.
+func TestReadCountPastMsize(t *testing.T) {
+	fx := newFixture()
+	addr := listen(t, fx.server(t))
+	r := &rawSession{t: t, c: rawConn(t, addr), dotl: true}
+	r.start(8192)
+	r.rpc(r.walk(1, 1, 2, "status"))
+	r.rpc(r.open(1, 2))
+	for _, count := range []uint32{8192 - rreadHeader + 1, 1 << 20, 4<<20 - 1} {
+		line := fmt.Sprintf("Tread tag 1 fid 2 offset 0 count %d", count)
+		if got, want := r.rpc(line), `Rread tag 1 data "READY\n"`; got != want {
+			t.Errorf("%s with msize 8192: reply %s; want %s", line, got, want)
+		}
+	}
+}
+
+// TestInFlightBudget: the connections of TCP and TLS listeners share
+// Server.MaxInFlightBytes. A client that floods Treads and never collects
+// the replies holds its first request and the budget's worth (4 of
+// msize), not MaxRequests; a second such client, the budget being spent,
+// holds one; a fresh client is still served; a unix socket client is not
+// counted (MaxRequests); once the first client collects, the second goes
+// on and every request is answered.
+func TestInFlightBudget(t *testing.T) {
+	const (
+		msize  = 64 << 10
+		budget = 4 * msize
+		n      = 3000 // 190 MB of replies: more than the sockets' buffers
+	)
+	fx := newFixture()
+	for i := range 2000 {
+		fx.appendEvent(fmt.Sprintf("ts=%d event=ready shard=%d\n", i, i))
+	}
+	srv := fx.server(t)
+	srv.MaxMsize = msize
+	srv.MaxInFlightBytes = budget
+	// The hook runs with the tracker's lock held: it reads what the
+	// tracker holds at the moment the server stops reading.
+	type stall struct {
+		tr     *tracker
+		shared bool
+		n      int
+	}
+	stalled := make(chan stall, 64)
+	srv.testTracker = func(tr *tracker) {
+		tr.onStall = func() {
+			select {
+			case stalled <- stall{tr, tr.budget != nil, len(tr.reqs)}:
+			default:
+			}
+		}
+	}
+	addr := listen(t, srv)
+	sock, err := Listen("unix!" + t.TempDir() + "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOn(t, srv, sock)
+
+	flood := func(c net.Conn) *rawSession {
+		r := &rawSession{t: t, c: c, dotl: true}
+		r.start(msize)
+		r.rpc(r.walk(1, 1, 2, "events"))
+		r.rpc(r.open(1, 2))
+		go func() {
+			for i := range n {
+				if _, err := c.Write(r.frame(fmt.Sprintf("Tread tag %d fid 2 offset 0 count %d", 10+i, msize-rreadHeader))); err != nil {
+					return // the test is over
+				}
+			}
+		}()
+		return r
+	}
+	collect := func(name string, r *rawSession) {
+		for i := range n {
+			if got := r.reply(); !strings.HasPrefix(got, "Rread") {
+				t.Fatalf("%s: reply %d = %s; want Rread", name, i, got)
+			}
+		}
+	}
+	a := flood(rawConn(t, addr))
+	b := flood(rawConn(t, addr))
+	c, err := net.Dial("unix", sock.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	u := flood(c)
+
+	// Wait until both TCP clients and the unix one have stopped being
+	// read; a TCP connection never has more than its own request and
+	// the budget's in flight.
+	tcp := map[*tracker]bool{}
+	unixFull := false
+	deadline := time.After(time.Minute)
+	for len(tcp) < 2 || !unixFull {
+		select {
+		case st := <-stalled:
+			tr, shared, n := st.tr, st.shared, st.n
+			switch {
+			case !shared:
+				unixFull = unixFull || n == MaxRequests
+			case n > 1+budget/msize:
+				t.Fatalf("a TCP client that collects no reply has %d requests in flight; want at most %d (one and the budget's)", n, 1+budget/msize)
+			case n > 0:
+				tcp[tr] = true
+			}
+		case <-deadline:
+			t.Fatalf("after a minute, %d TCP clients and the unix one (%v) stopped being read; want 2 and true", len(tcp), unixFull)
+		}
+	}
+	stillServes(t, addr)
+
+	collect("first TCP client", a)
+	collect("second TCP client", b)
+	collect("unix socket client", u)
 }

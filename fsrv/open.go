@@ -100,8 +100,10 @@ func Open(addrs []string, files TLSFiles) (*Listeners, error) {
 
 // Reload reads again what the tls! listeners serve with: the server
 // certificate and key, the client CAs, the rules files and the deny
-// list. New handshakes use them; connections already accepted keep
-// theirs. When any file fails to load, nothing changes and the error
+// list. New handshakes use them; a connection already accepted is closed
+// (and logged) when its certificate is now denied, no longer in the
+// listener's rules, or read-only there while it was served read-write;
+// the others keep their session. When any file fails to load, nothing changes and the error
 // names the file (and the line, for rules and deny list). Without tls!
 // listeners it does nothing.
 func (ls *Listeners) Reload() error {
@@ -119,6 +121,12 @@ func (ls *Listeners) Reload() error {
 	for i, a := range ls.auths {
 		a.cur.Store(pols[i])
 	}
+	// A certificate denied (or dropped from the rules) must not keep the
+	// session it holds: one request every few minutes defeats the idle
+	// timeout.
+	for _, a := range ls.auths {
+		a.reloaded()
+	}
 	if leaf != nil {
 		ls.Leaf = leaf
 	}
@@ -128,7 +136,7 @@ func (ls *Listeners) Reload() error {
 // ReloadOnHangup calls Reload on every SIGHUP until the returned
 // function is called (and the goroutine it started has ended). A reload
 // that fails is logged and changes nothing; accepted connections are
-// never dropped.
+// dropped only as Reload says.
 func (ls *Listeners) ReloadOnHangup(log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hugelgupf/p9/p9"
 	"github.com/shardfs/shardfs/clock"
+	"golang.org/x/sync/semaphore"
 )
 
 // Server serves one tree over 9P2000.L and 9P2000 on the same listeners.
@@ -80,6 +81,18 @@ type Server struct {
 	// night.
 	IdleTimeout time.Duration
 
+	// MaxInFlightBytes bounds, over all the connections of Serve's TCP
+	// and TLS listeners together, the replies their requests may have in
+	// flight, counted at msize bytes a request: the memory that clients
+	// which send requests and never collect the replies hold (each
+	// connection's own bound, MaxRequests, times a thousand connections
+	// was gigabytes). A connection may always have one request in flight
+	// outside it, so that one client's flood slows the others but never
+	// stops them; past it, the server stops reading a connection until
+	// room is given back. Unix socket connections and ServeConn's are not
+	// counted. Zero means DefaultMaxInFlightBytes; negative, no bound.
+	MaxInFlightBytes int64
+
 	// Audit, when set, is called for every command line a Ctl applied,
 	// after the log line that records it (see AuditRecord). It is called
 	// with the Ctl's writes held: it must not block.
@@ -110,6 +123,8 @@ type Server struct {
 	testSeen    int       // connections admit looked at, for measurements
 	refused     int       // connections refused since the last log line
 	refusedAt   time.Time // when that line was logged
+	// inFlight is the budget of MaxInFlightBytes, made at first use.
+	inFlight *semaphore.Weighted
 	// refusals rate-limits the log lines of refused TLS clients and of
 	// writes on read-only listeners, by reason.
 	refusals map[string]*refusalCount
@@ -130,6 +145,24 @@ func (s *Server) logger() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return s.Logger
+}
+
+// inFlightBudget returns the budget of MaxInFlightBytes and its size; nil
+// for no bound.
+func (s *Server) inFlightBudget() (*semaphore.Weighted, int64) {
+	size := s.MaxInFlightBytes
+	switch {
+	case size < 0:
+		return nil, 0
+	case size == 0:
+		size = DefaultMaxInFlightBytes
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight == nil {
+		s.inFlight = semaphore.NewWeighted(size)
+	}
+	return s.inFlight, size
 }
 
 func (s *Server) now() time.Time { return clock.Or(s.Clock).Now() }
@@ -236,12 +269,14 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		wg.Go(func() {
 			defer s.release(a)
 			var roCert bool
+			var auth *tlsAuth
 			if p, ok := c.(*pendingTLS); ok {
 				if c, roCert = s.handshake(ctx, p); c == nil {
 					return
 				}
+				auth = p.auth
 			}
-			if err := s.serveConnFrom(ctx, c, ro, roCert && !ro, a, lname); err != nil {
+			if err := s.serveConnFrom(ctx, c, ro, roCert && !ro, a, lname, auth); err != nil {
 				s.logger().Info("fsrv: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		})
@@ -300,19 +335,26 @@ func (s *Server) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 // serveConn serves rwc; a is its share of Serve's budgets (nil for
 // ServeConn's).
 func (s *Server) serveConn(ctx context.Context, rwc io.ReadWriteCloser, ro bool, a *admission) error {
-	return s.serveConnFrom(ctx, rwc, ro, false, a, "-")
+	return s.serveConnFrom(ctx, rwc, ro, false, a, "-", nil)
 }
 
 // serveConnFrom is serveConn for a connection of the listener named
 // listener; roCert: the connection is read-only because the listener's
-// rules make its client certificate so (ro is the listener's ",ro").
-func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, roCert bool, a *admission, listener string) error {
+// rules make its client certificate so (ro is the listener's ",ro");
+// auth, the TLS listener's policy, which the connection's certificate
+// must keep passing at each reload.
+func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, roCert bool, a *admission, listener string, auth *tlsAuth) error {
 	if s.Root == nil {
 		rwc.Close()
 		return errors.New("fsrv: Server.Root is nil")
 	}
 	c := &conn{s: s, sess: &session{Server: s, ro: ro || roCert, roCert: roCert}, t: newTracker(), rwc: rwc, adm: a, listener: listener, who: identity(rwc)}
 	c.t.now = clock.Or(s.testIdleClock).Now
+	if a != nil && !a.l.unix {
+		if b, size := s.inFlightBudget(); b != nil {
+			c.t.share(b, func() int64 { return min(int64(c.sess.msize.Load()), size) })
+		}
+	}
 	c.sess.conn = c
 	if s.testTracker != nil {
 		s.testTracker(c.t)
@@ -338,6 +380,18 @@ func (s *Server) serveConnFrom(ctx context.Context, rwc io.ReadWriteCloser, ro, 
 	stop := context.AfterFunc(ctx, c.close)
 	defer stop()
 	defer c.close()
+	if tc, ok := rwc.(*tls.Conn); ok && auth != nil {
+		if st := tc.ConnectionState(); len(st.PeerCertificates) > 0 {
+			cert := st.PeerCertificates[0]
+			defer auth.watch(c, func() {
+				if ok, why := auth.stillAllows(cert, c.sess.ro); !ok {
+					s.logger().Warn("fsrv: TLS client no longer allowed after the reload: connection closed",
+						"listener", listener, "remote", c.remote(), "client", certName(cert), "serial", Serial(cert), "reason", why)
+					c.close()
+				}
+			})()
+		}
+	}
 	return c.serve()
 }
 

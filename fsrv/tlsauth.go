@@ -13,6 +13,7 @@ import (
 	"math/big"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -260,6 +261,59 @@ type tlsAuth struct {
 	cur   atomic.Pointer[tlsPolicy]
 	files TLSFiles
 	la    ListenAddr
+
+	// wmu guards watchers, called after each reload: the connections
+	// served through this listener, which recheck their certificate.
+	wmu      sync.Mutex
+	watchers map[*conn]func()
+}
+
+// watch calls f after each reload until the returned stop is called.
+func (a *tlsAuth) watch(c *conn, f func()) (stop func()) {
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	if a.watchers == nil {
+		a.watchers = make(map[*conn]func())
+	}
+	a.watchers[c] = f
+	return func() {
+		a.wmu.Lock()
+		defer a.wmu.Unlock()
+		delete(a.watchers, c)
+	}
+}
+
+// reloaded tells the connections served through the listener that its
+// policy changed.
+func (a *tlsAuth) reloaded() {
+	a.wmu.Lock()
+	fs := make([]func(), 0, len(a.watchers))
+	for _, f := range a.watchers {
+		fs = append(fs, f)
+	}
+	a.wmu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// stillAllows reports whether the listener's current policy serves c as
+// it was served (read-only or not), and why not.
+func (a *tlsAuth) stillAllows(c *x509.Certificate, ro bool) (bool, string) {
+	pol := a.cur.Load()
+	if pol.deny.Denies(c) {
+		return false, "on the deny list"
+	}
+	if pol.rules != nil {
+		rulesRO, ok := pol.rules.ReadOnly(c)
+		if !ok {
+			return false, "no longer in the listener's clients file"
+		}
+		if rulesRO && !ro {
+			return false, "read-only now"
+		}
+	}
+	return true, ""
 }
 
 func staticAuth(conf *tls.Config) *tlsAuth {

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -131,8 +132,10 @@ func TestRoles(t *testing.T) {
 	}
 }
 
-// TestReloadDeny: a serial put on the deny list is refused after Reload
-// while the connection it already had stays served; a bad rules line or
+// TestReloadDeny: a serial put on the deny list is refused after Reload,
+// and the connection it already had is closed (it stayed served, and a
+// request now and then kept it from idling out: attack21b F7), while
+// another certificate's connection stays served; a bad rules line or
 // deny list is refused at start and at reload, naming the line, and a
 // bad reload keeps what the listener had.
 func TestReloadDeny(t *testing.T) {
@@ -143,15 +146,24 @@ func TestReloadDeny(t *testing.T) {
 	files.Deny = filepath.Join(dir, "deny")
 	writeText(t, files.Deny, "# nobody yet\n")
 	rules := filepath.Join(dir, "clients")
-	writeText(t, rules, "alice rw\n")
+	writeText(t, rules, "alice rw\ndave rw\n")
+	dave, err := p.ca.Issue(certs.Client, "dave", nil, certs.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ls, err := Open([]string{"tls!127.0.0.1!0,clients=" + rules}, files)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &Server{Root: fx.root, Clock: fx.clock, Logger: testLogger(t)}
+	var logged syncBuffer
+	srv := &Server{Root: fx.root, Clock: fx.clock, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
 	serveOn(t, srv, ls.List[0])
 	addr := AddrString(ls.List[0])
 	held, err := dialAttach(t, addr, p.clientConf(p.client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := dialAttach(t, addr, p.clientConf(dave))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,8 +175,14 @@ func TestReloadDeny(t *testing.T) {
 	if _, err := dialAttach(t, addr, p.clientConf(p.client)); err == nil || !strings.Contains(err.Error(), "refused our client certificate") {
 		t.Errorf("a denied serial after the reload: %v; want refused", err)
 	}
-	if err := writeCtl(held, "start\n"); err != nil {
-		t.Errorf("the connection accepted before the reload: %v; want it served", err)
+	if err := writeCtl(held, "start\n"); err == nil {
+		t.Errorf("the denied certificate's connection accepted before the reload wrote ctl; want it closed")
+	}
+	if want := "no longer allowed after the reload"; !strings.Contains(logged.String(), want) || !strings.Contains(logged.String(), "serial="+Serial(p.client.Cert)) {
+		t.Errorf("log %q; want a line %q naming the serial", logged.String(), want)
+	}
+	if err := writeCtl(other, "start\n"); err != nil {
+		t.Errorf("another certificate's connection accepted before the reload: %v; want it served", err)
 	}
 
 	// A bad line: refused at reload, naming it; the old rules stay.
