@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -235,6 +236,13 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer s.release(a)
+			if tc, ok := c.(*net.TCPConn); ok && !ro {
+				if err := checkLocalPeer(tc, os.Getuid()); err != nil {
+					s.localPeerRefused(c.RemoteAddr().String(), err)
+					refuseLocalPeer(c, err)
+					return
+				}
+			}
 			var roCert bool
 			if p, ok := c.(*pendingTLS); ok {
 				if c, roCert = s.handshake(ctx, p); c == nil {
