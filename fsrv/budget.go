@@ -43,7 +43,8 @@ const (
 	handshakesPrefixFactor = 4
 
 	// DefaultListenerConns is a TCP or TLS listener's own cap when its
-	// address says no ",max=N".
+	// address says no ",max=N", if MaxConns leaves room for it (see
+	// newListenerBudget).
 	DefaultListenerConns = 1024
 
 	// DefaultUnixReserve is how many of MaxConns only unix socket
@@ -139,14 +140,27 @@ func (s *Server) idleTimeout() time.Duration {
 }
 
 // newListenerBudget is l's budget: its ",max=N" (see WithMaxConns), else
-// DefaultListenerConns for TCP and TLS and MaxConns for a unix socket.
+// for a unix socket MaxConns, and for TCP and TLS DefaultListenerConns
+// within what MaxConns leaves beside the unix reserve; a read-only TCP
+// listener (open to every local user, with no credential) takes at most
+// half of that, so that one local user holding its connections never
+// takes the slots of the TLS and read-write listeners (attack report
+// 21b, finding 6: with --max-conns 1000, or an open-file limit of 1,024,
+// 5640's own 1,024 was every non-unix slot). An explicit ",max=N" is the
+// operator's word and is kept.
 func (s *Server) newListenerBudget(l net.Listener) *listenerBudget {
 	b := &listenerBudget{unix: l.Addr().Network() == "unix", max: maxConnsOf(l)}
-	if b.max <= 0 {
-		b.max = DefaultListenerConns
-		if b.unix {
-			b.max = s.maxConns()
-		}
+	if b.max > 0 {
+		return b
+	}
+	if b.unix {
+		b.max = s.maxConns()
+		return b
+	}
+	shared := max(s.maxConns()-s.unixReserve(), 1)
+	b.max = min(DefaultListenerConns, shared)
+	if isReadOnly(l) && !IsTLS(l) {
+		b.max = min(b.max, max(shared/2, 1))
 	}
 	return b
 }

@@ -753,3 +753,40 @@ func nofileServer(t *testing.T, dir string) {
 	}
 	io.Copy(io.Discard, os.Stdin)
 }
+
+// TestListenerCapFitsMaxConns: 21b finding 6. A listener's default cap
+// fits what MaxConns leaves beside the unix reserve, and a read-only TCP
+// listener (every local user's) takes at most half of it, so that TLS
+// keeps room; an explicit ",max=N" is kept.
+func TestListenerCapFitsMaxConns(t *testing.T) {
+	p := newPKI(t)
+	open := func(addr string) net.Listener {
+		l, err := ListenTLS(addr, p.serverConf(p.server))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	ro, rw, tl, capped := open("tcp!127.0.0.1!0,ro"), open("tcp!127.0.0.1!0"), open("tls!127.0.0.1!0"), open("tcp!127.0.0.1!0,ro,max=2000")
+	for _, tc := range []struct {
+		maxConns            int
+		ro, rw, tls, capped int
+	}{
+		{0, 1024, 1024, 1024, 2000}, // DefaultMaxConns 4,096: room for all
+		{1000, 484, 968, 968, 2000}, // 1,000 less 32 for unix sockets
+		{926, 447, 894, 894, 2000},  // an open-file limit of 1,024 (FitMaxConns)
+		{8, 3, 6, 6, 2000},          // a reserve of a quarter: 2
+	} {
+		srv := &Server{MaxConns: tc.maxConns}
+		for _, l := range []struct {
+			name string
+			l    net.Listener
+			want int
+		}{{"ro", ro, tc.ro}, {"rw", rw, tc.rw}, {"tls", tl, tc.tls}, {"ro,max=2000", capped, tc.capped}} {
+			if got := srv.newListenerBudget(l.l).max; got != l.want {
+				t.Errorf("MaxConns %d: the %s listener's cap = %d; want %d", tc.maxConns, l.name, got, l.want)
+			}
+		}
+	}
+}
