@@ -535,3 +535,37 @@ func TestRefusalsRateLimited(t *testing.T) {
 	b.srv.Deny(c.Fingerprint())
 	outcome(t, out)
 }
+
+// TestPerPrefixLimit: 21b finding 8. Connections in their handshake are
+// counted by prefix too (loopback as one, IPv6 by /64): many addresses of
+// one host hold at most half of the slots. And the keys.
+func TestPerPrefixLimit(t *testing.T) {
+	for _, tc := range []struct{ addr, prefix string }{
+		{"127.0.0.1", "local"}, {"127.0.9.3", "local"}, {"::1", "local"},
+		{"fd00:9::2", "fd00:9::/64"}, {"fd00:9::ffff:3", "fd00:9::/64"},
+		{"10.9.1.1", "10.9.1.1"}, {"::ffff:10.9.1.1", "10.9.1.1"},
+	} {
+		if got := prefixOf(tc.addr); got != tc.prefix {
+			t.Errorf("prefixOf(%s) = %q; want %q", tc.addr, got, tc.prefix)
+		}
+	}
+	const perAddr = 2
+	b := newBed(t, func(c *Config) { c.MaxPending = 4; c.MaxPerAddr = perAddr }) // slots 20, a prefix 10
+	for i := range 5 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i))}}
+		for range perAddr {
+			c, err := d.Dial("tcp", b.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+		}
+	}
+	c := b.client(t, "52:54:00:00:05:01") // from 127.0.0.1, a new address of the full prefix
+	if _, err := c.Enroll(context.Background(), "", nil); err == nil || errors.Is(err, ErrRefused) {
+		t.Errorf("Enroll with 10 stalled connections from loopback = %v; want the connection closed", err)
+	}
+	if ev := readLog(b.srv); !strings.Contains(ev, "busy: 10 connections in their handshake from local") {
+		t.Errorf("events:\n%s\nwant the refusal", ev)
+	}
+}

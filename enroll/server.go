@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -122,6 +123,11 @@ type Server struct {
 	codes       []*Code
 	perAddr     map[string]int // connections in their handshake by remote address
 	pendingAddr map[string]int // waiting requests by remote address
+	// perPrefix and pendingPrefix count the same by prefix (see
+	// prefixOf): one host's many IPv6 addresses, or a local user's many
+	// loopback ones, are held to half of each bound.
+	perPrefix     map[string]int
+	pendingPrefix map[string]int
 }
 
 // request is a waiting request.
@@ -182,7 +188,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, clk: clock.Or(cfg.Clock), log: cfg.Logger, events: journal.New(1 << 20),
 		pending: map[string]*request{}, approved: map[string]bool{}, denied: map[string]bool{}, enrolled: map[string]enrolledNode{},
-		perAddr: map[string]int{}, pendingAddr: map[string]int{}}
+		perAddr: map[string]int{}, pendingAddr: map[string]int{}, perPrefix: map[string]int{}, pendingPrefix: map[string]int{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -380,8 +386,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return err
 		}
 		addr := hostOf(c.RemoteAddr())
-		if !s.takeAddr(addr) {
-			s.refused(refusedAddrBusy, "event=refused addr=%s err=\"busy: %d connections in their handshake from this address\"", addr, s.cfg.MaxPerAddr)
+		if why := s.takeAddr(addr); why != "" {
+			s.refused(refusedAddrBusy, "event=refused addr=%s err=\"busy: %s\"", addr, why)
 			c.Close()
 			continue
 		}
@@ -404,15 +410,22 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 }
 
 // takeAddr counts a connection in its handshake from addr, unless it has
-// MaxPerAddr such: one machine's flood then leaves room for the others.
-func (s *Server) takeAddr(addr string) bool {
+// MaxPerAddr such, or its prefix half of all handshake slots: one
+// machine's flood then leaves room for the others. It says which bound
+// is reached, or "".
+func (s *Server) takeAddr(addr string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.perAddr[addr] >= s.cfg.MaxPerAddr {
-		return false
+	p := prefixOf(addr)
+	switch {
+	case s.perAddr[addr] >= s.cfg.MaxPerAddr:
+		return fmt.Sprintf("%d connections in their handshake from this address", s.cfg.MaxPerAddr)
+	case s.perPrefix[p] >= s.maxPerPrefix():
+		return fmt.Sprintf("%d connections in their handshake from %s", s.maxPerPrefix(), p)
 	}
 	s.perAddr[addr]++
-	return true
+	s.perPrefix[p]++
+	return ""
 }
 
 func (s *Server) releaseAddr(addr string) {
@@ -421,6 +434,40 @@ func (s *Server) releaseAddr(addr string) {
 	if s.perAddr[addr]--; s.perAddr[addr] <= 0 {
 		delete(s.perAddr, addr)
 	}
+	p := prefixOf(addr)
+	if s.perPrefix[p]--; s.perPrefix[p] <= 0 {
+		delete(s.perPrefix, p)
+	}
+}
+
+// maxPerPrefix is the bound of one prefix's connections in their
+// handshake: half of all the slots (MaxPending+16), never below
+// MaxPerAddr.
+func (s *Server) maxPerPrefix() int { return max((s.cfg.MaxPending+16)/2, s.cfg.MaxPerAddr) }
+
+// maxPendingPerPrefix is the bound of one prefix's waiting requests:
+// half of MaxPending, never below MaxPendingPerAddr.
+func (s *Server) maxPendingPerPrefix() int { return max(s.cfg.MaxPending/2, s.cfg.MaxPendingPerAddr) }
+
+// prefixOf is the prefix addr is counted in beside itself: its /64 for
+// IPv6 (one host has many addresses there, usually a whole /64), all of
+// loopback as one ("local": any local user may bind any of 127.0.0.0/8),
+// else the address itself: boot networks are IPv4 /24s of many nodes,
+// each of which must be able to enroll.
+func prefixOf(addr string) string {
+	ip, err := netip.ParseAddr(addr)
+	if err != nil {
+		return addr
+	}
+	ip = ip.Unmap().WithZone("")
+	switch {
+	case ip.IsLoopback():
+		return "local"
+	case ip.Is6():
+		p, _ := ip.Prefix(64)
+		return p.String()
+	}
+	return ip.String()
 }
 
 func hostOf(a net.Addr) string {
@@ -605,11 +652,14 @@ func (s *Server) admit(fp, addr string, req *Request) (how string, r *request, n
 		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests wait already", len(s.pending))
 	case s.pendingAddr[addr] >= s.cfg.MaxPendingPerAddr:
 		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests from this address wait already", s.pendingAddr[addr])
+	case s.pendingPrefix[prefixOf(addr)] >= s.maxPendingPerPrefix():
+		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests from %s wait already", s.pendingPrefix[prefixOf(addr)], prefixOf(addr))
 	}
 	name = s.nodeName(req.MAC, fp, nil)
 	r = &request{fp: fp, name: name, requested: req.Name, mac: req.MAC, addr: addr, since: s.clk.Now(), verdict: make(chan bool, 1)}
 	s.pending[fp] = r
 	s.pendingAddr[addr]++
+	s.pendingPrefix[prefixOf(addr)]++
 	s.event("event=pending fingerprint=%s name=%s requested=%s mac=%s addr=%s", fp, name, orDash(req.Name), orDash(req.MAC), addr)
 	return "", r, name, 0, ""
 }
@@ -641,6 +691,10 @@ func (s *Server) forget(r *request) {
 	defer s.mu.Unlock()
 	if s.pendingAddr[r.addr]--; s.pendingAddr[r.addr] <= 0 {
 		delete(s.pendingAddr, r.addr)
+	}
+	p := prefixOf(r.addr)
+	if s.pendingPrefix[p]--; s.pendingPrefix[p] <= 0 {
+		delete(s.pendingPrefix, p)
 	}
 	if s.pending[r.fp] == r {
 		delete(s.pending, r.fp)
