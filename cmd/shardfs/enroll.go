@@ -204,6 +204,8 @@ func readPEMCerts(flagName, name string) ([]byte, error) {
 func readCodes(name string, expires time.Time, stdout io.Writer) ([]enroll.Code, error) {
 	if fi, err := os.Stat(name); err != nil {
 		return nil, fmt.Errorf("--enroll-code: %w", err)
+	} else if err := checkSecretOwner("--enroll-code", name, fi, os.Getuid()); err != nil {
+		return nil, err
 	} else if fi.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("--enroll-code %s: mode %04o lets other users read it; chmod 600 it", name, fi.Mode().Perm())
 	}

@@ -196,3 +196,31 @@ func TestReadNodeNames(t *testing.T) {
 		}
 	}
 }
+
+// TestEnrollSecretOwner: 21b finding 9. A 0600 key or code file of another
+// user is refused, naming the owner: that user could replace it.
+func TestEnrollSecretOwner(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to give a file to another user")
+	}
+	dir := t.TempDir()
+	key, codes := filepath.Join(dir, "enroll.key"), filepath.Join(dir, "codes")
+	for _, f := range []string{key, codes} {
+		if err := os.WriteFile(f, []byte("52:54:00:00:00:09 ABCDEFGHJKMNPQRSTVWX\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(f, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkSecretFile("--enroll-key", key); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Errorf("checkSecretFile(a 0600 key of uid 65534) = %v; want refused, naming the owner", err)
+	}
+	if _, err := readCodes(codes, time.Now(), io.Discard); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Errorf("readCodes(a 0600 file of uid 65534) = %v; want refused, naming the owner", err)
+	}
+	os.Chown(key, 0, 0)
+	if err := checkSecretFile("--enroll-key", key); err != nil {
+		t.Errorf("checkSecretFile(a 0600 key of root) = %v", err)
+	}
+}
