@@ -569,3 +569,62 @@ func TestPerPrefixLimit(t *testing.T) {
 		t.Errorf("events:\n%s\nwant the refusal", ev)
 	}
 }
+
+// TestCodeBackoff: 21b finding 11. After codeFreeTries wrong codes from
+// one prefix, its codes are refused unread for a pause that doubles; a
+// good code sent meanwhile is not spent, and is taken after the pause.
+func TestCodeBackoff(t *testing.T) {
+	clk := clock.NewFake()
+	code, err := NewCode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBed(t, func(c *Config) {
+		c.Clock = clk
+		c.Codes = []Code{{For: "52:54:00:00:06:01", Code: code, Expires: clk.Now().Add(time.Hour)}}
+	})
+	c := b.client(t, "52:54:00:00:06:01")
+	for i := range codeFreeTries {
+		if _, err := c.Enroll(context.Background(), "WRONG-CODE-0000"+string(rune('A'+i)), nil); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "invalid code") {
+			t.Fatalf("wrong code %d = %v; want refused, invalid code", i+1, err)
+		}
+	}
+	if _, err := c.Enroll(context.Background(), code, nil); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "too many wrong codes from local") {
+		t.Fatalf("the good code after %d wrong ones = %v; want refused for a pause", codeFreeTries, err)
+	}
+	clk.Advance(time.Second)
+	if sec, err := c.Enroll(context.Background(), code, nil); err != nil || sec.Token != b.secret.Token {
+		t.Errorf("the good code after the pause = %v; want the secrets (not spent by the refused try)", err)
+	}
+}
+
+// TestWeakCode: 21b finding 11. Operator-written codes that are short,
+// of few distinct characters, or under MinCodeBits are refused;
+// NewCode's pass.
+func TestWeakCode(t *testing.T) {
+	for _, tc := range []struct {
+		code string
+		weak bool
+	}{
+		{"000000000000", true},
+		{"------------a-a-a-a-a-a-a-a-a-a-a-a", true},
+		{"rack1-a-2026", true},       // 10 characters once the dashes go
+		{"123456789012", true},       // digits: 40 bits
+		{"abcabcabcabcabc", true},    // 3 distinct
+		{"EXPIRED-CODE-0001", false}, // 15 of 36: 77 bits
+		{"k7Qm-x2Rt-9pLw", false},    // 12 of 36: 62 bits
+	} {
+		if why := WeakCode(tc.code); (why != "") != tc.weak {
+			t.Errorf("WeakCode(%q) = %q; want weak %t", tc.code, why, tc.weak)
+		}
+	}
+	for range 100 {
+		c, err := NewCode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why := WeakCode(c); why != "" {
+			t.Errorf("WeakCode(NewCode() %q) = %q; want strong", c, why)
+		}
+	}
+}

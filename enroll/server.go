@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/clock"
@@ -51,6 +53,53 @@ type Code struct {
 // MinCodeLen is the shortest code a server takes: shorter ones could be
 // guessed by whoever can reach the server.
 const MinCodeLen = 12
+
+// MinCodeBits is the least strength of a code a server takes, by
+// WeakCode's estimate; NewCode's have 80.
+const MinCodeBits = 60
+
+// WeakCode says why a code (an operator's, written in --enroll-code) is
+// too easy to guess, or "": shorter than MinCodeLen; fewer than six
+// distinct characters ("000000000000", "abcabcabcabc"); or under
+// MinCodeBits, counting each character as a draw from the classes the
+// code uses (digits 10, letters 26, anything else 32 more). It is an
+// upper bound on a written code's strength: one with a pattern or a word
+// is weaker, and NewCode's are the ones to use.
+func WeakCode(code string) string {
+	c := normalCode(code)
+	if len(c) < MinCodeLen {
+		return fmt.Sprintf("shorter than %d characters", MinCodeLen)
+	}
+	distinct := map[rune]bool{}
+	var digits, letters, other bool
+	for _, r := range c {
+		distinct[r] = true
+		switch {
+		case r >= '0' && r <= '9':
+			digits = true
+		case r >= 'A' && r <= 'Z':
+			letters = true
+		default:
+			other = true
+		}
+	}
+	if len(distinct) < 6 {
+		return fmt.Sprintf("only %d distinct characters", len(distinct))
+	}
+	alphabet := 0
+	for _, cl := range []struct {
+		used bool
+		n    int
+	}{{digits, 10}, {letters, 26}, {other, 32}} {
+		if cl.used {
+			alphabet += cl.n
+		}
+	}
+	if bits := float64(utf8.RuneCountInString(c)) * math.Log2(float64(alphabet)); bits < MinCodeBits {
+		return fmt.Sprintf("about %.0f bits, under %d (NewCode's have 80)", bits, MinCodeBits)
+	}
+	return ""
+}
 
 // NewCode makes a code: 80 random bits in base32, in groups of four
 // (ABCD-EFGH-IJKL-MNOP), to be typed on a console.
@@ -128,6 +177,54 @@ type Server struct {
 	// loopback ones, are held to half of each bound.
 	perPrefix     map[string]int
 	pendingPrefix map[string]int
+	// codeFails counts wrong codes by prefix (see codeFailed).
+	codeFails map[string]*codeFail
+}
+
+// codeFail is one prefix's wrong codes: n since the last pause of
+// codePause, the last at last; none is tried before until.
+type codeFail struct {
+	n           int
+	last, until time.Time
+}
+
+// Wrong codes from one prefix: the first codeFreeTries are answered at
+// once; then each waits twice as long as the one before, from a second
+// up to codeMaxPause, during which that prefix's codes are refused
+// unread (and spend nothing). codePause without a wrong code forgets
+// them. At most maxCodeFails prefixes are remembered.
+const (
+	codeFreeTries = 5
+	codeMaxPause  = 10 * time.Minute
+	codePause     = 10 * time.Minute
+	maxCodeFails  = 4096
+)
+
+// codeFailed counts a wrong code from prefix p.
+func (s *Server) codeFailed(p string, now time.Time) {
+	if s.codeFails == nil {
+		s.codeFails = map[string]*codeFail{}
+	}
+	f := s.codeFails[p]
+	if f == nil || now.Sub(f.last) >= codePause {
+		if len(s.codeFails) >= maxCodeFails {
+			for k, o := range s.codeFails {
+				if now.Sub(o.last) >= codePause {
+					delete(s.codeFails, k)
+				}
+			}
+			if len(s.codeFails) >= maxCodeFails {
+				return
+			}
+		}
+		f = &codeFail{}
+		s.codeFails[p] = f
+	}
+	f.n++
+	f.last = now
+	if f.n >= codeFreeTries {
+		f.until = now.Add(min(time.Second<<min(f.n-codeFreeTries, 20), codeMaxPause))
+	}
 }
 
 // request is a waiting request.
@@ -198,8 +295,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}}
 	for _, c := range cfg.Codes {
-		if len(normalCode(c.Code)) < MinCodeLen {
-			return nil, fmt.Errorf("enroll: the code for %s is shorter than %d characters", c.For, MinCodeLen)
+		if why := WeakCode(c.Code); why != "" {
+			return nil, fmt.Errorf("enroll: the code for %s is too easy to guess: %s", c.For, why)
 		}
 		if c.For == "" {
 			return nil, errors.New("enroll: a code is for no node")
@@ -637,12 +734,18 @@ func (s *Server) admit(fp, addr string, req *Request) (how string, r *request, n
 	case s.denied[fp]:
 		return "", nil, "", refusedKey, "denied"
 	case req.Code != "":
+		now, p := s.clk.Now(), prefixOf(addr)
+		if f := s.codeFails[p]; f != nil && now.Before(f.until) {
+			return "", nil, "", refusedCode, fmt.Sprintf("too many wrong codes from %s: try again in %v", p, f.until.Sub(now).Round(time.Second))
+		}
 		if c := s.spend(req); c != nil {
+			delete(s.codeFails, p)
 			name = s.nodeName(req.MAC, fp, c)
 			s.event("event=code fingerprint=%s for=%s name=%s mac=%s addr=%s", fp, c.For, name, orDash(req.MAC), addr)
 			return "code", nil, name, 0, ""
 		}
 		// The code itself is never logged.
+		s.codeFailed(p, now)
 		return "", nil, "", refusedCode, "invalid code: unknown, spent, expired or given for another node"
 	case s.approved[fp]:
 		return "approved", nil, s.nodeName(req.MAC, fp, nil), 0, ""

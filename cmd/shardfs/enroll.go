@@ -230,8 +230,8 @@ func readCodes(name string, expires time.Time, stdout io.Writer) ([]enroll.Code,
 			fields = append(fields, code)
 			fmt.Fprintf(stdout, "one-time code for %s, good until %s: %s\n", fields[0], expires.UTC().Format(time.RFC3339), code)
 		case 2:
-			if len(strings.NewReplacer("-", "", " ", "").Replace(fields[1])) < enroll.MinCodeLen {
-				return nil, fmt.Errorf("--enroll-code %s:%d: the code for %s is shorter than %d characters", name, n, fields[0], enroll.MinCodeLen)
+			if why := enroll.WeakCode(fields[1]); why != "" {
+				return nil, fmt.Errorf("--enroll-code %s:%d: the code for %s is too easy to guess (%s); leave it out and one is made", name, n, fields[0], why)
 			}
 		default:
 			return nil, fmt.Errorf("--enroll-code %s:%d: want MAC-or-NAME [CODE]", name, n)
