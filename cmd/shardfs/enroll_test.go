@@ -72,10 +72,27 @@ func TestNetbootServe(t *testing.T) {
 	if !stdout.Scan() {
 		t.Fatal("netboot --serve printed no code")
 	}
-	if line := stdout.Text(); strings.HasPrefix(line, "one-time code for 52:54:00:00:00:09, good until ") {
-		code = line[strings.LastIndex(line, " ")+1:]
-	} else {
-		t.Fatalf("stdout = %q; want the code", line)
+	// The code goes to a 0600 file, never to stdout (the journal under
+	// systemd): attack report 21b, finding 12.
+	line := stdout.Text()
+	if !strings.HasPrefix(line, "one-time codes for 1 nodes, good until ") || !strings.HasSuffix(line, "in "+codeFile+".issued (mode 0600)") {
+		t.Fatalf("stdout = %q; want where the code is", line)
+	}
+	issued, err := os.ReadFile(codeFile + ".issued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(issued), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "52:54:00:00:00:09" {
+			code = f[1]
+		}
+	}
+	fi, err := os.Stat(codeFile + ".issued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 || code == "" || strings.Contains(line, code) {
+		t.Fatalf("%s.issued: mode %v, code %q; want mode 0600 with the code, and stdout (%q) without it", codeFile, fi.Mode(), code, line)
 	}
 	go io.Copy(io.Discard, outR)
 	var log strings.Builder
