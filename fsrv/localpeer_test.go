@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -124,6 +125,9 @@ func TestSocketOwner(t *testing.T) {
 	local, remote := s.LocalAddr().(*net.TCPAddr).AddrPort(), s.RemoteAddr().(*net.TCPAddr).AddrPort()
 	if uid, err := socketOwner(remote, local); err != nil || int(uid) != os.Getuid() {
 		t.Errorf("socketOwner(the client's socket) = %d, %v; want %d", uid, err, os.Getuid())
+	}
+	if got, want := identity(s), "uid="+strconv.Itoa(os.Getuid()); got != want {
+		t.Errorf("identity(a loopback TCP connection) = %q; want %q, for the audit line", got, want)
 	}
 	c.Close()
 	if uid, err := socketOwner(remote, local); !errors.Is(err, errNoPeer) {
