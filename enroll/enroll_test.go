@@ -628,3 +628,31 @@ func TestWeakCode(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingPerPrefix: 21b finding 8. Waiting requests from the
+// addresses of one IPv6 /64 are held to half of MaxPending together;
+// another /64, or an IPv4 address, still gets in; a request that goes
+// frees its prefix's place.
+func TestPendingPerPrefix(t *testing.T) {
+	b := newBed(t, func(c *Config) { c.MaxPending = 8; c.MaxPendingPerAddr = 2 }) // a prefix 4
+	var held []*request
+	for i := range 4 {
+		_, r, _, _, why := b.srv.admit(fmt.Sprintf("fp%d", i), fmt.Sprintf("fd00:9::%d", 2+i/2), &Request{MAC: "52:54:00:00:07:01"})
+		if r == nil {
+			t.Fatalf("request %d from fd00:9::/64: %s; want waiting", i, why)
+		}
+		held = append(held, r)
+	}
+	if _, r, _, _, why := b.srv.admit("fp-more", "fd00:9::20", &Request{MAC: "52:54:00:00:07:02"}); r != nil || !strings.Contains(why, "requests from fd00:9::/64 wait already") {
+		t.Errorf("a fifth request from fd00:9::/64 (a new address): %q; want refused, busy, naming the /64", why)
+	}
+	for _, addr := range []string{"fd00:a::1", "10.9.1.1"} {
+		if _, r, _, _, why := b.srv.admit("fp-"+addr, addr, &Request{MAC: "52:54:00:00:07:03"}); r == nil {
+			t.Errorf("a request from %s: %s; want waiting", addr, why)
+		}
+	}
+	b.srv.forget(held[0])
+	if _, r, _, _, why := b.srv.admit("fp-again", "fd00:9::20", &Request{MAC: "52:54:00:00:07:04"}); r == nil {
+		t.Errorf("a request from fd00:9::/64 after one went: %s; want waiting", why)
+	}
+}
