@@ -98,6 +98,7 @@ var (
 	ErrUnknownKey = errors.New("unknown key")
 	ErrMalformed  = errors.New("malformed value")
 	ErrMissing    = errors.New("missing")
+	ErrCode       = errors.New("a one-time code never goes on the kernel command line: the boot script is world-readable and travels in the clear, and whoever reads the code first spends it for this node; give it at the node's console, or approve the node's fingerprint (doc/baremetal.md)")
 	ErrSecret     = errors.New("the token never goes on the kernel command line: /proc/cmdline is world-readable and the boot script travels in the clear; the node receives it from the enrollment server (shardfs.enroll, shardfs netboot --serve)")
 )
 
@@ -130,6 +131,10 @@ func ParseCmdline(line string) (Settings, []Problem) {
 		}
 		if name == "token" {
 			bad(k, true, ErrSecret) // the value is never echoed
+			continue
+		}
+		if name == "code" {
+			bad(k, true, ErrCode) // attack report 21b, finding 10: it was "ignored" but served
 			continue
 		}
 		if !known(name) {

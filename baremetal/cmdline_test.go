@@ -50,6 +50,7 @@ func TestParseCmdlineProblems(t *testing.T) {
 		{"missing flavor", "shardfs.total=4 shardfs.listen=unix!/run/s", "shardfs.flavor", true, ErrMissing},
 		{"missing total", "shardfs.flavor=discord shardfs.listen=unix!/run/s", "shardfs.total", true, ErrMissing},
 		{"token", base + "shardfs.token=abc.def", "shardfs.token", true, ErrSecret},
+		{"code", base + "shardfs.code=ABCD-EFGH-IJKL-MNOP", "shardfs.code", true, ErrCode},
 		{"token in the environment", base + "SHARDFS_TOKEN=abc.def", "SHARDFS_TOKEN", true, ErrSecret},
 		{"etcd without bot", base + "shardfs.etcd=http://10.0.0.1:2379", "shardfs.bot", true, ErrMissing},
 		{"node without etcd", base + "shardfs.node=n1", "shardfs.node", false, nil},

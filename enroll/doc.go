@@ -46,7 +46,10 @@
 //     request is at most 64 KiB; pending requests wait at most MaxWait
 //     (default 10 min). One address may have MaxPerAddr connections in
 //     their handshake at once (default 8), all addresses MaxPending+16;
-//     a connection beyond either is closed at once. Waiting requests do
+//     a connection beyond either is closed at once. Each bound per
+//     address has a second one per prefix, half of the total: an IPv6
+//     /64, or all of loopback; an IPv4 address is its own prefix, since a
+//     boot network's /24 holds the nodes that enroll. Waiting requests do
 //     not hold handshake slots, so a flood of handshakes does not stop a
 //     request that got through. The accept loop never waits on a request.
 //   - Refusals are logged (and put into /enroll/events) at most

@@ -535,3 +535,124 @@ func TestRefusalsRateLimited(t *testing.T) {
 	b.srv.Deny(c.Fingerprint())
 	outcome(t, out)
 }
+
+// TestPerPrefixLimit: 21b finding 8. Connections in their handshake are
+// counted by prefix too (loopback as one, IPv6 by /64): many addresses of
+// one host hold at most half of the slots. And the keys.
+func TestPerPrefixLimit(t *testing.T) {
+	for _, tc := range []struct{ addr, prefix string }{
+		{"127.0.0.1", "local"}, {"127.0.9.3", "local"}, {"::1", "local"},
+		{"fd00:9::2", "fd00:9::/64"}, {"fd00:9::ffff:3", "fd00:9::/64"},
+		{"10.9.1.1", "10.9.1.1"}, {"::ffff:10.9.1.1", "10.9.1.1"},
+	} {
+		if got := prefixOf(tc.addr); got != tc.prefix {
+			t.Errorf("prefixOf(%s) = %q; want %q", tc.addr, got, tc.prefix)
+		}
+	}
+	const perAddr = 2
+	b := newBed(t, func(c *Config) { c.MaxPending = 4; c.MaxPerAddr = perAddr }) // slots 20, a prefix 10
+	for i := range 5 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i))}}
+		for range perAddr {
+			c, err := d.Dial("tcp", b.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+		}
+	}
+	c := b.client(t, "52:54:00:00:05:01") // from 127.0.0.1, a new address of the full prefix
+	if _, err := c.Enroll(context.Background(), "", nil); err == nil || errors.Is(err, ErrRefused) {
+		t.Errorf("Enroll with 10 stalled connections from loopback = %v; want the connection closed", err)
+	}
+	if ev := readLog(b.srv); !strings.Contains(ev, "busy: 10 connections in their handshake from local") {
+		t.Errorf("events:\n%s\nwant the refusal", ev)
+	}
+}
+
+// TestCodeBackoff: 21b finding 11. After codeFreeTries wrong codes from
+// one prefix, its codes are refused unread for a pause that doubles; a
+// good code sent meanwhile is not spent, and is taken after the pause.
+func TestCodeBackoff(t *testing.T) {
+	clk := clock.NewFake()
+	code, err := NewCode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBed(t, func(c *Config) {
+		c.Clock = clk
+		c.Codes = []Code{{For: "52:54:00:00:06:01", Code: code, Expires: clk.Now().Add(time.Hour)}}
+	})
+	c := b.client(t, "52:54:00:00:06:01")
+	for i := range codeFreeTries {
+		if _, err := c.Enroll(context.Background(), "WRONG-CODE-0000"+string(rune('A'+i)), nil); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "invalid code") {
+			t.Fatalf("wrong code %d = %v; want refused, invalid code", i+1, err)
+		}
+	}
+	if _, err := c.Enroll(context.Background(), code, nil); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "too many wrong codes from local") {
+		t.Fatalf("the good code after %d wrong ones = %v; want refused for a pause", codeFreeTries, err)
+	}
+	clk.Advance(time.Second)
+	if sec, err := c.Enroll(context.Background(), code, nil); err != nil || sec.Token != b.secret.Token {
+		t.Errorf("the good code after the pause = %v; want the secrets (not spent by the refused try)", err)
+	}
+}
+
+// TestWeakCode: 21b finding 11. Operator-written codes that are short,
+// of few distinct characters, or under MinCodeBits are refused;
+// NewCode's pass.
+func TestWeakCode(t *testing.T) {
+	for _, tc := range []struct {
+		code string
+		weak bool
+	}{
+		{"000000000000", true},
+		{"------------a-a-a-a-a-a-a-a-a-a-a-a", true},
+		{"rack1-a-2026", true},       // 10 characters once the dashes go
+		{"123456789012", true},       // digits: 40 bits
+		{"abcabcabcabcabc", true},    // 3 distinct
+		{"EXPIRED-CODE-0001", false}, // 15 of 36: 77 bits
+		{"k7Qm-x2Rt-9pLw", false},    // 12 of 36: 62 bits
+	} {
+		if why := WeakCode(tc.code); (why != "") != tc.weak {
+			t.Errorf("WeakCode(%q) = %q; want weak %t", tc.code, why, tc.weak)
+		}
+	}
+	for range 100 {
+		c, err := NewCode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why := WeakCode(c); why != "" {
+			t.Errorf("WeakCode(NewCode() %q) = %q; want strong", c, why)
+		}
+	}
+}
+
+// TestPendingPerPrefix: 21b finding 8. Waiting requests from the
+// addresses of one IPv6 /64 are held to half of MaxPending together;
+// another /64, or an IPv4 address, still gets in; a request that goes
+// frees its prefix's place.
+func TestPendingPerPrefix(t *testing.T) {
+	b := newBed(t, func(c *Config) { c.MaxPending = 8; c.MaxPendingPerAddr = 2 }) // a prefix 4
+	var held []*request
+	for i := range 4 {
+		_, r, _, _, why := b.srv.admit(fmt.Sprintf("fp%d", i), fmt.Sprintf("fd00:9::%d", 2+i/2), &Request{MAC: "52:54:00:00:07:01"})
+		if r == nil {
+			t.Fatalf("request %d from fd00:9::/64: %s; want waiting", i, why)
+		}
+		held = append(held, r)
+	}
+	if _, r, _, _, why := b.srv.admit("fp-more", "fd00:9::20", &Request{MAC: "52:54:00:00:07:02"}); r != nil || !strings.Contains(why, "requests from fd00:9::/64 wait already") {
+		t.Errorf("a fifth request from fd00:9::/64 (a new address): %q; want refused, busy, naming the /64", why)
+	}
+	for _, addr := range []string{"fd00:a::1", "10.9.1.1"} {
+		if _, r, _, _, why := b.srv.admit("fp-"+addr, addr, &Request{MAC: "52:54:00:00:07:03"}); r == nil {
+			t.Errorf("a request from %s: %s; want waiting", addr, why)
+		}
+	}
+	b.srv.forget(held[0])
+	if _, r, _, _, why := b.srv.admit("fp-again", "fd00:9::20", &Request{MAC: "52:54:00:00:07:04"}); r == nil {
+		t.Errorf("a request from fd00:9::/64 after one went: %s; want waiting", why)
+	}
+}

@@ -13,12 +13,15 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/shardfs/shardfs/certs"
 	"github.com/shardfs/shardfs/clock"
@@ -50,6 +53,53 @@ type Code struct {
 // MinCodeLen is the shortest code a server takes: shorter ones could be
 // guessed by whoever can reach the server.
 const MinCodeLen = 12
+
+// MinCodeBits is the least strength of a code a server takes, by
+// WeakCode's estimate; NewCode's have 80.
+const MinCodeBits = 60
+
+// WeakCode says why a code (an operator's, written in --enroll-code) is
+// too easy to guess, or "": shorter than MinCodeLen; fewer than six
+// distinct characters ("000000000000", "abcabcabcabc"); or under
+// MinCodeBits, counting each character as a draw from the classes the
+// code uses (digits 10, letters 26, anything else 32 more). It is an
+// upper bound on a written code's strength: one with a pattern or a word
+// is weaker, and NewCode's are the ones to use.
+func WeakCode(code string) string {
+	c := normalCode(code)
+	if len(c) < MinCodeLen {
+		return fmt.Sprintf("shorter than %d characters", MinCodeLen)
+	}
+	distinct := map[rune]bool{}
+	var digits, letters, other bool
+	for _, r := range c {
+		distinct[r] = true
+		switch {
+		case r >= '0' && r <= '9':
+			digits = true
+		case r >= 'A' && r <= 'Z':
+			letters = true
+		default:
+			other = true
+		}
+	}
+	if len(distinct) < 6 {
+		return fmt.Sprintf("only %d distinct characters", len(distinct))
+	}
+	alphabet := 0
+	for _, cl := range []struct {
+		used bool
+		n    int
+	}{{digits, 10}, {letters, 26}, {other, 32}} {
+		if cl.used {
+			alphabet += cl.n
+		}
+	}
+	if bits := float64(utf8.RuneCountInString(c)) * math.Log2(float64(alphabet)); bits < MinCodeBits {
+		return fmt.Sprintf("about %.0f bits, under %d (NewCode's have 80)", bits, MinCodeBits)
+	}
+	return ""
+}
 
 // NewCode makes a code: 80 random bits in base32, in groups of four
 // (ABCD-EFGH-IJKL-MNOP), to be typed on a console.
@@ -122,6 +172,59 @@ type Server struct {
 	codes       []*Code
 	perAddr     map[string]int // connections in their handshake by remote address
 	pendingAddr map[string]int // waiting requests by remote address
+	// perPrefix and pendingPrefix count the same by prefix (see
+	// prefixOf): one host's many IPv6 addresses, or a local user's many
+	// loopback ones, are held to half of each bound.
+	perPrefix     map[string]int
+	pendingPrefix map[string]int
+	// codeFails counts wrong codes by prefix (see codeFailed).
+	codeFails map[string]*codeFail
+}
+
+// codeFail is one prefix's wrong codes: n since the last pause of
+// codePause, the last at last; none is tried before until.
+type codeFail struct {
+	n           int
+	last, until time.Time
+}
+
+// Wrong codes from one prefix: the first codeFreeTries are answered at
+// once; then each waits twice as long as the one before, from a second
+// up to codeMaxPause, during which that prefix's codes are refused
+// unread (and spend nothing). codePause without a wrong code forgets
+// them. At most maxCodeFails prefixes are remembered.
+const (
+	codeFreeTries = 5
+	codeMaxPause  = 10 * time.Minute
+	codePause     = 10 * time.Minute
+	maxCodeFails  = 4096
+)
+
+// codeFailed counts a wrong code from prefix p.
+func (s *Server) codeFailed(p string, now time.Time) {
+	if s.codeFails == nil {
+		s.codeFails = map[string]*codeFail{}
+	}
+	f := s.codeFails[p]
+	if f == nil || now.Sub(f.last) >= codePause {
+		if len(s.codeFails) >= maxCodeFails {
+			for k, o := range s.codeFails {
+				if now.Sub(o.last) >= codePause {
+					delete(s.codeFails, k)
+				}
+			}
+			if len(s.codeFails) >= maxCodeFails {
+				return
+			}
+		}
+		f = &codeFail{}
+		s.codeFails[p] = f
+	}
+	f.n++
+	f.last = now
+	if f.n >= codeFreeTries {
+		f.until = now.Add(min(time.Second<<min(f.n-codeFreeTries, 20), codeMaxPause))
+	}
 }
 
 // request is a waiting request.
@@ -182,7 +285,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, clk: clock.Or(cfg.Clock), log: cfg.Logger, events: journal.New(1 << 20),
 		pending: map[string]*request{}, approved: map[string]bool{}, denied: map[string]bool{}, enrolled: map[string]enrolledNode{},
-		perAddr: map[string]int{}, pendingAddr: map[string]int{}}
+		perAddr: map[string]int{}, pendingAddr: map[string]int{}, perPrefix: map[string]int{}, pendingPrefix: map[string]int{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -192,8 +295,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}}
 	for _, c := range cfg.Codes {
-		if len(normalCode(c.Code)) < MinCodeLen {
-			return nil, fmt.Errorf("enroll: the code for %s is shorter than %d characters", c.For, MinCodeLen)
+		if why := WeakCode(c.Code); why != "" {
+			return nil, fmt.Errorf("enroll: the code for %s is too easy to guess: %s", c.For, why)
 		}
 		if c.For == "" {
 			return nil, errors.New("enroll: a code is for no node")
@@ -380,8 +483,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return err
 		}
 		addr := hostOf(c.RemoteAddr())
-		if !s.takeAddr(addr) {
-			s.refused(refusedAddrBusy, "event=refused addr=%s err=\"busy: %d connections in their handshake from this address\"", addr, s.cfg.MaxPerAddr)
+		if why := s.takeAddr(addr); why != "" {
+			s.refused(refusedAddrBusy, "event=refused addr=%s err=\"busy: %s\"", addr, why)
 			c.Close()
 			continue
 		}
@@ -404,15 +507,22 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 }
 
 // takeAddr counts a connection in its handshake from addr, unless it has
-// MaxPerAddr such: one machine's flood then leaves room for the others.
-func (s *Server) takeAddr(addr string) bool {
+// MaxPerAddr such, or its prefix half of all handshake slots: one
+// machine's flood then leaves room for the others. It says which bound
+// is reached, or "".
+func (s *Server) takeAddr(addr string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.perAddr[addr] >= s.cfg.MaxPerAddr {
-		return false
+	p := prefixOf(addr)
+	switch {
+	case s.perAddr[addr] >= s.cfg.MaxPerAddr:
+		return fmt.Sprintf("%d connections in their handshake from this address", s.cfg.MaxPerAddr)
+	case s.perPrefix[p] >= s.maxPerPrefix():
+		return fmt.Sprintf("%d connections in their handshake from %s", s.maxPerPrefix(), p)
 	}
 	s.perAddr[addr]++
-	return true
+	s.perPrefix[p]++
+	return ""
 }
 
 func (s *Server) releaseAddr(addr string) {
@@ -421,6 +531,40 @@ func (s *Server) releaseAddr(addr string) {
 	if s.perAddr[addr]--; s.perAddr[addr] <= 0 {
 		delete(s.perAddr, addr)
 	}
+	p := prefixOf(addr)
+	if s.perPrefix[p]--; s.perPrefix[p] <= 0 {
+		delete(s.perPrefix, p)
+	}
+}
+
+// maxPerPrefix is the bound of one prefix's connections in their
+// handshake: half of all the slots (MaxPending+16), never below
+// MaxPerAddr.
+func (s *Server) maxPerPrefix() int { return max((s.cfg.MaxPending+16)/2, s.cfg.MaxPerAddr) }
+
+// maxPendingPerPrefix is the bound of one prefix's waiting requests:
+// half of MaxPending, never below MaxPendingPerAddr.
+func (s *Server) maxPendingPerPrefix() int { return max(s.cfg.MaxPending/2, s.cfg.MaxPendingPerAddr) }
+
+// prefixOf is the prefix addr is counted in beside itself: its /64 for
+// IPv6 (one host has many addresses there, usually a whole /64), all of
+// loopback as one ("local": any local user may bind any of 127.0.0.0/8),
+// else the address itself: boot networks are IPv4 /24s of many nodes,
+// each of which must be able to enroll.
+func prefixOf(addr string) string {
+	ip, err := netip.ParseAddr(addr)
+	if err != nil {
+		return addr
+	}
+	ip = ip.Unmap().WithZone("")
+	switch {
+	case ip.IsLoopback():
+		return "local"
+	case ip.Is6():
+		p, _ := ip.Prefix(64)
+		return p.String()
+	}
+	return ip.String()
 }
 
 func hostOf(a net.Addr) string {
@@ -590,12 +734,18 @@ func (s *Server) admit(fp, addr string, req *Request) (how string, r *request, n
 	case s.denied[fp]:
 		return "", nil, "", refusedKey, "denied"
 	case req.Code != "":
+		now, p := s.clk.Now(), prefixOf(addr)
+		if f := s.codeFails[p]; f != nil && now.Before(f.until) {
+			return "", nil, "", refusedCode, fmt.Sprintf("too many wrong codes from %s: try again in %v", p, f.until.Sub(now).Round(time.Second))
+		}
 		if c := s.spend(req); c != nil {
+			delete(s.codeFails, p)
 			name = s.nodeName(req.MAC, fp, c)
 			s.event("event=code fingerprint=%s for=%s name=%s mac=%s addr=%s", fp, c.For, name, orDash(req.MAC), addr)
 			return "code", nil, name, 0, ""
 		}
 		// The code itself is never logged.
+		s.codeFailed(p, now)
 		return "", nil, "", refusedCode, "invalid code: unknown, spent, expired or given for another node"
 	case s.approved[fp]:
 		return "approved", nil, s.nodeName(req.MAC, fp, nil), 0, ""
@@ -605,11 +755,14 @@ func (s *Server) admit(fp, addr string, req *Request) (how string, r *request, n
 		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests wait already", len(s.pending))
 	case s.pendingAddr[addr] >= s.cfg.MaxPendingPerAddr:
 		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests from this address wait already", s.pendingAddr[addr])
+	case s.pendingPrefix[prefixOf(addr)] >= s.maxPendingPerPrefix():
+		return "", nil, "", refusedBusy, fmt.Sprintf("busy: %d requests from %s wait already", s.pendingPrefix[prefixOf(addr)], prefixOf(addr))
 	}
 	name = s.nodeName(req.MAC, fp, nil)
 	r = &request{fp: fp, name: name, requested: req.Name, mac: req.MAC, addr: addr, since: s.clk.Now(), verdict: make(chan bool, 1)}
 	s.pending[fp] = r
 	s.pendingAddr[addr]++
+	s.pendingPrefix[prefixOf(addr)]++
 	s.event("event=pending fingerprint=%s name=%s requested=%s mac=%s addr=%s", fp, name, orDash(req.Name), orDash(req.MAC), addr)
 	return "", r, name, 0, ""
 }
@@ -641,6 +794,10 @@ func (s *Server) forget(r *request) {
 	defer s.mu.Unlock()
 	if s.pendingAddr[r.addr]--; s.pendingAddr[r.addr] <= 0 {
 		delete(s.pendingAddr, r.addr)
+	}
+	p := prefixOf(r.addr)
+	if s.pendingPrefix[p]--; s.pendingPrefix[p] <= 0 {
+		delete(s.pendingPrefix, p)
 	}
 	if s.pending[r.fp] == r {
 		delete(s.pending, r.fp)

@@ -22,6 +22,7 @@ type AuditRecord struct {
 	Peer string
 	// Who is the client: `cn=NAME serial=HEX` for a TLS client
 	// certificate, `uid=N pid=N` for a unix socket's peer (SO_PEERCRED),
+	// `uid=N` for a TCP client of this host (the owner of its socket),
 	// "-" otherwise.
 	Who string
 	// File is the Ctl's Path (its Name without one); Bytes the length
@@ -55,6 +56,16 @@ func identity(rwc any) string {
 	case *net.UnixConn:
 		if cred, err := PeerCred(c); err == nil {
 			return "uid=" + strconv.Itoa(int(cred.Uid)) + " pid=" + strconv.Itoa(int(cred.Pid))
+		}
+	case *net.TCPConn:
+		// A client of this host: the owner of its socket (no pid: the
+		// kernel keeps none for a TCP socket).
+		la, lok := c.LocalAddr().(*net.TCPAddr)
+		ra, rok := c.RemoteAddr().(*net.TCPAddr)
+		if lok && rok {
+			if uid, err := socketOwner(ra.AddrPort(), la.AddrPort()); err == nil {
+				return "uid=" + strconv.FormatUint(uint64(uid), 10)
+			}
 		}
 	}
 	return "-"

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,12 +30,21 @@ const (
 	DefaultMaxHandshakes = 128
 
 	// DefaultMaxHandshakesPerAddr caps those of one listener from one
-	// source (see addrKey: an address on loopback, else its /24 or /64)
-	// when Server.MaxHandshakesPerAddr is zero.
-	DefaultMaxHandshakesPerAddr = 16
+	// address (see peerKeys: for a process of this host, its uid and
+	// address) when Server.MaxHandshakesPerAddr is zero. It is below the
+	// cap of the address's prefix, so that one host stalling its
+	// handshakes leaves the rest of its /24 (or /64) room.
+	DefaultMaxHandshakesPerAddr = 8
+
+	// handshakesPrefixFactor makes the default cap of one prefix (a
+	// remote /24 or /64, or one local uid whatever its source addresses)
+	// when Server.MaxHandshakesPerPrefix is zero: this many times the
+	// per-address cap, 32 by default, a quarter of a listener's.
+	handshakesPrefixFactor = 4
 
 	// DefaultListenerConns is a TCP or TLS listener's own cap when its
-	// address says no ",max=N".
+	// address says no ",max=N", if MaxConns leaves room for it (see
+	// newListenerBudget).
 	DefaultListenerConns = 1024
 
 	// DefaultUnixReserve is how many of MaxConns only unix socket
@@ -73,17 +83,21 @@ type listenerBudget struct {
 	max  int
 	n    int
 	unix bool
-	// handshaking and handshakesFrom (by addrKey) count the listener's
+	// handshaking, handshakesFrom (by address key) and
+	// handshakesPrefix (by prefix key; see peerKeys) count the listener's
 	// connections before their Tversion (TCP and TLS only).
-	handshaking    int
-	handshakesFrom map[string]int
+	handshaking      int
+	handshakesFrom   map[string]int
+	handshakesPrefix map[string]int
 }
 
 // admission is one admitted connection's share of the budgets.
 type admission struct {
-	l    *listenerBudget
-	from string // addrKey; "" for a unix socket: not counted in the handshakes
-	hand bool   // still counted in the handshakes
+	l *listenerBudget
+	// from and prefix are peerKeys's; "" for a unix socket, which is not
+	// counted in the handshakes.
+	from, prefix string
+	hand         bool // still counted in the handshakes
 }
 
 func (s *Server) maxHandshakes() int {
@@ -98,6 +112,13 @@ func (s *Server) maxHandshakesPerAddr() int {
 		return DefaultMaxHandshakesPerAddr
 	}
 	return s.MaxHandshakesPerAddr
+}
+
+func (s *Server) maxHandshakesPerPrefix() int {
+	if s.MaxHandshakesPerPrefix <= 0 {
+		return handshakesPrefixFactor * s.maxHandshakesPerAddr()
+	}
+	return s.MaxHandshakesPerPrefix
 }
 
 func (s *Server) unixReserve() int {
@@ -119,14 +140,27 @@ func (s *Server) idleTimeout() time.Duration {
 }
 
 // newListenerBudget is l's budget: its ",max=N" (see WithMaxConns), else
-// DefaultListenerConns for TCP and TLS and MaxConns for a unix socket.
+// for a unix socket MaxConns, and for TCP and TLS DefaultListenerConns
+// within what MaxConns leaves beside the unix reserve; a read-only TCP
+// listener (open to every local user, with no credential) takes at most
+// half of that, so that one local user holding its connections never
+// takes the slots of the TLS and read-write listeners (attack report
+// 21b, finding 6: with --max-conns 1000, or an open-file limit of 1,024,
+// 5640's own 1,024 was every non-unix slot). An explicit ",max=N" is the
+// operator's word and is kept.
 func (s *Server) newListenerBudget(l net.Listener) *listenerBudget {
 	b := &listenerBudget{unix: l.Addr().Network() == "unix", max: maxConnsOf(l)}
-	if b.max <= 0 {
-		b.max = DefaultListenerConns
-		if b.unix {
-			b.max = s.maxConns()
-		}
+	if b.max > 0 {
+		return b
+	}
+	if b.unix {
+		b.max = s.maxConns()
+		return b
+	}
+	shared := max(s.maxConns()-s.unixReserve(), 1)
+	b.max = min(DefaultListenerConns, shared)
+	if isReadOnly(l) && !IsTLS(l) {
+		b.max = min(b.max, max(shared/2, 1))
 	}
 	return b
 }
@@ -134,13 +168,13 @@ func (s *Server) newListenerBudget(l net.Listener) *listenerBudget {
 // admit takes c's share of every budget, or says which one is spent.
 // Refusals are logged at most once a minute, with how many there were.
 func (s *Server) admit(c net.Conn, lb *listenerBudget) (*admission, bool) {
+	a := &admission{l: lb}
+	if !lb.unix {
+		a.from, a.prefix = peerKeys(c) // asks the kernel: outside the lock
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.testSeen++
-	a := &admission{l: lb}
-	if !lb.unix {
-		a.from = addrKey(c.RemoteAddr())
-	}
 	limit := ""
 	switch {
 	case lb.n >= lb.max:
@@ -153,6 +187,8 @@ func (s *Server) admit(c net.Conn, lb *listenerBudget) (*admission, bool) {
 		limit = fmt.Sprintf("the listener's connections in their handshake (%d)", s.maxHandshakes())
 	case !lb.unix && lb.handshakesFrom[a.from] >= s.maxHandshakesPerAddr():
 		limit = fmt.Sprintf("the listener's connections in their handshake from %s (%d)", a.from, s.maxHandshakesPerAddr())
+	case !lb.unix && lb.handshakesPrefix[a.prefix] >= s.maxHandshakesPerPrefix():
+		limit = fmt.Sprintf("the listener's connections in their handshake from %s (%d)", a.prefix, s.maxHandshakesPerPrefix())
 	}
 	if limit == "" {
 		s.accepted++
@@ -160,10 +196,12 @@ func (s *Server) admit(c net.Conn, lb *listenerBudget) (*admission, bool) {
 		if !lb.unix {
 			if lb.handshakesFrom == nil {
 				lb.handshakesFrom = make(map[string]int)
+				lb.handshakesPrefix = make(map[string]int)
 			}
 			s.handshaking++
 			lb.handshaking++
 			lb.handshakesFrom[a.from]++
+			lb.handshakesPrefix[a.prefix]++
 			a.hand = true
 		}
 		return a, true
@@ -194,6 +232,9 @@ func (s *Server) handshakeDone(a *admission) {
 	if a.l.handshakesFrom[a.from]--; a.l.handshakesFrom[a.from] <= 0 {
 		delete(a.l.handshakesFrom, a.from)
 	}
+	if a.l.handshakesPrefix[a.prefix]--; a.l.handshakesPrefix[a.prefix] <= 0 {
+		delete(a.l.handshakesPrefix, a.prefix)
+	}
 }
 
 func (s *Server) release(a *admission) {
@@ -207,12 +248,42 @@ func (s *Server) release(a *admission) {
 	}
 }
 
-// addrKey is the source that the per-address handshake limit counts a
-// remote address in. On loopback it is the address itself: every local
-// user connects from 127.0.0.1, and a user who floods from 127.0.0.2 and
-// on takes none of its share. Elsewhere it is the address's /24 (IPv4)
-// or /64 (IPv6), the least one holder of addresses usually has, so
-// that one host cycling through its addresses counts as one source.
+// peerKeys are the address and the prefix that the handshake limits
+// count c in. A process of this host, whatever address it connects from
+// (any local user may bind any of 127.0.0.0/8, or an address of the
+// host, as its source), is counted by its uid, which the kernel tells
+// (socketOwner): address "uid=N ADDR", prefix "uid=N"; so that one local
+// user's flood holds its own uid's share and no other user's, and a
+// user who cycles through 127.0.0.x gains nothing. A loopback peer whose
+// uid cannot be told (its socket closed already) is prefix "local".
+// Another host is its address, and prefix its /24 (IPv4) or /64 (IPv6),
+// the least one holder of addresses usually has.
+func peerKeys(c net.Conn) (addr, prefix string) {
+	if p, ok := c.(*pendingTLS); ok {
+		c = p.Conn
+	}
+	ra, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		k := addrKey(c.RemoteAddr())
+		return k, k
+	}
+	ip, _ := netip.AddrFromSlice(ra.IP)
+	ip = ip.Unmap().WithZone("")
+	if tc, ok := c.(*net.TCPConn); ok {
+		la := tc.LocalAddr().(*net.TCPAddr).AddrPort()
+		if uid, err := socketOwner(ra.AddrPort(), la); err == nil {
+			u := "uid=" + strconv.FormatUint(uint64(uid), 10)
+			return u + " " + ip.String(), u
+		}
+	}
+	if ip.IsLoopback() {
+		return ip.String(), "local"
+	}
+	return ip.String(), addrKey(ra)
+}
+
+// addrKey is the prefix of a remote address that the handshake limits
+// count: its /24 (IPv4) or /64 (IPv6); all of loopback is "local".
 func addrKey(a net.Addr) string {
 	var ip netip.Addr
 	if ta, ok := a.(*net.TCPAddr); ok {
@@ -232,7 +303,7 @@ func addrKey(a net.Addr) string {
 	case !ip.IsValid():
 		return a.String()
 	case ip.IsLoopback():
-		return ip.String()
+		return "local"
 	case ip.Is4():
 		bits = 24
 	}

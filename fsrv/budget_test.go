@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -169,7 +170,7 @@ func TestFloodDoesNotLockOut(t *testing.T) {
 		}
 	}
 	srv.mu.Lock()
-	held, fromFlood := srv.handshaking, srv.budgets[tlsL].handshakesFrom["127.0.0.2"]
+	held, fromFlood := srv.handshaking, srv.budgets[tlsL].handshakesFrom["uid="+strconv.Itoa(os.Getuid())+" 127.0.0.2"]
 	srv.mu.Unlock()
 	if fromFlood != DefaultMaxHandshakesPerAddr {
 		t.Errorf("handshakes held from the flooding address = %d (of %d in all); want %d", fromFlood, held, DefaultMaxHandshakesPerAddr)
@@ -386,42 +387,90 @@ type fromAddr struct {
 
 func (c fromAddr) RemoteAddr() net.Addr { return &net.TCPAddr{IP: net.ParseIP(c.ip), Port: 40000} }
 
-// TestHandshakesPerPrefix: attack report finding 1. The per-address
-// handshake limit counts a remote IPv4 address's /24 and an IPv6
-// address's /64 as one source, so that a host cycling through its
-// addresses is held to one share; on loopback it counts each address,
-// which local users share.
+// TestHandshakesPerPrefix: attack report finding 1, and 21b finding 3.
+// The handshake limits count a remote address, under a cap of its IPv4
+// /24 or IPv6 /64, so that a host cycling through its addresses is held
+// to one share and one host's flood leaves the rest of its prefix room;
+// all of loopback is one prefix ("local") when the kernel cannot tell
+// the uid (before, each loopback address was a source of its own, and
+// one local user flooding from 127.0.0.2 to .20 took every slot).
 func TestHandshakesPerPrefix(t *testing.T) {
 	for _, tc := range []struct{ ip, key string }{
 		{"192.0.2.7", "192.0.2.0/24"},
 		{"::ffff:192.0.2.7", "192.0.2.0/24"},
 		{"2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"},
-		{"127.0.0.1", "127.0.0.1"},
-		{"127.0.3.9", "127.0.3.9"},
-		{"::1", "::1"},
+		{"127.0.0.1", "local"},
+		{"127.0.3.9", "local"},
+		{"::1", "local"},
 	} {
 		if got := addrKey(&net.TCPAddr{IP: net.ParseIP(tc.ip)}); got != tc.key {
 			t.Errorf("addrKey(%s) = %q; want %q", tc.ip, got, tc.key)
 		}
 	}
-	srv := &Server{Root: newFixture().root, Logger: testLogger(t), MaxHandshakes: 100, MaxHandshakesPerAddr: 1}
+	srv := &Server{Root: newFixture().root, Logger: testLogger(t), MaxHandshakes: 100, MaxHandshakesPerAddr: 1, MaxHandshakesPerPrefix: 2}
 	lb := &listenerBudget{max: 100}
 	for _, tc := range []struct {
 		ip string
 		ok bool
 	}{
 		{"192.0.2.1", true},
-		{"192.0.2.200", false}, // the same /24
+		{"192.0.2.1", false}, // the same address
+		{"192.0.2.200", true},
+		{"192.0.2.201", false}, // the same /24, full
 		{"192.0.3.1", true},
 		{"2001:db8::1", true},
-		{"2001:db8::ffff:2", false}, // the same /64
+		{"2001:db8::ffff:2", true},
+		{"2001:db8::ffff:3", false}, // the same /64, full
 		{"2001:db8:0:1::1", true},
 		{"127.0.0.2", true},
-		{"127.0.0.3", true}, // loopback: each address its own
+		{"127.0.0.3", true},
+		{"127.0.0.4", false}, // loopback: one prefix
+		{"::1", false},
 	} {
 		if _, ok := srv.admit(fromAddr{ip: tc.ip}, lb); ok != tc.ok {
-			t.Errorf("admit from %s with one handshake per source = %v; want %v", tc.ip, ok, tc.ok)
+			t.Errorf("admit from %s with one handshake per address and two per prefix = %v; want %v", tc.ip, ok, tc.ok)
 		}
+	}
+}
+
+// TestHandshakesLocalUID: 21b finding 3. A local user stalling
+// handshakes from many loopback addresses holds its own uid's share and
+// no more (this test is that user); another user's, or a remote
+// client's, room stays.
+func TestHandshakesLocalUID(t *testing.T) {
+	srv := &Server{Root: newFixture().root, Logger: testLogger(t), MaxHandshakes: 100, MaxHandshakesPerAddr: 2, MaxHandshakesPerPrefix: 5}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	lb := &listenerBudget{max: 100}
+	me := "uid=" + strconv.Itoa(os.Getuid())
+	admitted := 0
+	for i := range 20 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i))}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		sc, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sc.Close()
+		if a, ok := srv.admit(sc, lb); ok {
+			admitted++
+			if a.prefix != me || a.from != me+" "+sc.RemoteAddr().(*net.TCPAddr).IP.String() {
+				t.Errorf("admit from 127.0.0.%d: keys %q, %q; want %q and %q with the address", 2+i, a.from, a.prefix, me, me)
+			}
+		}
+	}
+	if admitted != 5 {
+		t.Errorf("handshakes admitted from 20 loopback addresses of uid %d = %d; want the uid's 5", os.Getuid(), admitted)
+	}
+	if _, ok := srv.admit(fromAddr{ip: "192.0.2.1"}, lb); !ok {
+		t.Error("a remote client with the local user's share full: refused; want admitted")
 	}
 }
 
@@ -703,4 +752,41 @@ func nofileServer(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, os.Stdin)
+}
+
+// TestListenerCapFitsMaxConns: 21b finding 6. A listener's default cap
+// fits what MaxConns leaves beside the unix reserve, and a read-only TCP
+// listener (every local user's) takes at most half of it, so that TLS
+// keeps room; an explicit ",max=N" is kept.
+func TestListenerCapFitsMaxConns(t *testing.T) {
+	p := newPKI(t)
+	open := func(addr string) net.Listener {
+		l, err := ListenTLS(addr, p.serverConf(p.server))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	ro, rw, tl, capped := open("tcp!127.0.0.1!0,ro"), open("tcp!127.0.0.1!0"), open("tls!127.0.0.1!0"), open("tcp!127.0.0.1!0,ro,max=2000")
+	for _, tc := range []struct {
+		maxConns            int
+		ro, rw, tls, capped int
+	}{
+		{0, 1024, 1024, 1024, 2000}, // DefaultMaxConns 4,096: room for all
+		{1000, 484, 968, 968, 2000}, // 1,000 less 32 for unix sockets
+		{926, 447, 894, 894, 2000},  // an open-file limit of 1,024 (FitMaxConns)
+		{8, 3, 6, 6, 2000},          // a reserve of a quarter: 2
+	} {
+		srv := &Server{MaxConns: tc.maxConns}
+		for _, l := range []struct {
+			name string
+			l    net.Listener
+			want int
+		}{{"ro", ro, tc.ro}, {"rw", rw, tc.rw}, {"tls", tl, tc.tls}, {"ro,max=2000", capped, tc.capped}} {
+			if got := srv.newListenerBudget(l.l).max; got != l.want {
+				t.Errorf("MaxConns %d: the %s listener's cap = %d; want %d", tc.maxConns, l.name, got, l.want)
+			}
+		}
+	}
 }

@@ -78,8 +78,10 @@
 // (DefaultMaxConns, 4,096) less the slots kept for unix sockets
 // (UnixReserve), each listener's own cap (",max=N"), and for each TCP or
 // TLS listener its connections still in their handshake, in all
-// (MaxHandshakes) and from one source (MaxHandshakesPerAddr: an address
-// on loopback, else its /24 or /64). A refused connection is told
+// (MaxHandshakes), from one address (MaxHandshakesPerAddr) and from one
+// prefix (MaxHandshakesPerPrefix: another host's /24 or /64; a process of
+// this host is counted by its uid, which the kernel tells, whatever
+// loopback address it binds). A refused connection is told
 // that the server is full (ENFILE, "server full: ...", or a TLS
 // user_canceled alert) and closed; refusals are logged at most once a
 // minute. The wait for Tversion is bounded (VersionTimeout), and so is

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -62,12 +63,15 @@ type Server struct {
 	HandshakeTimeout time.Duration
 
 	// MaxHandshakes caps the connections of each TCP or TLS listener
-	// that are still in their handshake (TLS, then the 9P Tversion), and
-	// MaxHandshakesPerAddr those of each listener from one source (an
-	// address on loopback, else its /24 or /64). Zero means
-	// DefaultMaxHandshakes and DefaultMaxHandshakesPerAddr. Unix socket
-	// connections are not counted.
-	MaxHandshakes, MaxHandshakesPerAddr int
+	// that are still in their handshake (TLS, then the 9P Tversion),
+	// MaxHandshakesPerAddr those of each listener from one address (a
+	// process of this host: its uid's from one address), and
+	// MaxHandshakesPerPrefix those from one prefix (another host's /24 or
+	// /64; a process of this host: its uid, from any address). Zero
+	// means DefaultMaxHandshakes, DefaultMaxHandshakesPerAddr and four
+	// times the per-address cap. Unix socket connections are not
+	// counted.
+	MaxHandshakes, MaxHandshakesPerAddr, MaxHandshakesPerPrefix int
 
 	// UnixReserve is how many of MaxConns only unix socket connections
 	// may take. Zero means DefaultUnixReserve; negative, none. It is
@@ -268,6 +272,13 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer s.release(a)
+			if tc, ok := c.(*net.TCPConn); ok && !ro {
+				if err := checkLocalPeer(tc, os.Getuid()); err != nil {
+					s.localPeerRefused(c.RemoteAddr().String(), err)
+					refuseLocalPeer(c, err)
+					return
+				}
+			}
 			var roCert bool
 			var auth *tlsAuth
 			if p, ok := c.(*pendingTLS); ok {

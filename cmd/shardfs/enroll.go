@@ -11,11 +11,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/shardfs/shardfs/certs"
@@ -198,21 +200,61 @@ func readPEMCerts(flagName, name string) ([]byte, error) {
 }
 
 // readCodes reads the code file: MAC-or-NAME [CODE] a line, # comments.
-// A line without a code gets a new one, printed on stdout (the operator
-// gives it to whoever stands at the node's console); codes are never
-// logged. The file holds codes, so it must be readable by its owner only.
+// A line without a code gets a new one, written to NAME.issued (mode
+// 0600; see writeIssued) for the operator to give to whoever stands at
+// the node's console; stdout says where, never the code: under systemd
+// stdout is the journal, which keeps it. The file holds codes, so it
+// must be readable by its owner only.
 func readCodes(name string, expires time.Time, stdout io.Writer) ([]enroll.Code, error) {
+	codes, issued, err := readCodeFile(name, expires)
+	if err != nil || len(issued) == 0 {
+		return codes, err
+	}
+	if err := writeIssued(name+".issued", issued); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "one-time codes for %d nodes, good until %s: in %s.issued (mode 0600)\n", len(issued), expires.UTC().Format(time.RFC3339), name)
+	return codes, nil
+}
+
+// writeIssued writes the codes made for the lines without one, a line
+// "MAC-or-NAME CODE" each, to a new file of mode 0600: one there before
+// (or a link another user put there) is removed first, never written
+// through.
+func writeIssued(file string, issued []enroll.Code) error {
+	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("--enroll-code: %w", err)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("--enroll-code: %w", err)
+	}
+	var b strings.Builder
+	b.WriteString("# one-time codes made by netboot --serve; give each at its node's console, then remove this file\n")
+	for _, c := range issued {
+		fmt.Fprintf(&b, "%s %s\n", c.For, c.Code)
+	}
+	if _, err := f.WriteString(b.String()); err != nil {
+		f.Close()
+		return fmt.Errorf("--enroll-code: %w", err)
+	}
+	return f.Close()
+}
+
+// readCodeFile reads the code file; issued are the codes it made.
+func readCodeFile(name string, expires time.Time) (codes, issued []enroll.Code, err error) {
 	if fi, err := os.Stat(name); err != nil {
-		return nil, fmt.Errorf("--enroll-code: %w", err)
+		return nil, nil, fmt.Errorf("--enroll-code: %w", err)
+	} else if err := checkSecretOwner("--enroll-code", name, fi, os.Getuid()); err != nil {
+		return nil, nil, err
 	} else if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("--enroll-code %s: mode %04o lets other users read it; chmod 600 it", name, fi.Mode().Perm())
+		return nil, nil, fmt.Errorf("--enroll-code %s: mode %04o lets other users read it; chmod 600 it", name, fi.Mode().Perm())
 	}
 	f, err := os.Open(name)
 	if err != nil {
-		return nil, fmt.Errorf("--enroll-code: %w", err)
+		return nil, nil, fmt.Errorf("--enroll-code: %w", err)
 	}
 	defer f.Close()
-	var codes []enroll.Code
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		line, _, _ := strings.Cut(sc.Text(), "#")
@@ -223,20 +265,20 @@ func readCodes(name string, expires time.Time, stdout io.Writer) ([]enroll.Code,
 		case 1:
 			code, err := enroll.NewCode()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			fields = append(fields, code)
-			fmt.Fprintf(stdout, "one-time code for %s, good until %s: %s\n", fields[0], expires.UTC().Format(time.RFC3339), code)
+			issued = append(issued, enroll.Code{For: fields[0], Code: code, Expires: expires})
 		case 2:
-			if len(strings.NewReplacer("-", "", " ", "").Replace(fields[1])) < enroll.MinCodeLen {
-				return nil, fmt.Errorf("--enroll-code %s:%d: the code for %s is shorter than %d characters", name, n, fields[0], enroll.MinCodeLen)
+			if why := enroll.WeakCode(fields[1]); why != "" {
+				return nil, nil, fmt.Errorf("--enroll-code %s:%d: the code for %s is too easy to guess (%s); leave it out and one is made", name, n, fields[0], why)
 			}
 		default:
-			return nil, fmt.Errorf("--enroll-code %s:%d: want MAC-or-NAME [CODE]", name, n)
+			return nil, nil, fmt.Errorf("--enroll-code %s:%d: want MAC-or-NAME [CODE]", name, n)
 		}
 		codes = append(codes, enroll.Code{For: fields[0], Code: fields[1], Expires: expires})
 	}
-	return codes, sc.Err()
+	return codes, issued, sc.Err()
 }
 
 // run serves enrollment requests and the /enroll tree until ctx ends.

@@ -72,10 +72,27 @@ func TestNetbootServe(t *testing.T) {
 	if !stdout.Scan() {
 		t.Fatal("netboot --serve printed no code")
 	}
-	if line := stdout.Text(); strings.HasPrefix(line, "one-time code for 52:54:00:00:00:09, good until ") {
-		code = line[strings.LastIndex(line, " ")+1:]
-	} else {
-		t.Fatalf("stdout = %q; want the code", line)
+	// The code goes to a 0600 file, never to stdout (the journal under
+	// systemd): attack report 21b, finding 12.
+	line := stdout.Text()
+	if !strings.HasPrefix(line, "one-time codes for 1 nodes, good until ") || !strings.HasSuffix(line, "in "+codeFile+".issued (mode 0600)") {
+		t.Fatalf("stdout = %q; want where the code is", line)
+	}
+	issued, err := os.ReadFile(codeFile + ".issued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(issued), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "52:54:00:00:00:09" {
+			code = f[1]
+		}
+	}
+	fi, err := os.Stat(codeFile + ".issued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 || code == "" || strings.Contains(line, code) {
+		t.Fatalf("%s.issued: mode %v, code %q; want mode 0600 with the code, and stdout (%q) without it", codeFile, fi.Mode(), code, line)
 	}
 	go io.Copy(io.Discard, outR)
 	var log strings.Builder
@@ -194,5 +211,33 @@ func TestReadNodeNames(t *testing.T) {
 		if _, err := readNodeNames(f); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: readNodeNames = %v; want an error with %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestEnrollSecretOwner: 21b finding 9. A 0600 key or code file of another
+// user is refused, naming the owner: that user could replace it.
+func TestEnrollSecretOwner(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to give a file to another user")
+	}
+	dir := t.TempDir()
+	key, codes := filepath.Join(dir, "enroll.key"), filepath.Join(dir, "codes")
+	for _, f := range []string{key, codes} {
+		if err := os.WriteFile(f, []byte("52:54:00:00:00:09 ABCDEFGHJKMNPQRSTVWX\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(f, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkSecretFile("--enroll-key", key); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Errorf("checkSecretFile(a 0600 key of uid 65534) = %v; want refused, naming the owner", err)
+	}
+	if _, err := readCodes(codes, time.Now(), io.Discard); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Errorf("readCodes(a 0600 file of uid 65534) = %v; want refused, naming the owner", err)
+	}
+	os.Chown(key, 0, 0)
+	if err := checkSecretFile("--enroll-key", key); err != nil {
+		t.Errorf("checkSecretFile(a 0600 key of root) = %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/shardfs/shardfs/baremetal"
 )
@@ -130,6 +131,16 @@ func runNetboot(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
+// checkSecretOwner refuses a secret file owned by another user than me
+// or root (attack report 21b, finding 9: a 0600 key or code file of
+// another user was taken).
+func checkSecretOwner(flagName, name string, fi os.FileInfo, me int) error {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int64(st.Uid) != int64(me) && st.Uid != 0 {
+		return fmt.Errorf("%s %s: owned by uid %d, not by uid %d (this process) or root; chown it", flagName, name, st.Uid, me)
+	}
+	return nil
+}
+
 // flagSet reports whether the command line set the flag name.
 func flagSet(fl *flag.FlagSet, name string) (set bool) {
 	fl.Visit(func(f *flag.Flag) { set = set || f.Name == name })
@@ -137,12 +148,17 @@ func flagSet(fl *flag.FlagSet, name string) (set bool) {
 }
 
 // checkSecretFile refuses a secret (the token, the TLS key) that is
-// missing, empty, or that other users can read: it should not be exposed
-// on the build machine either.
+// missing, empty, that other users can read, or that belongs to another
+// user than this process's or root: it should not be exposed on the
+// build machine either, and its owner could replace it (an enrollment
+// server's key, or its node CA's, of the owner's choosing).
 func checkSecretFile(flagName, name string) error {
 	fi, err := os.Stat(name)
 	if err != nil {
 		return fmt.Errorf("%s: %w", flagName, err)
+	}
+	if err := checkSecretOwner(flagName, name, fi, os.Getuid()); err != nil {
+		return err
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return fmt.Errorf("%s %s: mode %04o lets other users read it; chmod 600 it", flagName, name, fi.Mode().Perm())
