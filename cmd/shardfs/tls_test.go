@@ -353,8 +353,8 @@ func TestServeTLS(t *testing.T) {
 
 // Issue 21's roles test with a real signal: serve with --tls-deny; a
 // client's serial written to the deny list and SIGHUP sent, a new
-// connection with that certificate is refused while the one accepted
-// before keeps reading.
+// connection with that certificate is refused and the one accepted
+// before is closed, while the unix socket keeps serving.
 func TestServeDenyOnSIGHUP(t *testing.T) {
 	const token = "TLS-DENY-TOKEN-1"
 	sim, err := gatewaysim.New(gatewaysim.Config{Flavor: gatewaysim.Discord, Token: token, Shards: 1, MaxConcurrency: 1})
@@ -431,8 +431,23 @@ func TestServeDenyOnSIGHUP(t *testing.T) {
 		c.Close()
 		return err != nil, fmt.Sprint(err)
 	})
-	if _, err := accepted.ReadFile("status"); err != nil {
-		t.Errorf("the connection accepted before the deny: %v; want it kept", err)
+	// The denied certificate's own session is cut off too (attack 21b,
+	// finding 7: it kept writing ctl after the reload); the fsrv test
+	// TestReloadDeny shows another certificate's connection kept.
+	eventually(t, "the reload closing the denied certificate's connection", func() (bool, string) {
+		s := stderr.String()
+		return strings.Contains(s, "no longer allowed after the reload"), s
+	})
+	if _, err := accepted.ReadFile("status"); err == nil {
+		t.Error("the connection accepted before the deny still reads after the reload; want it closed")
+	}
+	local, err := client.Dial(t.Context(), "unix!"+sock)
+	if err != nil {
+		t.Fatalf("dial the unix socket after the reload: %v", err)
+	}
+	defer local.Close()
+	if got, err := local.ReadFile("status"); err != nil || len(got) == 0 {
+		t.Errorf("the unix socket after the reload: %q, %v; want it served", got, err)
 	}
 	if cmd.ProcessState != nil {
 		t.Fatal("serve exited on SIGHUP")
