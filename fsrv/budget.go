@@ -1,7 +1,6 @@
 package fsrv
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -346,19 +345,7 @@ func (s *Server) tellFull(wg *sync.WaitGroup, c net.Conn) {
 			io.Copy(io.Discard, io.LimitReader(p.Conn, 64<<10))
 			return
 		}
-		frame, err := readFrame(bufio.NewReaderSize(c, 64), maxVersionFrame)
-		if err != nil {
-			return
-		}
-		t, err := parseVersion(frame)
-		if err != nil {
-			return
-		}
-		if dialectOf(t.version) == dialectDotL {
-			c.Write(rlerror(t.tag, linux.ENFILE))
-		} else {
-			c.Write(rerror(t.tag, "server full: the tree's connection limit is reached; try again later"))
-		}
+		refuseVersion(c, linux.ENFILE, "server full: the tree's connection limit is reached; try again later")
 	})
 }
 

@@ -48,6 +48,12 @@ func checkLocalPeer(c *net.TCPConn, me int) error {
 func refuseLocalPeer(c net.Conn, why error) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(tellTimeout))
+	refuseVersion(c, linux.EACCES, clipEname("permission denied: "+why.Error(), MinMsize))
+}
+
+// refuseVersion reads c's Tversion and answers it with errno (9P2000.L)
+// or ename (9P2000); a connection that sends no Tversion gets nothing.
+func refuseVersion(c net.Conn, errno linux.Errno, ename string) {
 	frame, err := readFrame(bufio.NewReaderSize(c, 64), maxVersionFrame)
 	if err != nil {
 		return
@@ -57,9 +63,9 @@ func refuseLocalPeer(c net.Conn, why error) {
 		return
 	}
 	if dialectOf(t.version) == dialectDotL {
-		c.Write(rlerror(t.tag, linux.EACCES))
+		c.Write(rlerror(t.tag, errno))
 	} else {
-		c.Write(rerror(t.tag, clipEname("permission denied: "+why.Error(), MinMsize)))
+		c.Write(rerror(t.tag, ename))
 	}
 }
 
