@@ -220,9 +220,10 @@ type cluster struct {
 
 func start(ctx context.Context, cfg Config) (c *cluster, err error) {
 	c = &cluster{cfg: cfg, proxies: map[string]proxySet{}, paused: map[string]bool{}}
+	started := c // the returns below set c to nil; close what was started
 	defer func() {
 		if err != nil {
-			c.close()
+			started.close()
 		}
 	}()
 	if c.etcd, err = NewCluster(cfg.Exe, filepath.Join(cfg.Dir, "etcd"), cfg.EtcdMembers); err != nil {
