@@ -45,40 +45,7 @@ func TestOwnershipClusterFaults(t *testing.T) {
 	}
 	t.Cleanup(func() { cli.Close() })
 	const total, ttl = 8, 3 * time.Second
-	var rigs []rig
-	for _, node := range []string{"a", "b"} {
-		shards := newRecShards()
-		log, _ := testLog(t)
-		o, err := NewOwnership(OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: Plan{Flavor: "discord", Total: total}, TTL: ttl, MaxConcurrency: total, Shards: shards, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- o.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		rigs = append(rigs, rig{o, shards})
-	}
-	owned := func() (map[int]string, map[int]uint64) {
-		who, gens := map[int]string{}, map[int]uint64{}
-		for i, r := range rigs {
-			for id, g := range r.shards.owned(time.Now()) {
-				if _, dup := who[id]; dup {
-					t.Fatalf("shard %d granted to two nodes", id)
-				}
-				who[id], gens[id] = []string{"a", "b"}[i], g
-			}
-		}
-		return who, gens
-	}
-	placed := func() bool {
-		who, _ := owned()
-		per := map[string]int{}
-		for _, n := range who {
-			per[n]++
-		}
-		return len(who) == total && per["a"] == total/2 && per["b"] == total/2
-	}
+	rigs, owned, placed := twoNodes(t, cli, total, ttl)
 	waitForLong(t, time.Minute, "a and b to own their shares", placed)
 	fenced := func() uint64 { return rigs[0].o.Status().FencingStops + rigs[1].o.Status().FencingStops }
 	ctx := t.Context()

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/shardfs/shardfs/lease/etcd/etcdtest"
 	"github.com/shardfs/shardfs/soak"
 )
@@ -83,42 +85,9 @@ func TestSoleOwner(t *testing.T) {
 func TestOwnershipEtcdOutageContinues(t *testing.T) {
 	e, cli := soak.StartEtcd(t)
 	const total, ttl = 16, 3 * time.Second
-	var rigs []rig
-	for _, node := range []string{"a", "b"} {
-		shards := newRecShards()
-		log, _ := testLog(t)
-		o, err := NewOwnership(OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: Plan{Flavor: "discord", Total: total}, TTL: ttl, MaxConcurrency: total, Shards: shards, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- o.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		rigs = append(rigs, rig{o, shards})
-	}
-	owned := func() (map[int]string, map[int]uint64) {
-		who, gens := map[int]string{}, map[int]uint64{}
-		for i, r := range rigs {
-			for id, g := range r.shards.owned(time.Now()) {
-				if _, dup := who[id]; dup {
-					t.Fatalf("shard %d granted to two nodes", id)
-				}
-				who[id], gens[id] = []string{"a", "b"}[i], g
-			}
-		}
-		return who, gens
-	}
 	// Placed: every shard owned, half on each (Place balances; which
 	// shards stay where is checked across the outage below).
-	placed := func() bool {
-		who, _ := owned()
-		per := map[string]int{}
-		for _, n := range who {
-			per[n]++
-		}
-		return len(who) == total && per["a"] == total/2 && per["b"] == total/2
-	}
+	rigs, owned, placed := twoNodes(t, cli, total, ttl)
 	waitForLong(t, time.Minute, "a and b to own their shares", placed)
 	beforeWho, beforeGen := owned()
 	e.Kill()
@@ -155,6 +124,48 @@ func TestOwnershipEtcdOutageContinues(t *testing.T) {
 			t.Logf("shard %d: generation %d -> %d", id, beforeGen[id], gens[id])
 		}
 	}
+}
+
+// twoNodes starts Ownerships a and b of one bot with total shards on cli,
+// each with a recording Shards, ended with the test. owned maps each
+// owned shard to its node and generation (failing the test on a shard
+// granted to both); placed reports every shard owned, half on each.
+func twoNodes(t *testing.T, cli *clientv3.Client, total int, ttl time.Duration) (rigs []rig, owned func() (map[int]string, map[int]uint64), placed func() bool) {
+	t.Helper()
+	for _, node := range []string{"a", "b"} {
+		shards := newRecShards()
+		log, _ := testLog(t)
+		o, err := NewOwnership(OwnershipConfig{Client: cli, Bot: "b", Node: node, Plan: Plan{Flavor: "discord", Total: total}, TTL: ttl, MaxConcurrency: total, Shards: shards, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- o.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		rigs = append(rigs, rig{o, shards})
+	}
+	owned = func() (map[int]string, map[int]uint64) {
+		who, gens := map[int]string{}, map[int]uint64{}
+		for i, r := range rigs {
+			for id, g := range r.shards.owned(time.Now()) {
+				if _, dup := who[id]; dup {
+					t.Fatalf("shard %d granted to two nodes", id)
+				}
+				who[id], gens[id] = []string{"a", "b"}[i], g
+			}
+		}
+		return who, gens
+	}
+	placed = func() bool {
+		who, _ := owned()
+		per := map[string]int{}
+		for _, n := range who {
+			per[n]++
+		}
+		return len(who) == total && per["a"] == total/2 && per["b"] == total/2
+	}
+	return rigs, owned, placed
 }
 
 type rig struct {
