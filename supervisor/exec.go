@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -77,15 +78,18 @@ func (e *Exec) Wait() {
 const outputDrain = 2 * time.Second
 
 type execProc struct {
-	id     string
-	gen    int
-	owns   map[int]bool // its block
-	cmd    *exec.Cmd
-	conn   net.Conn // control
-	data   net.Conn
-	w      *msgWriter
-	reaped chan struct{} // closed once waitpid returned
-	read   chan struct{} // closed when the channel's reader ended
+	id   string
+	gen  int
+	owns map[int]bool // its block
+	// sockets are the unix sockets the parent told it to listen on
+	// (--listen unix!PATH): the only paths its ready may name.
+	sockets []string
+	cmd     *exec.Cmd
+	conn    net.Conn // control
+	data    net.Conn
+	w       *msgWriter
+	reaped  chan struct{} // closed once waitpid returned
+	read    chan struct{} // closed when the channel's reader ended
 
 	mu      sync.Mutex
 	cancels map[uint64]func()
@@ -148,7 +152,8 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 		outW.Close()
 		return fail(err)
 	}
-	cmd := exec.Command(e.Path, e.Args(l)...)
+	args := e.Args(l)
+	cmd := exec.Command(e.Path, args...)
 	cmd.Env = append(append([]string(nil), e.Env...), TokenFDVar+"=3", ChannelFDVar+"=4", DataFDVar+"=5")
 	cmd.ExtraFiles = []*os.File{tokR, childEnd, childData}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -165,7 +170,7 @@ func (e *Exec) Launch(l Launch, r *Reports) (Process, error) {
 	for _, id := range l.Shards {
 		owns[id] = true
 	}
-	p := &execProc{id: l.ID, gen: l.Generation, owns: owns, cmd: cmd, conn: conn, data: dataConn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}, asking: map[int]uint64{}}
+	p := &execProc{id: l.ID, gen: l.Generation, owns: owns, sockets: listenSockets(args), cmd: cmd, conn: conn, data: dataConn, w: &msgWriter{w: conn}, reaped: make(chan struct{}), read: make(chan struct{}), cancels: map[uint64]func(){}, asking: map[int]uint64{}}
 	e.outs.Go(func() { e.Output.copy(l.ID, outR); outR.Close() })
 	e.outs.Go(func() { e.Output.copy(l.ID, errR); errR.Close() })
 	var readers sync.WaitGroup
@@ -266,6 +271,27 @@ func (e *Exec) dataStream(p *execProc, r *Reports) {
 	}
 }
 
+// listenSockets returns the paths of the unix sockets in args' --listen
+// flags.
+func listenSockets(args []string) []string {
+	var paths []string
+	for i, a := range args {
+		var v string
+		switch {
+		case a == "--listen" && i+1 < len(args):
+			v = args[i+1]
+		case strings.HasPrefix(a, "--listen="):
+			v = strings.TrimPrefix(a, "--listen=")
+		default:
+			continue
+		}
+		if path, ok := strings.CutPrefix(v, "unix!"); ok {
+			paths = append(paths, path)
+		}
+	}
+	return paths
+}
+
 // refuse logs a control message a child sent about a shard outside its
 // block, or with figures that cannot be, and drops it: a child speaks for
 // its own block only, and one buggy child must not spend the shared
@@ -288,6 +314,14 @@ func (e *Exec) channel(p *execProc, r *Reports) {
 		r.Alive()
 		switch m.T {
 		case "ready":
+			// The parent forwards reads and operator commands for the
+			// child's shards to this path: one the parent did not choose
+			// would send them to another process (the re-attack on issue
+			// 23 pointed one at another supervise's child).
+			if len(p.sockets) > 0 && !slices.Contains(p.sockets, m.Socket) {
+				e.refuse(p, m, fmt.Sprintf("a socket the parent did not assign: %q", m.Socket))
+				continue
+			}
 			r.Ready(m.Socket)
 		case "status":
 			if m.Total > 0 && m.Ready == m.Total {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -96,6 +97,13 @@ func testChild(mode string) int {
 		l.w.send(ShardState{State: "READY", Seq: 7, LatencyMs: -1}.msg(0))
 		l.w.send(ShardState{State: "READY", Seq: 7}.msg(0))
 		fmt.Fprintln(os.Stderr, "forged")
+		<-l.Done()
+		return 0
+	case "readyspoof":
+		// Its first ready names a socket the parent did not assign
+		// (another process's), then the one it was told to listen on.
+		l.Ready(filepath.Join(os.TempDir(), "another-supervise", "0.sock"))
+		l.Ready(listenSockets(os.Args)[0])
 		<-l.Done()
 		return 0
 	case "repeat":
@@ -441,6 +449,34 @@ func TestExecForgedMessages(t *testing.T) {
 	if limits != 0 || len(states) != 1 || states[0] != "forge 1 0 READY 7" {
 		t.Errorf("limits %d, states %q; want none and [forge 1 0 READY 7]", limits, states)
 	}
+}
+
+// TestExecReadyOnlyAssignedSocket: a ready that names a socket other than
+// the one the parent told the child to listen on is refused and logged
+// (the parent would forward the child's reads and operator commands
+// there); the child's ready with its own socket is taken.
+func TestExecReadyOnlyAssignedSocket(t *testing.T) {
+	out := &blockedWriter{release: make(chan struct{})}
+	close(out.release)
+	output := NewOutput(out)
+	ex, a, launch := testExec(t, 1, "readyspoof=0", output, core.NewDiscordPacer(nil, 1))
+	own := filepath.Join(t.TempDir(), "0.sock")
+	ex.Args = func(Launch) []string { return []string{"-test.run=none", "--listen", "unix!" + own} }
+	j := &record{t: t}
+	ex.Logger = slog.New(journalHandler{j: j})
+	pol := Policy{MaxAttempts: 0, MinDelay: time.Millisecond, MaxDelay: time.Millisecond, HealthyReset: time.Hour, StartupTimeout: time.Minute, ShutdownTimeout: 3 * time.Second}
+	s := New(Config{Assignment: a, Policy: pol, Launch: launch, Logger: slog.New(journalHandler{j: j})})
+	s.Start()
+	waitFor(t, "the child running", func() bool { return s.Children()[0].State == Running })
+	if c := s.Children()[0]; c.Socket != own {
+		t.Errorf("child socket = %q; want %q, the one the parent assigned", c.Socket, own)
+	}
+	if j.index(0, "refused a message on a child's private channel", "type=ready", "another-supervise") < 0 {
+		t.Error("the ready naming another socket was not refused and logged")
+	}
+	s.Close()
+	ex.Wait()
+	output.Close()
 }
 
 // TestExecOneRequestPerShard: a child that asks again and again for its

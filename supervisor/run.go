@@ -165,9 +165,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 	ex.Lines, ex.Sessions, ex.States = tree.Line, tree.Session, tree.State
 	ex.Logger = log.With("component", "channel")
 	if flavor == core.Discord {
-		// What the children's discoveries learn reaches the shared
-		// pacer: it lowers what remains, never raises it.
-		ex.Limits = func(_ string, l core.StartLimit) { pacer.SetStartLimit(l) }
+		ex.Limits = childLimits(pacer, limit, log)
 	}
 	srv := &fsrv.Server{Root: tree.Root(), Logger: log.With("component", "9p"), IdleTimeout: rc.IdleTimeout}
 	// A child holds a few pipes and its channel's socket here.
@@ -257,6 +255,25 @@ func keepIdentifyTimes(sp *SpacedPacer, folder string, log *slog.Logger) {
 			log.Warn("saving the last identify times", "err", err)
 		}
 	})
+}
+
+// childLimits is what the parent does with a child's limit report. With
+// no discovery of its own, what the children's discoveries learn reaches
+// the shared pacer (it lowers what remains, never raises it). With its
+// own discovery (own non-nil) the parent ignores them: one child's
+// figure would set every child's pacing, a plausible max_concurrency of
+// 1 slowing the whole tree or of 64 making the others' identifies fail,
+// a remaining of 0 with a day's reset stopping every identify (the
+// re-attack on issue 23); the parent counts its own grants from its
+// discovery instead.
+func childLimits(pacer *core.Pacer, own *core.StartLimit, log *slog.Logger) func(string, core.StartLimit) {
+	return func(child string, l core.StartLimit) {
+		if own != nil {
+			log.Debug("a child's identify limit ignored: the parent's own discovery paces the tree", "child", child, "max_concurrency", l.MaxConcurrency, "remaining", l.Remaining)
+			return
+		}
+		pacer.SetStartLimit(l)
+	}
 }
 
 // discover runs discovery before the start: with Total 0 for the

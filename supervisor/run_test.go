@@ -99,3 +99,27 @@ func TestWaitChildFolders(t *testing.T) {
 		t.Errorf("waitChildFolders once b's folder was released = %v; want nil", err)
 	}
 }
+
+// A child's limit report does not move the tree's pacing when the parent
+// discovered the limit itself (N1 of the re-attack on issue 23: a
+// max_concurrency of 1 or a remaining of 0 with a day's reset from one
+// child set every child's identifies); without the parent's discovery it
+// is what the pacer learns.
+func TestChildLimitsIgnoredWithOwnDiscovery(t *testing.T) {
+	own := core.StartLimit{Total: 1000, Remaining: 990, ResetAfter: time.Hour, MaxConcurrency: 4}
+	forged := core.StartLimit{Total: 1000, Remaining: 0, ResetAfter: 24 * time.Hour, MaxConcurrency: 1}
+	log := slog.New(slog.DiscardHandler)
+
+	pacer := core.NewDiscordPacer(nil, 1)
+	pacer.SetStartLimit(own)
+	childLimits(pacer, &own, log)("c1", forged)
+	if mc, b := pacer.MaxConcurrency(), pacer.Budget(); mc != 4 || b.Remaining != 990 {
+		t.Errorf("with its own discovery: max_concurrency %d, remaining %d; want 4 and 990", mc, b.Remaining)
+	}
+
+	blind := core.NewDiscordPacer(nil, 4)
+	childLimits(blind, nil, log)("c1", forged)
+	if mc, b := blind.MaxConcurrency(), blind.Budget(); mc != 1 || b.Remaining != 0 {
+		t.Errorf("without discovery: max_concurrency %d, remaining %d; want the child's 1 and 0", mc, b.Remaining)
+	}
+}

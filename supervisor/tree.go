@@ -170,7 +170,7 @@ func (t *Tree) Line(child, kind string, line []byte) {
 	case "dispatch":
 		shard, seq, ok := dispatchShardSeq(line)
 		sl := t.shards[shard]
-		if !ok || sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child {
+		if !ok || !oneShardKey(line) || sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child {
 			t.log.Warn("dropped a dispatch line for a shard the child does not own", "child", child, "shard", shard)
 			return
 		}
@@ -191,14 +191,22 @@ func (t *Tree) Line(child, kind string, line []byte) {
 		// A line about a shard outside the child's block is no line of
 		// the child's to write (the attack on issue 23 forged a FATAL
 		// 4004 for another child's shard into /events).
-		if shard, ok := eventShard(line); ok {
+		// Only the canonical form (ts=T shard=N event=E ..., or
+		// ts=T event=E ... for the child's node-level lines), so that
+		// what readers parse is what was checked: a tab before shard=
+		// or a second shard key passed the check once.
+		shard, hasShard, ok := canonicalEventShard(line)
+		if !ok {
+			t.log.Warn("dropped an events line not in the canonical form", "child", child)
+			return
+		}
+		if hasShard {
 			if sl := t.shards[shard]; sl == nil || t.cfg.Assignment.Blocks[sl.owner].ID != child {
 				t.log.Warn("dropped an events line for a shard the child does not own", "child", child, "shard", shard)
 				return
 			}
 		}
 		t.events.AppendLine(line, now)
-		shard, hasShard := eventShard(line)
 		if isGap(line) {
 			t.mu.Lock()
 			if t.gaps == nil {
@@ -373,6 +381,138 @@ func dispatchShardSeq(line []byte) (shard int, seq int64, ok bool) {
 		}
 	}
 	return shard, -1, true
+}
+
+// oneShardKey reports whether the JSON object line has one top-level key
+// that a reader could take for "shard" (the one dispatchShardSeq read):
+// with a second, encoding/json and most readers take the last. A key
+// with an escape, or "shard" in another case (which encoding/json
+// matches to a Shard field), counts too. The READY payload's own
+// "shard" is inside "d", not at the top.
+func oneShardKey(line []byte) bool {
+	n, depth, expectKey, inStr, esc, keyStart := 0, 0, false, false, false, -1
+	for i, b := range line {
+		if inStr {
+			switch {
+			case esc:
+				esc = false
+			case b == '\\':
+				esc = true
+			case b == '"':
+				inStr = false
+				if keyStart >= 0 {
+					k := line[keyStart:i]
+					if bytes.EqualFold(k, []byte("shard")) || bytes.IndexByte(k, '\\') >= 0 {
+						n++
+					}
+					keyStart = -1
+				}
+			}
+			continue
+		}
+		switch b {
+		case '"':
+			inStr = true
+			if depth == 1 && expectKey {
+				keyStart, expectKey = i+1, false
+			}
+		case '{', '[':
+			depth++
+			expectKey = depth == 1 && b == '{'
+		case '}', ']':
+			depth--
+		case ',':
+			expectKey = depth == 1
+		}
+	}
+	return n == 1
+}
+
+// canonicalEventShard reads an events line as the logs write it:
+// ts=T first, then shard=N (none on a node-level line), then event=E,
+// then key=value pairs separated by one space, values without spaces or
+// control characters unless quoted, and no second ts, shard or event
+// key. ok is false for anything else.
+func canonicalEventShard(line []byte) (shard int, hasShard, ok bool) {
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	var keys []string
+	for i := 0; len(line) > 0; i++ {
+		eq := bytes.IndexByte(line, '=')
+		if eq <= 0 {
+			return 0, false, false
+		}
+		key := string(line[:eq])
+		for _, c := range []byte(key) {
+			if c <= ' ' || c == '"' || c >= 0x7f {
+				return 0, false, false
+			}
+		}
+		line = line[eq+1:]
+		var val []byte
+		if len(line) > 0 && line[0] == '"' {
+			end, esc := -1, false
+			for j := 1; j < len(line) && end < 0; j++ {
+				switch c := line[j]; {
+				case c < ' ':
+					return 0, false, false
+				case esc:
+					esc = false
+				case c == '\\':
+					esc = true
+				case c == '"':
+					end = j
+				}
+			}
+			if end < 0 {
+				return 0, false, false
+			}
+			val, line = line[:end+1], line[end+1:]
+		} else {
+			j := bytes.IndexByte(line, ' ')
+			if j < 0 {
+				j = len(line)
+			}
+			val, line = line[:j], line[j:]
+			for _, c := range val {
+				if c < ' ' || c == '"' {
+					return 0, false, false
+				}
+			}
+		}
+		if len(line) > 0 {
+			if line[0] != ' ' || len(line) == 1 {
+				return 0, false, false
+			}
+			line = line[1:]
+		}
+		switch key {
+		case "ts", "shard", "event":
+			if slices.Contains(keys, key) {
+				return 0, false, false
+			}
+		}
+		switch {
+		case i == 0 && key != "ts":
+			return 0, false, false
+		case key == "shard":
+			if i != 1 {
+				return 0, false, false
+			}
+			n, err := strconv.Atoi(string(val))
+			if err != nil || n < 0 || string(val) != strconv.Itoa(n) {
+				return 0, false, false
+			}
+			shard, hasShard = n, true
+		}
+		keys = append(keys, key)
+	}
+	if len(keys) < 2 || keys[len(keys)-1] == "ts" || !slices.Contains(keys, "event") {
+		return 0, false, false
+	}
+	if hasShard && (len(keys) < 3 || keys[2] != "event") || !hasShard && keys[1] != "event" {
+		return 0, false, false
+	}
+	return shard, hasShard, true
 }
 
 // eventShard reads shard=N from a logfmt events line.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
@@ -138,5 +139,61 @@ func TestEventLineOutsideBlock(t *testing.T) {
 	ev := string(buf[:n])
 	if strings.Contains(ev, "FORGED") || !strings.Contains(ev, "own=1") || !strings.Contains(ev, "node=1") {
 		t.Errorf("/events after a forged line for shard %d:\n%s\nwant it dropped, the child's own lines kept", other, ev)
+	}
+}
+
+// Lines that a reader would take for another shard than the check read
+// are dropped (the re-attack on issue 23): a dispatch line with a second
+// top-level "shard" key (encoding/json takes the last), events lines with
+// a tab before shard=, a second shard key, or no ts= first. The child's
+// own lines, as the logs write them (quoted values, gap lines, a READY
+// whose payload has its own "shard"), go through.
+func TestLineCheckParsesWhatReadersRead(t *testing.T) {
+	_, tree := treeHarness(t)
+	var own, other int
+	for id, sl := range tree.shards {
+		if tree.cfg.Assignment.Blocks[sl.owner].ID == "b" {
+			other = id
+		} else {
+			own = id
+		}
+	}
+	o, x := strconv.Itoa(own), strconv.Itoa(other)
+	ts := "ts=2026-11-30T07:00:00.000Z"
+	now := time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC)
+	for _, line := range []string{
+		`{"shard":` + o + `,"s":999996,"t":"X","d":{},"shard":` + x + `}` + "\n",
+		`{"shard":` + o + `,"s":999997,"t":"X","d":{},"sh\u0061rd":` + x + `}` + "\n",
+		`{"shard":` + o + `,"s":999998,"t":"X","d":{},"SHARD":` + x + `}` + "\n",
+	} {
+		tree.Line("a", "dispatch", []byte(line))
+	}
+	for _, line := range []string{
+		ts + "\tshard=" + x + " event=fatal code=4004 FORGED=tab\n",
+		ts + " shard=" + o + " event=ready shard=" + x + " FORGED=dup\n",
+		"event=fatal code=4004 FORGED=nots\n",
+		ts + " event=fatal shard=" + x + " FORGED=late\n",
+		ts + " shard=" + o + "  event=fatal FORGED=twospaces\n",
+	} {
+		tree.Line("a", "event", []byte(line))
+	}
+	tree.Line("a", "dispatch", []byte(`{"shard":`+o+`,"s":5,"t":"READY","d":{"shard":[`+o+`,2],"v":10}}`+"\n"))
+	tree.Line("a", "event", []byte(ts+" shard="+o+` event=rejected reason="a \"quoted\" shard=`+x+` value" own=1`+"\n"))
+	tree.Line("a", "event", gapLine(now, "events", 10))
+	tree.Line("a", "event", shardGapLine(now, own, &shardLoss{lines: 2, bytes: 20}))
+	read := func(l interface {
+		Size() int64
+		ReadAt([]byte, int64) (int, int64)
+	}) string {
+		buf := make([]byte, l.Size())
+		n, _ := l.ReadAt(buf, 0)
+		return string(buf[:n])
+	}
+	ev, disp := read(tree.events), read(tree.dispatch)
+	if strings.Contains(ev, "FORGED") || !strings.Contains(ev, "own=1") || strings.Count(ev, "event=gap") != 2 {
+		t.Errorf("/events:\n%s\nwant no FORGED line, the child's own line and its two gap lines", ev)
+	}
+	if strings.Contains(disp, "99999") || !strings.Contains(disp, `"READY"`) {
+		t.Errorf("/dispatch:\n%s\nwant no line with a second shard key, the READY kept", disp)
 	}
 }

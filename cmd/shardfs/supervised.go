@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -34,6 +35,12 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 	if l == nil || err != nil {
 		return ctx, nil, err
 	}
+	ctx, c := linkChild(ctx, l)
+	return ctx, c, nil
+}
+
+// linkChild is supervisedChild once the link is open.
+func linkChild(ctx context.Context, l *supervisor.Link) (context.Context, *childLink) {
 	// Its stderr is a pipe to the parent: a parent that died (an OOM
 	// kill, a panic, a dead "| tee") must not kill the child on its next
 	// log line before it saved its sessions. Writes to the pipe fail
@@ -43,14 +50,25 @@ func supervisedChild(ctx context.Context) (context.Context, *childLink, error) {
 	c := &childLink{Link: l}
 	c.copying, c.endCopying = context.WithCancel(context.Background())
 	ctx, c.cancel = context.WithCancel(ctx)
+	// The child is its own process group: when the parent dies while a
+	// child is stopped (SIGSTOP, a debugger), the kernel sends the
+	// orphaned group SIGHUP and SIGCONT, and Go's default for SIGHUP is
+	// to exit without saving. A hangup means the parent is gone, as the
+	// end of the channel does: the same clean shutdown. The handler stays
+	// for the life of the process, so that a later hangup cannot cut the
+	// shutdown short either.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	c.wg.Go(func() {
 		select {
 		case <-l.Done():
 			c.cancel()
+		case <-hup:
+			c.cancel()
 		case <-ctx.Done():
 		}
 	})
-	return ctx, c, nil
+	return ctx, c
 }
 
 // Configure makes the node ask the parent for identify slots, write each

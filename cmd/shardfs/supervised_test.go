@@ -2,14 +2,20 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shardfs/shardfs/core"
 	"github.com/shardfs/shardfs/fsrv"
 	"github.com/shardfs/shardfs/node"
 	"github.com/shardfs/shardfs/reshard"
+	"github.com/shardfs/shardfs/supervisor"
 )
 
 // A supervised child that runs the whole plan (supervise --processes 1)
@@ -37,5 +43,28 @@ func TestSupervisedChildRefusesMoves(t *testing.T) {
 	}
 	if c, _ := n.Current(); c != n.Scheduler {
 		t.Fatal("the child moved to another plan")
+	}
+}
+
+// A supervised child that gets SIGHUP (its process group orphaned by the
+// parent's death while it was stopped) shuts down as when the channel
+// ends, to save its sessions, instead of dying at once (Go's default for
+// SIGHUP): without the handler this test's process would die.
+func TestSupervisedChildSavesOnHangup(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := os.NewFile(uintptr(fds[0]), "parent")
+	defer parent.Close()
+	ctx, c := linkChild(context.Background(), supervisor.NewLink(os.NewFile(uintptr(fds[1]), "child")))
+	defer c.Close()
+	if err := unix.Kill(os.Getpid(), unix.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the child's context did not end within a minute of SIGHUP")
 	}
 }
