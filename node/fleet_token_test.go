@@ -54,6 +54,11 @@ func TestFleetTokenRevokedReleasesKeys(t *testing.T) {
 		if l := file(t, n, "lease"); !strings.Contains(l, "the bot's token was refused") {
 			t.Fatalf("/lease of a node that left for a refused token does not say why:\n%s", l)
 		}
+		// It reads etcd no more: its last view would be stale (attack
+		// 22b, F3).
+		if o := file(t, n, "owners"); !strings.HasPrefix(o, "0 unknown unknown\n") {
+			t.Fatalf("/owners of a node that left: %q...; want unknown", o[:min(len(o), 60)])
+		}
 	}
 	r, err := cli.Get(etcdtest.Ctx(t, 5*time.Second), "/shardfs/b/shards/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {

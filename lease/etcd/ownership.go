@@ -924,11 +924,12 @@ func (o *Ownership) LeaseText(now time.Time) []byte {
 
 // MembersText is /members: one line per live member, "node shards", the
 // shards being the shard keys that name it, sorted by node; as of the
-// last read of etcd. Before the first read it is the one line "unknown":
-// an empty file would say that no node is a member.
+// last read of etcd. Before the first read, and once the node has left
+// (it reads etcd no more), it is the one line "unknown": an empty file
+// would say that no node is a member, an old one what no longer holds.
 func (o *Ownership) MembersText() []byte {
 	o.mu.Lock()
-	members, holders, read := o.members, o.holders, o.read
+	members, holders, read := o.members, o.holders, o.read && !o.left
 	o.mu.Unlock()
 	if !read {
 		return []byte("unknown\n")
@@ -946,11 +947,11 @@ func (o *Ownership) MembersText() []byte {
 
 // OwnersText is /owners: one line per shard of the plan, "id node
 // generation", "-" for both when no key holds the shard; as of the last
-// read of etcd. Before the first read both are "unknown": "- -" would say
-// that nobody owns the shard.
+// read of etcd. Before the first read, and once the node has left, both
+// are "unknown": "- -" would say that nobody owns the shard.
 func (o *Ownership) OwnersText() []byte {
 	o.mu.Lock()
-	holders, read := o.holders, o.read
+	holders, read := o.holders, o.read && !o.left
 	o.mu.Unlock()
 	b := make([]byte, 0, o.cfg.Plan.Total*16)
 	if !read {
