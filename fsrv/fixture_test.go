@@ -98,16 +98,32 @@ func (f *fixture) server(t testing.TB) *Server {
 }
 
 // testLogger writes to t.Log, so that a failing test shows what the server
-// said.
+// said, until t's cleanups run: a connection's goroutine may still log
+// after the test (a clunk's line), and t.Log then races the testing
+// package's end of t (a race the detector reported in CI).
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	w := &tWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-type tWriter struct{ t testing.TB }
+type tWriter struct {
+	t    testing.TB
+	mu   sync.Mutex
+	done bool // t has ended: its Log may no longer be called
+}
 
-func (w tWriter) Write(p []byte) (int, error) {
+func (w *tWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
 	return len(p), nil
 }
 
