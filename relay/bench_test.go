@@ -20,16 +20,7 @@ import (
 func BenchmarkDelivery(b *testing.B) {
 	for _, clients := range []int{1, 2} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			r := newRigSized(b, 1, []int{0}, 64<<20, nil)
-			l := r.shards[0]
-			l.ready(1)
-			var cs []*client
-			for range clients {
-				c := r.dial("")
-				c.ready(0, 1, 1, allIntent)
-				cs = append(cs, c)
-			}
-			d := `{"id":"1","channel_id":"7","guild_id":"` + guildID(0) + `","content":"the quick brown fox jumps over the lazy dog the quick brown fox jumps over the lazy dog","author":{"id":"5","username":"u"},"type":0,"tts":false,"mentions":[],"embeds":[],"attachments":[]}`
+			l, cs, d := benchShard(b, clients)
 			cpu0 := cpuTime()
 			b.ResetTimer()
 			var wg sync.WaitGroup
@@ -53,6 +44,22 @@ func BenchmarkDelivery(b *testing.B) {
 	}
 }
 
+// benchShard is one READY shard with clients identified on it, and the
+// data of a MESSAGE_CREATE of about 300 bytes for it.
+func benchShard(b *testing.B, clients int) (*shardLog, []*client, string) {
+	r := newRigSized(b, 1, []int{0}, 64<<20, nil)
+	l := r.shards[0]
+	l.ready(1)
+	var cs []*client
+	for range clients {
+		c := r.dial("")
+		c.ready(0, 1, 1, allIntent)
+		cs = append(cs, c)
+	}
+	d := `{"id":"1","channel_id":"7","guild_id":"` + guildID(0) + `","content":"the quick brown fox jumps over the lazy dog the quick brown fox jumps over the lazy dog","author":{"id":"5","username":"u"},"type":0,"tts":false,"mentions":[],"embeds":[],"attachments":[]}`
+	return l, cs, d
+}
+
 // cpuTime is the process's user and system CPU time so far.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
@@ -71,16 +78,7 @@ func cpuTime() time.Duration {
 func BenchmarkFanout(b *testing.B) {
 	for _, clients := range []int{1, 2} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			r := newRigSized(b, 1, []int{0}, 64<<20, nil)
-			l := r.shards[0]
-			l.ready(1)
-			var cs []*client
-			for range clients {
-				c := r.dial("")
-				c.ready(0, 1, 1, allIntent)
-				cs = append(cs, c)
-			}
-			d := `{"id":"1","channel_id":"7","guild_id":"` + guildID(0) + `","content":"the quick brown fox jumps over the lazy dog the quick brown fox jumps over the lazy dog","author":{"id":"5","username":"u"},"type":0,"tts":false,"mentions":[],"embeds":[],"attachments":[]}`
+			l, cs, d := benchShard(b, clients)
 			lines := make([][]byte, b.N)
 			for i := range lines {
 				lines[i] = fmt.Appendf(nil, `{"shard":0,"s":%d,"t":"MESSAGE_CREATE","session":null,"d":%s}`+"\n", l.seq+1+int64(i), d)
