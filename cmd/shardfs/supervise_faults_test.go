@@ -176,6 +176,32 @@ func gone(pid int) bool {
 	return len(f) > 0 && f[0] == "Z"
 }
 
+// killOrphaning kills the supervise with SIGKILL and waits (a minute at
+// most) for its children, orphaned, to save and exit.
+func (p *superviseProc) killOrphaning(t *testing.T) {
+	t.Helper()
+	var pids []int
+	for _, c := range p.children(t) {
+		pid, _ := strconv.Atoi(c[1])
+		pids = append(pids, pid)
+	}
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Wait()
+	err := poll.Until(t.Context(), "every orphaned child exited", time.Minute, 50*time.Millisecond, func() error {
+		for _, pid := range pids {
+			if !gone(pid) {
+				return fmt.Errorf("child %d still runs", pid)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSuperviseParentKilled: the parent killed with SIGKILL under traffic.
 // Every child sees its channel end, saves its sessions and exits (bounded:
 // a minute); a new supervise on the same --sessions resumes every shard,
@@ -190,28 +216,9 @@ func TestSuperviseParentKilled(t *testing.T) {
 	sess := t.TempDir()
 	p := startSupervise(t, sim, token, "--processes", "2", "--sessions", sess)
 	p.waitReady(t, 4)
-	var pids []int
-	for _, c := range p.children(t) {
-		pid, _ := strconv.Atoi(c[1])
-		pids = append(pids, pid)
-	}
 	identifies := sim.Totals().Identifies
 	publishAny(t, sim, 4, 5, "o")
-	if err := p.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	p.cmd.Wait()
-	err = poll.Until(t.Context(), "every orphaned child exited", time.Minute, 50*time.Millisecond, func() error {
-		for _, pid := range pids {
-			if !gone(pid) {
-				return fmt.Errorf("child %d still runs", pid)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p.killOrphaning(t)
 	for _, c := range []string{"c0", "c1"} {
 		files, _ := filepath.Glob(filepath.Join(sess, c, "shard-*.json"))
 		if len(files) != 2 {
@@ -265,26 +272,7 @@ func TestSuperviseKilledParentSpacing(t *testing.T) {
 	if err != nil || len(before.Written) != 2 {
 		t.Fatalf("identify-times.json after the first start = %+v, %v; want both buckets", before, err)
 	}
-	var pids []int
-	for _, c := range p.children(t) {
-		pid, _ := strconv.Atoi(c[1])
-		pids = append(pids, pid)
-	}
-	if err := p.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	p.cmd.Wait()
-	err = poll.Until(t.Context(), "every orphaned child exited", time.Minute, 50*time.Millisecond, func() error {
-		for _, pid := range pids {
-			if !gone(pid) {
-				return fmt.Errorf("child %d still runs", pid)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p.killOrphaning(t)
 	snaps, _ := filepath.Glob(filepath.Join(sess, "*", "shard-*.json"))
 	for _, f := range snaps {
 		os.Remove(f) // the new supervise must identify
